@@ -1,0 +1,4 @@
+"""A simulated LLM engine that speaks vLLM's HTTP protocol and costs what a GPU engine costs.
+
+It never imports ``gateway`` or ``backends``: it is an engine, and must not be able to cheat.
+"""

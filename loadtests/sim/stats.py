@@ -1,0 +1,56 @@
+"""Counters of what the simulated engine did, served as JSON at ``GET /sim/stats`` (tests and benchmarks only)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SimStats:
+    requests: int = 0
+    requests_by_model: Counter[str] = field(default_factory=Counter)
+    finished: int = 0
+    aborted: int = 0
+    rejected: int = 0
+    cold_loads: int = 0
+    cold_loads_by_adapter: Counter[str] = field(default_factory=Counter)
+    swap_ins: int = 0
+    gpu_evictions: int = 0
+    host_evictions: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_miss_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    # A request counts once per reason it ever had to wait for: a LoRA slot, a batch seat, or KV blocks.
+    waits: Counter[str] = field(default_factory=Counter)
+    queue_wait_s: float = 0.0
+    steps: int = 0
+    busy_s: float = 0.0
+
+    def record_cold_load(self, adapter: str) -> None:
+        self.cold_loads += 1
+        self.cold_loads_by_adapter[adapter] += 1
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "requests_by_model": dict(self.requests_by_model),
+            "finished": self.finished,
+            "aborted": self.aborted,
+            "rejected": self.rejected,
+            "cold_loads": self.cold_loads,
+            "cold_loads_by_adapter": dict(self.cold_loads_by_adapter),
+            "swap_ins": self.swap_ins,
+            "gpu_evictions": self.gpu_evictions,
+            "host_evictions": self.host_evictions,
+            "prefix_hit_tokens": self.prefix_hit_tokens,
+            "prefix_miss_tokens": self.prefix_miss_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "waits": dict(self.waits),
+            "queue_wait_s": round(self.queue_wait_s, 6),
+            "steps": self.steps,
+            "busy_s": round(self.busy_s, 6),
+        }
