@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.servers import (
+    BASE_MODEL,
+    TINY_MODEL_DIR,
+    VLLM_PYTHON,
+    EngineProcess,
+    engines_required,
+    free_port,
+    running,
+    sim_command,
+    vllm_command,
+    write_adapter,
+)
+
+PRELOADED = ("a1", "a2")
+
+
+def _missing_engine(what: str) -> None:
+    message = f"{what} is not built: run `make engines` (make test does)"
+    if engines_required():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def sim_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """A simulated replica with the same adapters and limits as the real vLLM lane, running fast."""
+    root = tmp_path_factory.mktemp("sim-adapters")
+    adapters = {name: str(write_adapter(root / name, 8)) for name in ("a1", "a2", "a3", "a4")}
+    adapters["big-rank"] = str(write_adapter(root / "big-rank", 16))
+    port = free_port()
+    cmd = sim_command(
+        port, "--model", BASE_MODEL, "--max-loras", "2", "--max-cpu-loras", "4", "--max-lora-rank", "8",
+        "--max-model-len", "512", "--time-scale", "0.01",
+        "--lora-modules", *(f"{name}={adapters[name]}" for name in PRELOADED),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    log = root / "sim.log"
+    with running(cmd, url, log, start_timeout_s=30):
+        yield EngineProcess("sim", url, BASE_MODEL, adapters, log)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """A real vLLM (CPU build) on the locally made tiny model, pinned to core 0."""
+    if not VLLM_PYTHON.exists():
+        _missing_engine(f"the vLLM engine venv ({VLLM_PYTHON})")
+    if not (TINY_MODEL_DIR / "model").exists():
+        _missing_engine(f"the tiny model ({TINY_MODEL_DIR})")
+    adapter_root = TINY_MODEL_DIR / "adapters"
+    adapters = {name: str(adapter_root / name) for name in ("a1", "a2", "a3", "a4", "big-rank")}
+    port = free_port()
+    cmd, env = vllm_command(port, {name: adapters[name] for name in PRELOADED})
+    url = f"http://127.0.0.1:{port}"
+    log = Path(tmp_path_factory.mktemp("vllm")) / "vllm.log"
+    with running(cmd, url, log, env=env, start_timeout_s=240):
+        yield EngineProcess("vllm", url, BASE_MODEL, adapters, log)
+
+
+@pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.engine)])
+def engine(request: pytest.FixtureRequest) -> EngineProcess:
+    """Each conformance test runs against the simulator and against a real vLLM server."""
+    fixture: EngineProcess = request.getfixturevalue(f"{request.param}_engine")
+    return fixture
