@@ -58,6 +58,8 @@ class SimEngine:
         self._running: list[SimRequest] = []
         self._lock = asyncio.Lock()
         self._work = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
         self._sim_now = 0.0
         self._loop_task: asyncio.Task[None] | None = None
         # Called with each request's wall-clock time to first token (the /metrics histogram hooks in here).
@@ -87,7 +89,7 @@ class SimEngine:
         self.adapters.unregister(name)
 
     # --- requests -------------------------------------------------------------------------------------------
-    def submit(self, adapter: str | None, prompt: str, max_tokens: int | None) -> SimRequest:
+    def submit(self, adapter: str | None, prompt: str, max_tokens: int | None, ignore_eos: bool = False) -> SimRequest:
         p = self.params
         prompt_tokens = tokenize(prompt)
         model = adapter or self.model_name
@@ -100,6 +102,8 @@ class SimEngine:
                 "completion). Please reduce the length of the messages or completion."
             )
         natural = answer_tokens(model, prompt, p.seed, p.min_natural_tokens, p.max_natural_tokens)
+        if ignore_eos:  # vLLM's extra parameter: generate exactly max_tokens
+            natural = (natural * (wanted // len(natural) + 1))[: wanted + 1]
         answer = natural[:wanted]
         request = SimRequest(
             adapter=adapter,
@@ -130,6 +134,17 @@ class SimEngine:
         request.done = True
 
     @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    def pause(self, paused: bool) -> None:
+        """Hold the step loop before its next step (tests use it to line requests up deterministically)."""
+        if paused:
+            self._resumed.clear()
+        else:
+            self._resumed.set()
+
+    @property
     def num_running(self) -> int:
         return len(self._running)
 
@@ -144,6 +159,7 @@ class SimEngine:
                 self._work.clear()
                 await self._work.wait()
                 continue
+            await self._resumed.wait()
             async with self._lock:
                 batch, duration = self._plan_step()
                 await self._spend(duration)

@@ -109,9 +109,11 @@ def _chat_prompt(body: dict[str, Any]) -> str:
     return "".join(parts) + "<|assistant|>\n"
 
 
-def _submit(engine: SimEngine, adapter: str | None, prompt: str, max_tokens: int | None) -> SimRequest:
+def _submit(
+    engine: SimEngine, adapter: str | None, prompt: str, max_tokens: int | None, body: dict[str, Any]
+) -> SimRequest:
     try:
-        return engine.submit(adapter, prompt, max_tokens)
+        return engine.submit(adapter, prompt, max_tokens, ignore_eos=body.get("ignore_eos") is True)
     except PromptTooLong as exc:
         raise _bad_request(str(exc), "max_tokens") from exc
 
@@ -157,9 +159,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     max_tokens = _optional_int(body, "max_tokens", 1)
     _check_n(body)
     stream, include_usage = _stream_options(body)
-    sim_request = _submit(
-        engine, adapter, prompt, engine.params.default_completion_max_tokens if max_tokens is None else max_tokens
-    )
+    if max_tokens is None:
+        max_tokens = engine.params.default_completion_max_tokens
+    sim_request = _submit(engine, adapter, prompt, max_tokens, body)
     head = {
         "id": f"cmpl-{uuid.uuid4().hex[:16]}",
         "object": "text_completion",
@@ -203,7 +205,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         max_tokens = _optional_int(body, "max_tokens", 1)
     _check_n(body)
     stream, include_usage = _stream_options(body)
-    sim_request = _submit(engine, adapter, prompt, max_tokens)
+    sim_request = _submit(engine, adapter, prompt, max_tokens, body)
     head = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
         "object": "chat.completion" if not stream else "chat.completion.chunk",
@@ -323,6 +325,17 @@ async def sim_stats(request: web.Request) -> web.Response:
     )
 
 
+async def sim_control(request: web.Request) -> web.Response:
+    """Test control, not part of vLLM's API: ``{"paused": true}`` holds the step loop before its next step."""
+    engine = request.app[ENGINE]
+    body = await _json_object(request)
+    if "paused" in body:
+        if not isinstance(body["paused"], bool):
+            raise _bad_request("paused must be true or false", "paused")
+        engine.pause(body["paused"])
+    return web.json_response({"paused": engine.paused})
+
+
 def create_app(engine: SimEngine, lora_modules: dict[str, str]) -> web.Application:
     app = web.Application(middlewares=[_errors])
     app[ENGINE] = engine
@@ -347,4 +360,5 @@ def create_app(engine: SimEngine, lora_modules: dict[str, str]) -> web.Applicati
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/sim/stats", sim_stats)
+    app.router.add_post("/sim/control", sim_control)
     return app

@@ -1,0 +1,197 @@
+"""The simulator's behaviour model, asserted on its /sim/stats counters (never on wall-clock time).
+
+Each test runs a fresh simulated replica in-process behind a real HTTP server on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from loadtests.sim.defaults import SimParams
+from loadtests.sim.engine import SimEngine
+from loadtests.sim.vllm_server import create_app
+from tests.servers import write_adapter
+
+FAST = SimParams(time_scale=0.001)
+Sim = Callable[..., Any]
+
+
+@pytest.fixture
+def adapter_dirs(tmp_path: Path) -> dict[str, str]:
+    return {name: str(write_adapter(tmp_path / name, 8)) for name in ("a1", "a2", "a3", "a4")}
+
+
+@pytest.fixture
+def sim(adapter_dirs: dict[str, str]) -> Sim:
+    @asynccontextmanager
+    async def start(preload: tuple[str, ...] = ("a1", "a2", "a3"), **overrides: Any) -> AsyncIterator[TestClient]:
+        engine = SimEngine(dataclasses.replace(FAST, **overrides), "base")
+        app = create_app(engine, {name: adapter_dirs[name] for name in preload})
+        # handler_cancellation as `tenantgate sim` runs it: a dropped client cancels its handler.
+        async with TestClient(TestServer(app, handler_cancellation=True)) as client:
+            yield client
+
+    return start
+
+
+async def complete(client: TestClient, model: str, prompt: str = "hello", max_tokens: int = 4) -> dict[str, Any]:
+    response = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens})
+    assert response.status == 200, await response.text()
+    body: dict[str, Any] = await response.json()
+    return body
+
+
+async def stats(client: TestClient) -> dict[str, Any]:
+    body: dict[str, Any] = await (await client.get("/sim/stats")).json()
+    return body
+
+
+async def paused(client: TestClient, paused: bool) -> None:
+    assert (await client.post("/sim/control", json={"paused": paused})).status == 200
+
+
+async def submit_in_order(client: TestClient, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Queue requests on a paused engine in exactly this order, then let it step; return the answers."""
+    await paused(client, True)
+    sent = []
+    for index, body in enumerate(requests):
+        sent.append(asyncio.create_task(client.post("/v1/completions", json=body)))
+        for _ in range(500):  # bounded: each poll is one loopback round trip
+            if (await stats(client))["waiting"] == index + 1:
+                break
+        else:
+            pytest.fail("request did not reach the engine's queue")
+    await paused(client, False)
+    answers = []
+    for task in sent:
+        response = await task
+        assert response.status == 200, await response.text()
+        answers.append(await response.json())
+    return answers
+
+
+async def test_cold_load_is_counted_once_and_repeats_are_warm(sim: Sim) -> None:
+    async with sim(preload=("a1",)) as client:
+        assert (await stats(client))["cold_loads_by_adapter"] == {"a1": 1}  # --lora-modules reads from disk
+        for _ in range(3):
+            await complete(client, "a1")
+        counters = await stats(client)
+    assert counters["cold_loads"] == 1
+    assert counters["swap_ins"] == 1  # host memory -> GPU slot once; later requests find it there
+    assert counters["requests_by_model"] == {"a1": 3}
+
+
+async def test_third_adapter_evicts_least_recently_used_idle_slot(sim: Sim) -> None:
+    async with sim(max_loras=2) as client:
+        for model in ("a1", "a2", "a1", "a3"):  # a2 is the least recently used when a3 needs a slot
+            await complete(client, model)
+        counters = await stats(client)
+    assert counters["gpu_evictions"] == 1
+    assert counters["gpu_resident"] == ["a1", "a3"]
+    assert counters["swap_ins"] == 3
+
+
+async def test_host_tier_overflow_reads_from_disk_again(sim: Sim) -> None:
+    async with sim(preload=("a1", "a2", "a3"), max_loras=1, max_cpu_loras=2) as client:
+        # Loading three adapters into a two-adapter host cache already evicted a1 from host memory.
+        assert (await stats(client))["host_evictions"] == 1
+        await complete(client, "a1")
+        counters = await stats(client)
+    assert counters["cold_loads_by_adapter"] == {"a1": 2, "a2": 1, "a3": 1}
+
+
+async def test_request_waits_while_every_slot_is_busy(sim: Sim) -> None:
+    async with sim(max_loras=1) as client:
+        # a1 takes the only slot in the first step; a2 is skipped until a1's request finishes.
+        await submit_in_order(client, [{"model": "a1", "prompt": "x"}, {"model": "a2", "prompt": "y"}])
+        counters = await stats(client)
+    assert counters["waits"] == {"lora_slot": 1}
+    assert counters["queue_wait_s"] > 0
+    assert counters["gpu_evictions"] == 1
+
+
+async def test_waiting_adapter_is_overtaken_by_resident_ones(sim: Sim) -> None:
+    async with sim(max_loras=1) as client:
+        bodies = [{"model": m, "prompt": "x", "max_tokens": 2, "ignore_eos": True} for m in ("a1", "a2", "a1")]
+        await submit_in_order(client, bodies)
+        counters = await stats(client)
+    assert counters["waits"] == {"lora_slot": 1}  # the second a1 request ran beside the first, a2 waited
+    assert counters["swap_ins"] == 2
+
+
+async def test_requests_beyond_batch_seats_queue(sim: Sim) -> None:
+    async with sim(max_num_seqs=1) as client:
+        await submit_in_order(client, [{"model": "a1", "prompt": "x"}, {"model": "a1", "prompt": "y"}])
+        assert (await stats(client))["waits"] == {"batch": 1}
+
+
+async def test_request_waits_for_kv_blocks(sim: Sim) -> None:
+    async with sim(kv_blocks=8, block_size=16, max_model_len=128) as client:
+        big = {"model": "a1", "prompt": " ".join(["abcd"] * 96), "max_tokens": 16, "ignore_eos": True}  # 7 blocks
+        small = {"model": "a1", "prompt": " ".join(["wxyz"] * 20), "max_tokens": 8, "ignore_eos": True}  # 2 blocks
+        await submit_in_order(client, [big, small])
+        assert (await stats(client))["waits"] == {"kv": 1}
+
+
+async def test_repeated_prompt_hits_the_prefix_cache_of_its_adapter_only(sim: Sim) -> None:
+    prompt = " ".join(f"tok{i}" for i in range(64))  # 64 words of 4-5 chars: at least 64 tokens, 4+ blocks
+    async with sim() as client:
+        await complete(client, "a1", prompt)
+        first = await stats(client)
+        await complete(client, "a1", prompt)
+        second = await stats(client)
+        await complete(client, "a2", prompt)  # KV state computed under a1 is useless under a2
+        third = await stats(client)
+    assert first["prefix_hit_tokens"] == 0
+    assert second["prefix_hit_tokens"] - first["prefix_hit_tokens"] >= 3 * 16
+    assert third["prefix_hit_tokens"] == second["prefix_hit_tokens"]
+
+
+async def test_same_seed_gives_same_counters(sim: Sim) -> None:
+    async def run(seed: int) -> dict[str, Any]:
+        async with sim(max_loras=2, max_cpu_loras=2, seed=seed, preload=("a1", "a2", "a3", "a4")) as client:
+            outputs = [
+                await complete(client, model, f"prompt {i}") for i, model in enumerate(["a1", "a3", "a2", "a4", "a1"])
+            ]
+            counters = await stats(client)
+            counters["texts"] = [o["choices"][0]["text"] for o in outputs]
+            return counters
+
+    first, second, other_seed = await run(7), await run(7), await run(8)
+    assert first == second
+    assert first["texts"] != other_seed["texts"]
+    assert first["busy_s"] != other_seed["busy_s"]  # cold-load jitter follows the seed too
+
+
+async def test_ignore_eos_generates_exactly_max_tokens(sim: Sim) -> None:
+    async with sim() as client:
+        body = {"model": "a1", "prompt": "x", "max_tokens": 150, "ignore_eos": True}
+        response = await client.post("/v1/completions", json=body)
+        answer = await response.json()
+    assert answer["usage"]["completion_tokens"] == 150
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
+async def test_client_disconnect_mid_stream_aborts_the_engine_request(sim: Sim) -> None:
+    async with sim() as client:
+        body = {"model": "a1", "prompt": "x", "max_tokens": 500, "ignore_eos": True, "stream": True}
+        response = await client.post("/v1/completions", json=body)
+        await response.content.readline()  # the first token arrived: the request is running
+        await paused(client, True)  # and stays running: no step can finish it now
+        response.close()
+        for _ in range(500):  # bounded: the server sees the connection drop and cancels the handler
+            if (await stats(client))["aborted"] == 1:
+                break
+            await asyncio.sleep(0.01)
+        counters = await stats(client)
+    assert counters["aborted"] == 1
+    assert counters["running"] == 0
+    assert counters["finished"] == 0
