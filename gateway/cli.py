@@ -21,12 +21,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _sim_module().add_arguments(sim)
     sim.set_defaults(run=lambda args: _sim_module().run(args))
+    demo = commands.add_parser(
+        "demo", help="start a simulated fleet, send real traffic through it and print what the routing did"
+    )
+    demo.set_defaults(run=lambda args: _loadtests("demo").run())
     return parser
 
 
-def _sim_module() -> Any:
+def _loadtests(module: str) -> Any:
     # Only the CLI reaches into loadtests, and lazily: the gateway itself never imports the simulator.
-    return importlib.import_module("loadtests.sim.cli")
+    return importlib.import_module(f"loadtests.{module}")
+
+
+def _sim_module() -> Any:
+    return _loadtests("sim.cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,15 +5,13 @@ from pathlib import Path
 
 import pytest
 
+from loadtests.processes import free_port, running, sim_command
 from tests.servers import (
     BASE_MODEL,
     TINY_MODEL_DIR,
     VLLM_PYTHON,
     EngineProcess,
     engines_required,
-    free_port,
-    running,
-    sim_command,
     vllm_command,
     write_adapter,
 )

