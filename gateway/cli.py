@@ -21,11 +21,60 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _sim_module().add_arguments(sim)
     sim.set_defaults(run=lambda args: _sim_module().run(args))
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", required=True, help="YAML config file")
+    serve.set_defaults(run=_serve)
+    check = commands.add_parser("check-config", help="validate a config file; print every error with its field path")
+    check.add_argument("file")
+    check.set_defaults(run=_check_config)
+    hash_key = commands.add_parser(
+        "hash-key", help="print the stored form (sha256:<hex>) of an API key read from stdin"
+    )
+    hash_key.set_defaults(run=_hash_key)
     demo = commands.add_parser(
         "demo", help="start a simulated fleet, send real traffic through it and print what the routing did"
     )
     demo.set_defaults(run=lambda args: _loadtests("demo").run())
     return parser
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    replicas = sum(len(pool.replicas) for pool in config.pools)
+    print(
+        f"{args.file}: ok ({len(config.pools)} pools, {replicas} replicas, {len(config.adapters)} adapters, "
+        f"{len(config.tenants)} tenants)"
+    )
+    return 0
+
+
+def _hash_key(args: argparse.Namespace) -> int:
+    from gateway.tenancy import hash_key
+
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("hash-key: give the API key on standard input", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, load_config
+    from gateway.server import serve
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return serve(config)
 
 
 def _loadtests(module: str) -> Any:

@@ -1,0 +1,73 @@
+"""The one interface every engine driver implements. A new engine is one new file beside this one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One engine replica."""
+
+    id: str
+    url: str
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """An adapter as the engine knows it: the name it serves it under and where it reads it from."""
+
+    engine_name: str
+    source: str
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """An OpenAI request ready for the engine: ``body`` already names the engine's model."""
+
+    path: str
+    body: bytes
+    stream: bool
+
+
+class EngineResponse(Protocol):
+    """An engine's answer whose head has arrived (status 2xx); the body is read or streamed once."""
+
+    status: int
+    content_type: str
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as the engine sends it; raises ``StreamBroken`` if it ends abnormally."""
+        ...
+
+    def release(self) -> None:
+        """Free the connection; if the body was not read to the end, the engine sees the request cancelled."""
+        ...
+
+
+class EngineDriver(Protocol):
+    """Drives one pool's replicas of one engine kind.
+
+    Contract:
+    - ``ensure_adapter`` returns once the adapter is loaded on the replica. Concurrent calls for the same
+      replica and adapter share one load (single-flight). Raises ``AdapterLoadFailed`` or ``EngineUnavailable``.
+    - ``send`` returns once the engine's answer head has arrived with a 2xx status; before that it raises
+      ``EngineUnavailable``, ``EngineTimeout``, ``AdapterNotLoaded`` (forget and load again) or ``EngineRejected``.
+      Nothing has reached the client when it raises, so the caller may try again elsewhere.
+    - ``forget_adapter`` drops the driver's belief that an adapter is loaded on a replica.
+    - ``healthy`` probes the replica's health endpoint; it never raises.
+    """
+
+    async def ensure_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None: ...
+
+    def forget_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None: ...
+
+    async def send(self, replica: Endpoint, request: EngineRequest) -> EngineResponse: ...
+
+    async def healthy(self, replica: Endpoint) -> bool: ...
+
+    async def close(self) -> None: ...

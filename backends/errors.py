@@ -1,0 +1,42 @@
+"""Errors a driver raises at the engine boundary; the gateway maps them to HTTP (gateway/relay.py)."""
+
+from __future__ import annotations
+
+
+class BackendError(Exception):
+    """Something went wrong talking to one engine replica."""
+
+
+class EngineUnavailable(BackendError):
+    """The replica could not be reached (connect refused, reset, DNS): safe to try another replica."""
+
+
+class EngineTimeout(BackendError):
+    """The replica did not answer in time."""
+
+
+class EngineRejected(BackendError):
+    """The engine answered with an error status; ``message`` is the engine's own text."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"engine answered {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class AdapterNotLoaded(EngineRejected):
+    """The engine does not know the adapter (it restarted, or someone unloaded it): load it again."""
+
+
+class AdapterLoadFailed(BackendError):
+    """The engine refused to load an adapter (bad path, rank above its limit, ...)."""
+
+    def __init__(self, adapter: str, status: int, message: str) -> None:
+        super().__init__(f"loading adapter {adapter!r} failed ({status}): {message}")
+        self.adapter = adapter
+        self.status = status
+        self.message = message
+
+
+class StreamBroken(BackendError):
+    """The engine's stream ended abnormally after it had started."""

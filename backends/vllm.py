@@ -1,0 +1,139 @@
+"""The vLLM driver: vLLM's OpenAI HTTP API, its runtime LoRA endpoints and /health, over one aiohttp session.
+
+Adapters are loaded with ``POST /v1/load_lora_adapter`` (the engine needs
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``). vLLM answers 400 "has already been loaded" for a name it knows, which
+this driver takes as success: another gateway, or an operator, loaded it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from backends.base import AdapterRef, Endpoint, EngineRequest
+from backends.errors import (
+    AdapterLoadFailed,
+    AdapterNotLoaded,
+    EngineRejected,
+    EngineTimeout,
+    EngineUnavailable,
+    StreamBroken,
+)
+
+_JSON = {"Content-Type": "application/json"}
+
+
+class VllmResponse:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.content_type = response.headers.get("Content-Type", "application/json")
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise StreamBroken(f"engine response broke off: {exc!r}") from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise StreamBroken(f"engine stream broke off: {exc!r}") from exc
+
+    def release(self) -> None:
+        self._response.close()
+
+
+class VllmDriver:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        request_timeout_s: float,
+        adapter_load_timeout_s: float,
+        max_connections_per_replica: int,
+    ) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=max_connections_per_replica),
+            timeout=aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+        )
+        self._load_timeout = aiohttp.ClientTimeout(total=adapter_load_timeout_s, sock_connect=connect_timeout_s)
+        self._probe_timeout = aiohttp.ClientTimeout(total=connect_timeout_s)
+        self._loaded: set[tuple[str, str]] = set()
+        self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    async def ensure_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
+        key = (replica.id, adapter.engine_name)
+        if key in self._loaded:
+            return
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.create_task(self._load(replica, adapter), name=f"load {adapter.engine_name}@{replica.id}")
+            self._loading[key] = task
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        # shield: one caller giving up (client gone) must not cancel the load the others wait for.
+        await asyncio.shield(task)
+
+    def forget_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
+        self._loaded.discard((replica.id, adapter.engine_name))
+
+    async def _load(self, replica: Endpoint, adapter: AdapterRef) -> None:
+        body = json.dumps({"lora_name": adapter.engine_name, "lora_path": adapter.source}).encode()
+        try:
+            async with self._session.post(
+                replica.url + "/v1/load_lora_adapter", data=body, headers=_JSON, timeout=self._load_timeout
+            ) as response:
+                text = await response.text()
+        except TimeoutError as exc:
+            raise EngineTimeout(f"loading {adapter.engine_name} on {replica.id} timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"{replica.id} unreachable: {exc!r}") from exc
+        if response.status == 200 or (response.status == 400 and "has already been loaded" in text):
+            self._loaded.add((replica.id, adapter.engine_name))
+            return
+        raise AdapterLoadFailed(adapter.engine_name, response.status, _error_message(text))
+
+    async def send(self, replica: Endpoint, request: EngineRequest) -> VllmResponse:
+        try:
+            response = await self._session.post(replica.url + request.path, data=request.body, headers=_JSON)
+        except TimeoutError as exc:
+            raise EngineTimeout(f"{replica.id} did not answer in time") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"{replica.id} unreachable: {exc!r}") from exc
+        if response.status < 400:
+            return VllmResponse(response)
+        try:
+            text = await response.text()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise EngineUnavailable(f"{replica.id} broke off its error answer: {exc!r}") from exc
+        finally:
+            response.release()
+        message = _error_message(text)
+        if response.status == 404 and "does not exist" in message:
+            raise AdapterNotLoaded(404, message)
+        raise EngineRejected(response.status, message)
+
+    async def healthy(self, replica: Endpoint) -> bool:
+        try:
+            async with self._session.get(replica.url + "/health", timeout=self._probe_timeout) as response:
+                return response.status == 200
+        except (TimeoutError, aiohttp.ClientError):
+            return False
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+def _error_message(text: str) -> str:
+    try:
+        error = json.loads(text).get("error", {})
+        return str(error.get("message", text))
+    except (ValueError, AttributeError):
+        return text[:500]

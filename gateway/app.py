@@ -1,0 +1,60 @@
+"""The app factory: typed app keys, one cleanup context per resource, the error middleware and the routes."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from gateway import admin, ingress
+from gateway.appkeys import ADMIN_TOKEN, CONFIG, FLEET, TENANTS
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
+from gateway.fleet import Fleet
+from gateway.tenancy import TenantDirectory
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as an OpenAI error body; nothing a client sends can take the gateway down."""
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return exc.response()
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[CONFIG].limits.max_body_bytes
+        return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.").response()
+    except web.HTTPNotFound:
+        return RouteNotFound(f"No route {request.method} {request.path}.").response()
+    except web.HTTPMethodNotAllowed:
+        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}.").response()
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return GatewayError("The gateway failed to handle the request.").response()
+
+
+def create_app(config: GatewayConfig) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=config.limits.max_body_bytes)
+    app[CONFIG] = config
+    app[TENANTS] = TenantDirectory(config)
+    app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
+
+    async def fleet_context(app: web.Application) -> AsyncIterator[None]:
+        fleet = Fleet(config)
+        await fleet.start()
+        app[FLEET] = fleet
+        yield
+        await fleet.close()
+
+    app.cleanup_ctx.append(fleet_context)
+    ingress.add_routes(app)
+    admin.add_routes(app)
+    return app

@@ -1,0 +1,14 @@
+"""Typed keys for what the app holds; handlers import these, never the app factory."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from gateway.fleet import Fleet
+from gateway.tenancy import TenantDirectory
+
+CONFIG = web.AppKey("config", GatewayConfig)
+FLEET = web.AppKey("fleet", Fleet)
+TENANTS = web.AppKey("tenants", TenantDirectory)
+ADMIN_TOKEN = web.AppKey("admin_token", str)

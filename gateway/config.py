@@ -1,0 +1,171 @@
+"""The gateway's configuration: YAML validated by pydantic, frozen, unknown keys rejected.
+
+Cross-references (an adapter's pool, a tenant's adapters) are checked here, so a config that loads is one the
+gateway can serve. ``load_config`` raises ``ConfigError`` listing every problem with the path of its field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, model_validator
+from pydantic_core import ErrorDetails
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+KeyHash = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+Policy = Literal["bounded_consistent_hash", "consistent_hash", "round_robin", "least_loaded"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ListenConfig(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class RoutingConfig(_Frozen):
+    # tenant: one home per tenant; adapter: one home per adapter; session: tenant + x-session-id (or `user`).
+    affinity: Literal["tenant", "adapter", "session"] = "tenant"
+    # No replica takes more than ceil(balance_factor x mean in-flight load); 1.0 would forbid any imbalance.
+    balance_factor: float = Field(default=1.25, ge=1.0, le=10.0)
+    vnodes: int = Field(default=160, ge=1, le=10_000)
+
+
+class ReplicaConfig(_Frozen):
+    id: Name
+    url: HttpUrl
+
+
+class PoolConfig(_Frozen):
+    name: Name
+    backend: Literal["vllm"]
+    base_model: Name
+    policy: Policy = "bounded_consistent_hash"
+    # Resident adapters per replica the gateway plans for (at most the engine's own --max-cpu-loras).
+    max_adapters: int = Field(default=4, ge=1)
+    replicas: list[ReplicaConfig] = Field(min_length=1)
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    adapter_load_timeout_s: float = Field(default=60.0, gt=0)
+    max_connections_per_replica: int = Field(default=256, ge=1)
+    health_interval_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _unique_replicas(self) -> PoolConfig:
+        _reject_duplicates("replica id", [r.id for r in self.replicas])
+        _reject_duplicates("replica url", [str(r.url) for r in self.replicas])
+        return self
+
+
+class AdapterConfig(_Frozen):
+    name: Name
+    pool: Name
+    # Where the engine reads the adapter from (a path on the replicas' disk); only ever from this catalog.
+    source: str = Field(min_length=1)
+    # The name the engine serves it under, if not `name`.
+    engine_name: Name | None = None
+
+
+class TenantConfig(_Frozen):
+    id: Name
+    api_keys: list[KeyHash] = Field(min_length=1)
+    adapters: list[Name] = Field(default_factory=list)
+    # Base models (by pool name's base_model) this tenant may call without an adapter.
+    base_models: list[Name] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _has_something_to_call(self) -> TenantConfig:
+        if not self.adapters and not self.base_models:
+            raise ValueError("a tenant needs at least one adapter or base model")
+        return self
+
+
+class AdminConfig(_Frozen):
+    # The admin API is off unless this environment variable holds a token.
+    token_env: str = "TENANTGATE_ADMIN_TOKEN"
+
+
+class LimitsConfig(_Frozen):
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+
+
+class GatewayConfig(_Frozen):
+    listen: ListenConfig = ListenConfig()
+    routing: RoutingConfig = RoutingConfig()
+    pools: list[PoolConfig] = Field(min_length=1)
+    adapters: list[AdapterConfig] = Field(default_factory=list)
+    tenants: list[TenantConfig] = Field(min_length=1)
+    admin: AdminConfig = AdminConfig()
+    limits: LimitsConfig = LimitsConfig()
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> GatewayConfig:
+        _reject_duplicates("pool name", [p.name for p in self.pools])
+        _reject_duplicates("adapter name", [a.name for a in self.adapters])
+        _reject_duplicates("tenant id", [t.id for t in self.tenants])
+        _reject_duplicates("api key", [key for t in self.tenants for key in t.api_keys])
+        pools = {p.name for p in self.pools}
+        base_models = {p.base_model for p in self.pools}
+        _reject_duplicates("base model (one pool per base model)", [p.base_model for p in self.pools])
+        clashes = sorted(base_models & {a.name for a in self.adapters})
+        if clashes:
+            raise ValueError(f"adapter names must differ from base model names: {clashes}")
+        problems = [f"adapter {a.name!r} names unknown pool {a.pool!r}" for a in self.adapters if a.pool not in pools]
+        adapters = {a.name for a in self.adapters}
+        for tenant in self.tenants:
+            problems += [
+                f"tenant {tenant.id!r} names unknown adapter {a!r}" for a in tenant.adapters if a not in adapters
+            ]
+            problems += [
+                f"tenant {tenant.id!r} names unknown base model {m!r}"
+                for m in tenant.base_models
+                if m not in base_models
+            ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def _reject_duplicates(what: str, values: list[str]) -> None:
+    repeated = sorted(value for value, count in Counter(values).items() if count > 1)
+    if repeated:
+        raise ValueError(f"duplicate {what}: {repeated}")
+
+
+class ConfigError(Exception):
+    """A config that cannot be served; ``problems`` holds one "path: message" line per error."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source}: invalid config\n" + "\n".join(f"  {p}" for p in problems))
+        self.problems = problems
+
+
+def parse_config(text: str, source: str = "<config>") -> GatewayConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [f"not valid YAML: {exc}"]) from exc
+    try:
+        return GatewayConfig.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(error) for error in exc.errors()]) from exc
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read: {exc.strerror}"]) from exc
+    return parse_config(text, str(path))
+
+
+def _describe(error: ErrorDetails) -> str:
+    location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    message = re.sub(r"^Value error, ", "", error["msg"])
+    return f"{location}: {message}"

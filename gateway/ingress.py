@@ -1,0 +1,73 @@
+"""The tenant-facing OpenAI endpoints and the process probes."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from backends.base import EngineRequest
+from gateway.appkeys import CONFIG, FLEET, TENANTS
+from gateway.config import RoutingConfig
+from gateway.errors import NoHealthyReplica
+from gateway.openai_request import InferenceRequest, Kind, parse_inference
+from gateway.relay import relay
+from gateway.tenancy import Target, Tenant
+
+_PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def affinity_key(routing: RoutingConfig, tenant: Tenant, target: Target, session_id: str | None) -> str:
+    if routing.affinity == "adapter":
+        return target.model
+    if routing.affinity == "session" and session_id:
+        return f"{tenant.id}/{session_id}"
+    return tenant.id
+
+
+async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
+    app = request.app
+    tenant = app[TENANTS].authenticate(request.headers.get("Authorization"))
+    inference: InferenceRequest = parse_inference(await request.read(), kind)
+    target = app[TENANTS].resolve(tenant, inference.model)
+    pool = app[FLEET].pools[target.pool]
+    session_id = request.headers.get("x-session-id") or inference.user
+    decision = pool.route(affinity_key(app[CONFIG].routing, tenant, target, session_id))
+    if decision.chosen is None:
+        raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
+    engine_request = EngineRequest(_PATHS[kind], inference.for_engine(target.engine_model), inference.stream)
+    return await relay(request, pool, pool.replicas[decision.chosen], target, engine_request)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _inference(request, "completions")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _inference(request, "chat")
+
+
+async def models(request: web.Request) -> web.Response:
+    tenant = request.app[TENANTS].authenticate(request.headers.get("Authorization"))
+    created = int(time.time())
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "tenantgate"} for name in tenant.targets]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    unready = request.app[FLEET].unready_pools
+    if unready:
+        return web.json_response({"status": "not ready", "pools_without_healthy_replica": unready}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)

@@ -1,0 +1,63 @@
+"""The routing pipeline: a filter (healthy replicas, in the key's ring order), then the pool's policy picks one.
+
+``bounded_consistent_hash`` (default) is consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam
+2017; HAProxy's hash-balance-factor): walk the key's preference order and take the first replica whose in-flight
+load is under ``ceil(balance_factor x mean)``, the mean over healthy replicas counting this request. Some replica
+is always under the mean, so a pick always exists; a hot key spills clockwise while other keys stay home as long
+as their home has room. The others are baselines for comparison: ``consistent_hash`` (no bound),
+``round_robin`` and ``least_loaded``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gateway.routing.decision import ReplicaLoad, RoutingDecision
+from gateway.routing.ring import Ring
+
+
+def decide(
+    ring: Ring,
+    key: str,
+    replicas: Sequence[ReplicaLoad],
+    *,
+    pool: str,
+    policy: str,
+    balance_factor: float,
+    tick: int = 0,
+) -> RoutingDecision:
+    """Choose a replica for ``key``; ``decision.chosen`` is None only when no replica is healthy."""
+    by_id = {replica.id: replica for replica in replicas}
+    order = ring.preference(key)
+    decision = RoutingDecision(pool=pool, policy=policy, key=key, home=order[0])
+    decision.loads = {replica.id: replica.in_flight for replica in replicas}
+    candidates = [replica_id for replica_id in order if by_id[replica_id].healthy]
+    decision.healthy = candidates
+    if not candidates:
+        decision.reasons.append("no_healthy_replica")
+        return decision
+    if candidates[0] != decision.home:
+        decision.reasons.append("spill:unhealthy")
+
+    if policy == "consistent_hash":
+        decision.chosen = candidates[0]
+    elif policy == "bounded_consistent_hash":
+        total = sum(by_id[replica_id].in_flight for replica_id in candidates) + 1
+        capacity = math.ceil(balance_factor * total / len(candidates))
+        decision.capacity = capacity
+        decision.chosen = next(r for r in candidates if by_id[r].in_flight < capacity)
+        if decision.chosen != candidates[0]:
+            decision.reasons.append("spill:over_capacity")
+    elif policy == "round_robin":
+        decision.chosen = sorted(candidates)[tick % len(candidates)]
+    elif policy == "least_loaded":
+        decision.chosen = min(candidates, key=lambda replica_id: by_id[replica_id].in_flight)
+    else:
+        raise ValueError(f"unknown routing policy {policy!r}")
+
+    if decision.chosen == decision.home:
+        decision.reasons.insert(0, "home")
+    elif policy in ("round_robin", "least_loaded"):
+        decision.reasons.append(f"policy:{policy}")
+    return decision

@@ -1,0 +1,78 @@
+"""Who is calling, and which models they may call.
+
+API keys are stored only as ``sha256:<hex>``. A presented key is hashed and looked up by its digest, so no
+comparison ever touches the secret itself. A model the tenant may not use gets the same 404 as one that does not
+exist, so one tenant cannot learn another's adapter names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from gateway.config import AdapterConfig, GatewayConfig
+from gateway.errors import AuthenticationFailed, ModelNotFound
+
+
+def hash_key(api_key: str) -> str:
+    """The stored form of an API key."""
+    return "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request runs on: a pool, and the adapter in it (None for the base model)."""
+
+    model: str
+    pool: str
+    engine_model: str
+    adapter: AdapterConfig | None
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str
+    targets: dict[str, Target]
+    default_model: str
+
+
+class TenantDirectory:
+    def __init__(self, config: GatewayConfig) -> None:
+        adapters = {adapter.name: adapter for adapter in config.adapters}
+        pools_by_base = {pool.base_model: pool for pool in config.pools}
+        pools = {pool.name: pool for pool in config.pools}
+        self._by_key_hash: dict[str, Tenant] = {}
+        self._by_id: dict[str, Tenant] = {}
+        for tenant_config in config.tenants:
+            targets: dict[str, Target] = {}
+            for name in tenant_config.adapters:
+                adapter = adapters[name]
+                targets[name] = Target(name, adapter.pool, adapter.engine_name or adapter.name, adapter)
+            for base in tenant_config.base_models:
+                targets[base] = Target(base, pools_by_base[base].name, pools[pools_by_base[base].name].base_model, None)
+            tenant = Tenant(tenant_config.id, targets, next(iter(targets)))
+            self._by_id[tenant.id] = tenant
+            for key_hash in tenant_config.api_keys:
+                self._by_key_hash[key_hash] = tenant
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        scheme, _, api_key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not api_key.strip():
+            raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
+        tenant = self._by_key_hash.get(hash_key(api_key.strip()))
+        if tenant is None:
+            raise AuthenticationFailed("Incorrect API key provided.")
+        return tenant
+
+    def tenant(self, tenant_id: str) -> Tenant | None:
+        return self._by_id.get(tenant_id)
+
+    @staticmethod
+    def resolve(tenant: Tenant, model: str | None) -> Target:
+        """The tenant's target for ``model``; an absent model means the tenant's first adapter."""
+        if model is None:
+            return tenant.targets[tenant.default_model]
+        target = tenant.targets.get(model)
+        if target is None:
+            raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
+        return target

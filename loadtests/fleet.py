@@ -1,0 +1,124 @@
+"""A simulated fleet and a gateway in front of it, as processes on loopback: for the demo, benchmarks and tests.
+
+Tenant ``t`` gets API key ``key-t`` and one adapter per name given; each adapter is a directory the simulator can
+load. Everything started here is stopped when the ``with`` block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadtests.processes import free_port, running, sim_command
+
+BASE_MODEL = "tiny-llama"
+ADMIN_TOKEN = "admin-secret"
+
+
+def api_key(tenant: str) -> str:
+    return f"key-{tenant}"
+
+
+@dataclass
+class Fleet:
+    replica_urls: dict[str, str]
+    gateway_url: str = ""
+    adapters: dict[str, str] = field(default_factory=dict)
+
+
+def write_adapters(root: Path, names: Sequence[str], rank: int = 8) -> dict[str, str]:
+    paths = {}
+    for name in names:
+        directory = root / "adapters" / name
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+        paths[name] = str(directory)
+    return paths
+
+
+@contextlib.contextmanager
+def simulated_replicas(root: Path, count: int, *sim_args: str) -> Iterator[dict[str, str]]:
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for index in range(count):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            cmd = sim_command(port, "--model", BASE_MODEL, "--seed", str(index), *sim_args)
+            stack.enter_context(running(cmd, url, root / f"sim-r{index}.log", start_timeout_s=30))
+            urls[f"r{index}"] = url
+        yield urls
+
+
+def gateway_config(
+    replica_urls: dict[str, str],
+    tenants: dict[str, list[str]],
+    adapters: dict[str, str],
+    *,
+    port: int,
+    policy: str = "bounded_consistent_hash",
+    balance_factor: float = 1.25,
+    max_adapters: int = 2,
+) -> dict[str, Any]:
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "routing": {"affinity": "tenant", "balance_factor": balance_factor, "vnodes": 160},
+        "pools": [
+            {
+                "name": "llama",
+                "backend": "vllm",
+                "base_model": BASE_MODEL,
+                "policy": policy,
+                "max_adapters": max_adapters,
+                "health_interval_s": 1.0,
+                "replicas": [{"id": rid, "url": url} for rid, url in replica_urls.items()],
+            }
+        ],
+        "adapters": [{"name": name, "pool": "llama", "source": path} for name, path in adapters.items()],
+        "tenants": [
+            {
+                "id": tenant,
+                "api_keys": ["sha256:" + hashlib.sha256(api_key(tenant).encode()).hexdigest()],
+                "adapters": names,
+                "base_models": [BASE_MODEL],
+            }
+            for tenant, names in tenants.items()
+        ],
+    }
+
+
+@contextlib.contextmanager
+def gateway_process(root: Path, config: dict[str, Any], name: str = "gateway") -> Iterator[str]:
+    config_path = root / f"{name}.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    url = f"http://127.0.0.1:{config['listen']['port']}"
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)]
+    env = {"TENANTGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    with running(cmd, url, root / f"{name}.log", env=env, start_timeout_s=30, health_path="/readyz"):
+        yield url
+
+
+@contextlib.contextmanager
+def fleet_with_gateway(
+    root: Path, tenants: dict[str, list[str]], replicas: int, sim_args: Sequence[str], **config_args: Any
+) -> Iterator[Fleet]:
+    adapters = write_adapters(root, sorted({name for names in tenants.values() for name in names}))
+    with simulated_replicas(root, replicas, *sim_args) as urls:
+        config = gateway_config(urls, tenants, adapters, port=free_port(), **config_args)
+        with gateway_process(root, config) as gateway_url:
+            yield Fleet(urls, gateway_url, adapters)
+
+
+def sim_stats(url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/sim/stats", timeout=10) as response:
+        stats: dict[str, Any] = json.load(response)
+        return stats
