@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+
+from gateway.routing.decision import ReplicaLoad
+from gateway.routing.policies import decide
+from gateway.routing.ring import Ring
+
+RING = Ring(["r0", "r1", "r2"], vnodes=160)
+KEY = "acme"
+ORDER = RING.preference(KEY)
+HOME, SECOND, THIRD = ORDER
+
+
+def replicas(home: int = 0, second: int = 0, third: int = 0, down: tuple[str, ...] = ()) -> list[ReplicaLoad]:
+    load = {HOME: home, SECOND: second, THIRD: third}
+    return [ReplicaLoad(r, r not in down, load[r]) for r in ("r0", "r1", "r2")]
+
+
+@pytest.mark.parametrize(
+    ("policy", "fleet", "chosen", "reasons"),
+    [
+        pytest.param("bounded_consistent_hash", replicas(), HOME, ["home"], id="bounded-idle-home"),
+        # total 4+1 over 3, cap ceil(1.25*5/3)=3: home at 4 is over, second at 0 takes it
+        pytest.param("bounded_consistent_hash", replicas(home=4), SECOND, ["spill:over_capacity"], id="bounded-spill"),
+        # cap ceil(1.25*7/3)=3: home 3 and second 3 are full, third takes it
+        pytest.param("bounded_consistent_hash", replicas(3, 3, 0), THIRD, ["spill:over_capacity"], id="bounded-walk"),
+        pytest.param("bounded_consistent_hash", replicas(down=(HOME,)), SECOND, ["spill:unhealthy"], id="home-down"),
+        pytest.param("consistent_hash", replicas(home=50), HOME, ["home"], id="unbounded-stays-home"),
+        pytest.param("least_loaded", replicas(2, 1, 0), THIRD, ["policy:least_loaded"], id="least-loaded"),
+    ],
+)
+def test_decisions(policy: str, fleet: list[ReplicaLoad], chosen: str, reasons: list[str]) -> None:
+    decision = decide(RING, KEY, fleet, pool="p", policy=policy, balance_factor=1.25)
+    assert decision.home == HOME
+    assert decision.chosen == chosen
+    assert decision.reasons == reasons
+
+
+def test_no_healthy_replica() -> None:
+    decision = decide(
+        RING, KEY, replicas(down=("r0", "r1", "r2")), pool="p", policy="consistent_hash", balance_factor=1
+    )
+    assert decision.chosen is None
+    assert decision.reasons == ["no_healthy_replica"]
+
+
+def test_round_robin_cycles_through_healthy_replicas() -> None:
+    picks = [
+        decide(RING, KEY, replicas(), pool="p", policy="round_robin", balance_factor=1, tick=t).chosen for t in range(6)
+    ]
+    assert picks == ["r0", "r1", "r2", "r0", "r1", "r2"]

@@ -1,0 +1,67 @@
+"""Properties of the ring and of bounded loads, checked by hypothesis over generated keys and event sequences."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.routing.decision import ReplicaLoad
+from gateway.routing.policies import decide
+from gateway.routing.ring import Ring
+
+KEYS = [f"tenant-{i}" for i in range(4000)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(min_value=2, max_value=12))
+def test_a_joining_replica_moves_about_one_in_n_plus_one_keys_and_only_to_itself(n: int) -> None:
+    before = Ring([f"r{i}" for i in range(n)], vnodes=160)
+    after = Ring([f"r{i}" for i in range(n + 1)], vnodes=160)
+    moved = [key for key in KEYS if before.home(key) != after.home(key)]
+    assert all(after.home(key) == f"r{n}" for key in moved)
+    # Expected share 1/(n+1); ketama with 160 vnodes stays within 50% of it on 4000 keys.
+    assert len(moved) / len(KEYS) <= 1.5 / (n + 1)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(min_value=2, max_value=12))
+def test_keys_spread_evenly(n: int) -> None:
+    ring = Ring([f"r{i}" for i in range(n)], vnodes=160)
+    counts = Counter(ring.home(key) for key in KEYS)
+    mean = len(KEYS) / n
+    # Stated bound: with 160 vnodes every replica's share is within 35% of the mean.
+    assert len(counts) == n
+    assert all(abs(count - mean) <= 0.35 * mean for count in counts.values()), counts
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(min_value=1, max_value=6),
+    factor=st.sampled_from([1.0, 1.25, 1.5, 2.0]),
+    events=st.lists(st.tuples(st.booleans(), st.integers(0, 30)), min_size=1, max_size=300),
+)
+def test_bounded_loads_never_exceed_the_cap_while_another_replica_has_room(
+    n: int, factor: float, events: list[tuple[bool, int]]
+) -> None:
+    ids = [f"r{i}" for i in range(n)]
+    ring = Ring(ids, vnodes=40)
+    in_flight = dict.fromkeys(ids, 0)
+    for arrival, key_index in events:
+        if arrival:
+            key = f"k{key_index}"
+            snapshot = [ReplicaLoad(r, True, in_flight[r]) for r in ids]
+            decision = decide(ring, key, snapshot, pool="p", policy="bounded_consistent_hash", balance_factor=factor)
+            assert decision.chosen is not None
+            cap = math.ceil(factor * (sum(in_flight.values()) + 1) / n)
+            assert in_flight[decision.chosen] + 1 <= cap
+            if decision.chosen != decision.home:  # it spilled only because every replica before it was full
+                order = ring.preference(key)
+                assert all(in_flight[r] >= cap for r in order[: order.index(decision.chosen)])
+            in_flight[decision.chosen] += 1
+        else:
+            busy = [r for r in ids if in_flight[r]]
+            if busy:
+                in_flight[busy[key_index % len(busy)]] -= 1

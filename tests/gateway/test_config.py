@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_config, parse_config
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "deploy" / "examples" / "gateway.yaml"
+
+
+def test_the_documented_example_is_accepted_as_written() -> None:
+    config = load_config(EXAMPLE)
+    assert [r.id for r in config.pools[0].replicas] == ["r0", "r1", "r2"]
+    assert config.routing.balance_factor == 1.25
+    assert config.pools[0].policy == "bounded_consistent_hash"
+
+
+def _with(replace: str, by: str) -> str:
+    text = EXAMPLE.read_text()
+    assert replace in text
+    return text.replace(replace, by)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(_with("vnodes: 160", "vnodes: 160\n  colour: blue"), "routing.colour: Extra inputs",
+                     id="unknown-key"),
+        pytest.param(_with("balance_factor: 1.25", "balance_factor: 0.5"), "routing.balance_factor", id="factor<1"),
+        pytest.param(_with("pool: llama, source: /srv/loras/sql", "pool: nope, source: /srv/loras/sql"),
+                     "names unknown pool 'nope'", id="unknown-pool"),
+        pytest.param(_with("adapters: [sql-globex]", "adapters: [sql-initech]"),
+                     "tenant 'globex' names unknown adapter 'sql-initech'", id="unknown-adapter"),
+        pytest.param(_with("backend: vllm", "backend: tgi"), "pools.0.backend", id="unknown-backend"),
+        pytest.param(_with("id: r1,", "id: r0,"), "duplicate replica id", id="duplicate-replica"),
+        pytest.param(_with('url: "http://127.0.0.1:9002"', 'url: "not a url"'), "pools.0.replicas.1.url",
+                     id="bad-url"),
+        pytest.param(_with('api_keys: ["sha256:b8', 'api_keys: ["plaintext-b8'), "tenants.0.api_keys.0",
+                     id="key-not-hash"),
+        pytest.param("listen: [", "not valid YAML", id="bad-yaml"),
+    ],
+)  # fmt: skip
+def test_invalid_configs_name_the_offending_field(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert any(expected in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_check_config_cli(tmp_path: Path) -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check-config", str(EXAMPLE)], capture_output=True, text=True
+    )
+    assert ok.returncode == 0, ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_with("vnodes: 160", "vnodes: 0\n  colour: blue"))
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert "routing.vnodes" in result.stderr and "routing.colour" in result.stderr  # every error, not the first
+
+
+def test_config_is_frozen() -> None:
+    config = load_config(EXAMPLE)
+    with pytest.raises(ValueError):
+        config.routing.vnodes = 3  # type: ignore[misc]
