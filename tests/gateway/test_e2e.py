@@ -1,0 +1,238 @@
+"""End to end: the openai SDK -> `tenantgate serve` -> simulated vLLM replicas, all real processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from loadtests.fleet import ADMIN_TOKEN, Fleet, api_key, fleet_with_gateway, sim_stats
+
+pytestmark = pytest.mark.timeout(120)
+
+TENANTS = {
+    "acme": ["support-acme"],
+    "globex": ["sql-globex"],
+    "initech": ["chat-initech", "code-initech"],
+    **{f"t{i}": [f"adapter-t{i}"] for i in range(9)},
+}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("e2e")
+    with fleet_with_gateway(root, TENANTS, 3, ["--time-scale", "0.01", "--max-loras", "4"], max_adapters=4) as fleet:
+        yield fleet
+
+
+def sdk(fleet: Fleet, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key(tenant), max_retries=0, timeout=30)
+
+
+def home_of(fleet: Fleet, tenant: str, adapter: str | None = None) -> str:
+    query = f"?tenant={tenant}" + (f"&adapter={adapter}" if adapter else "")
+    decision = httpx.get(fleet.gateway_url + "/admin/route" + query, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert decision.status_code == 200, decision.text
+    home: str = decision.json()["home"]
+    return home
+
+
+def direct(fleet: Fleet, replica: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    answer: dict[str, Any] = httpx.post(fleet.replica_urls[replica] + path, json=body, timeout=30).json()
+    return answer
+
+
+def test_completion_text_is_what_the_replica_answers_for_the_adapter(fleet: Fleet) -> None:
+    args = {"model": "support-acme", "prompt": "summarise my ticket", "max_tokens": 7}
+    through_gateway = sdk(fleet, "acme").completions.create(**args)  # type: ignore[call-overload]
+    from_replica = direct(fleet, home_of(fleet, "acme"), "/v1/completions", args)
+    assert through_gateway.choices[0].text == from_replica["choices"][0]["text"]
+    assert through_gateway.usage is not None and through_gateway.usage.completion_tokens == 7
+
+
+def test_streaming_completion_matches_the_whole_answer(fleet: Fleet) -> None:
+    args = {"model": "support-acme", "prompt": "stream me", "max_tokens": 9, "extra_body": {"ignore_eos": True}}
+    whole = sdk(fleet, "acme").completions.create(**args)  # type: ignore[call-overload]
+    chunks = list(sdk(fleet, "acme").completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    token_chunks = [c for c in chunks if c.choices]
+    assert len(token_chunks) == 9
+    assert "".join(c.choices[0].text for c in token_chunks) == whole.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 9
+
+
+def test_stream_reaches_the_client_before_the_engine_has_finished(fleet: Fleet) -> None:
+    replica = fleet.replica_urls[home_of(fleet, "acme")]
+    body = {"model": "support-acme", "prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", fleet.gateway_url + "/v1/completions", json=body, headers=KEY, timeout=30) as response:
+        lines = response.iter_lines()
+        first = next(lines)
+        assert first.startswith("data: {")
+        # Hold the engine: the first token came through while 49 are still to be generated, so nothing buffers.
+        httpx.post(replica + "/sim/control", json={"paused": True})
+        try:
+            assert sim_stats(replica)["running"] == 1
+        finally:
+            httpx.post(replica + "/sim/control", json={"paused": False})
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]"
+    assert len(rest) == 49 + 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streaming"])
+def test_chat_completions(fleet: Fleet, stream: bool) -> None:
+    args = {"model": "sql-globex", "messages": [{"role": "user", "content": "list tables"}], "max_tokens": 5}
+    client = sdk(fleet, "globex")
+    if stream:
+        chunks = list(client.chat.completions.create(**args, stream=True))  # type: ignore[call-overload]
+        answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        answer = client.chat.completions.create(**args).choices[0].message.content  # type: ignore[call-overload]
+    from_replica = direct(fleet, home_of(fleet, "globex"), "/v1/chat/completions", args)  # loaded there by now
+    assert answer == from_replica["choices"][0]["message"]["content"]
+
+
+def test_models_lists_only_the_tenants_own(fleet: Fleet) -> None:
+    assert sorted(m.id for m in sdk(fleet, "initech").models.list().data) == [
+        "chat-initech",
+        "code-initech",
+        "tiny-llama",
+    ]
+
+
+def test_unknown_key_is_401(fleet: Fleet) -> None:
+    client = openai.OpenAI(base_url=fleet.gateway_url + "/v1", api_key="not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client.completions.create(model="support-acme", prompt="x")
+    assert caught.value.code == "invalid_api_key"
+
+
+def test_another_tenants_adapter_is_404_like_a_missing_one(fleet: Fleet) -> None:
+    client = sdk(fleet, "acme")
+    errors = []
+    for model in ("sql-globex", "no-such-adapter"):
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.completions.create(model=model, prompt="x", max_tokens=2)
+        errors.append(caught.value)
+    assert [e.code for e in errors] == ["model_not_found", "model_not_found"]
+    foreign, missing = (
+        str(e.body).replace(model, "M") for e, model in zip(errors, ("sql-globex", "no-such-adapter"), strict=True)
+    )
+    assert foreign == missing  # the same answer, word for word: nothing tells the two apart
+
+
+def test_absent_model_uses_the_tenants_first_adapter(fleet: Fleet) -> None:
+    response = httpx.post(
+        fleet.gateway_url + "/v1/completions",
+        json={"prompt": "no model named", "max_tokens": 3},
+        headers={"Authorization": f"Bearer {api_key('initech')}"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "chat-initech"
+
+
+KEY = {"Authorization": f"Bearer {api_key('acme')}", "Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        pytest.param("/v1/completions", b"{not json", 400, None, id="malformed-json"),
+        pytest.param("/v1/completions", b"[1, 2]", 400, None, id="not-an-object"),
+        pytest.param("/v1/completions", b'{"model": "support-acme"}', 400, "prompt", id="missing-prompt"),
+        pytest.param("/v1/chat/completions", b'{"model": "support-acme"}', 400, "messages", id="missing-messages"),
+        pytest.param("/v1/completions", b'{"prompt": "x", "max_tokens": "ten"}', 400, "max_tokens", id="wrong-type"),
+        pytest.param("/v1/completions", b'{"prompt": "x", "stream": "yes"}', 400, "stream", id="stream-not-bool"),
+        pytest.param("/v1/completions", b'{"prompt": "x", "model": 7}', 400, "model", id="model-not-string"),
+        pytest.param("/v1/chat/completions", b'{"messages": [{"content": "x"}]}', 400, "messages", id="no-role"),
+        pytest.param("/v1/completions", b'{"prompt": "' + b"x" * 2_000_000 + b'"}', 413, None, id="oversize"),
+        pytest.param("/v1/completions", b'{"prompt": "x", "max_tokens": 999999}', 400, None, id="engine-refuses"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_the_gateway_keeps_serving(
+    fleet: Fleet, path: str, body: bytes, status: int, param: str | None
+) -> None:
+    response = httpx.post(fleet.gateway_url + path, content=body, headers=KEY)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    assert sdk(fleet, "globex").completions.create(model="sql-globex", prompt="still up?", max_tokens=2).choices
+
+
+def test_each_tenant_lands_on_its_home_and_homes_spread(fleet: Fleet) -> None:
+    tenants = [f"t{i}" for i in range(9)]
+    for _ in range(3):
+        for tenant in tenants:
+            sdk(fleet, tenant).completions.create(model=f"adapter-{tenant}", prompt="hello", max_tokens=2)
+    served = {replica: sim_stats(url)["requests_by_model"] for replica, url in fleet.replica_urls.items()}
+    homes = {tenant: home_of(fleet, tenant) for tenant in tenants}
+    for tenant, home in homes.items():
+        assert served[home].get(f"adapter-{tenant}") == 3, (tenant, served)
+    for replica, models in served.items():  # and nothing of theirs anywhere else
+        assert all(homes[m.removeprefix("adapter-")] == replica for m in models if m.startswith("adapter-t")), served
+
+
+def test_concurrent_first_requests_load_the_adapter_once(fleet: Fleet) -> None:
+    async def burst() -> None:
+        client = openai.AsyncOpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("initech"), max_retries=0)
+        async with client:
+            await asyncio.gather(
+                *(client.completions.create(model="code-initech", prompt=f"p{i}", max_tokens=2) for i in range(12))
+            )
+
+    asyncio.run(burst())
+    stats = [sim_stats(url) for url in fleet.replica_urls.values()]
+    # 12 at once exceed the home's bounded share, so some spill; each replica that got any loaded it once.
+    served = [s["requests_by_model"].get("code-initech", 0) for s in stats]
+    loads = [s["cold_loads_by_adapter"].get("code-initech", 0) for s in stats]
+    assert sum(served) == 12
+    assert loads == [1 if n else 0 for n in served]
+
+
+def test_probes_and_admin_auth(fleet: Fleet) -> None:
+    assert httpx.get(fleet.gateway_url + "/healthz").status_code == 200
+    assert httpx.get(fleet.gateway_url + "/readyz").json() == {"status": "ready"}
+    assert httpx.get(fleet.gateway_url + "/admin/route?tenant=acme").status_code == 401
+    wrong = httpx.get(fleet.gateway_url + "/admin/route?tenant=acme", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert httpx.get(fleet.gateway_url + "/nowhere").json()["error"]["code"] == "not_found"
+
+
+def test_hot_tenant_spills_and_no_request_is_lost(tmp_path: Path) -> None:
+    """One tenant sends 10x the others' traffic: it spills off its home, everyone is served.
+
+    Not asserted, because bounded loads do not give it: that every other tenant stays 100% at home. The hot
+    tenant's overflow fills its home and its ring neighbour up to the cap, and a light tenant homed there that
+    arrives while the replica is at the cap spills too (seen: 4 of 12 at home). See the closing note of #3.
+    """
+    tenants = {f"h{i}": [f"adapter-h{i}"] for i in range(8)}
+    hot, others = "h0", [f"h{i}" for i in range(1, 8)]
+    sim_args = ["--time-scale", "0.05", "--max-loras", "8", "--max-cpu-loras", "8"]
+    with fleet_with_gateway(tmp_path, tenants, 4, sim_args, max_adapters=8) as fleet:
+        homes = {tenant: home_of(fleet, tenant) for tenant in tenants}
+
+        async def worker(tenant: str, requests: int) -> None:
+            client = openai.AsyncOpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key(tenant), max_retries=0)
+            async with client:
+                for i in range(requests):
+                    await client.completions.create(
+                        model=f"adapter-{tenant}", prompt=f"q{i}", max_tokens=8, extra_body={"ignore_eos": True}
+                    )
+
+        async def traffic() -> None:  # the hot tenant sends 10x the others' traffic, all at once
+            await asyncio.gather(*(worker(hot, 12) for _ in range(10)), *(worker(t, 12) for t in others))
+
+        asyncio.run(traffic())
+        served = {replica: sim_stats(url)["requests_by_model"] for replica, url in fleet.replica_urls.items()}
+
+    def at_home(tenant: str) -> int:
+        return int(served[homes[tenant]].get(f"adapter-{tenant}", 0))
+
+    assert at_home(hot) < 120  # it spilled
+    assert sum(s.get(f"adapter-{hot}", 0) for s in served.values()) == 120
+    assert all(sum(s.get(f"adapter-{t}", 0) for s in served.values()) == 12 for t in others)
