@@ -8,7 +8,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines lint typecheck test test-fast demo bench-sim clean
+.PHONY: help venv engines lint typecheck test test-fast demo bench-sim bench-gateway clean
 
 help:
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
@@ -17,6 +17,7 @@ help:
 	@echo "make lint       ruff check and format check"
 	@echo "make engines    build the vLLM engine venv and the tiny test model"
 	@echo "make bench-sim  print the simulator's own capacity"
+	@echo "make bench-gateway  print the gateway's added latency and CPU per request"
 
 venv: $(BIN)/.installed
 
@@ -57,6 +58,9 @@ demo: venv
 
 bench-sim: venv
 	$(BIN)/python -m loadtests.bench_sim
+
+bench-gateway: venv
+	$(BIN)/python -m loadtests.bench_gateway
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .mypy_cache .ruff_cache .pytest_cache .hypothesis

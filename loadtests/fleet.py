@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,13 @@ def api_key(tenant: str) -> str:
 class Fleet:
     replica_urls: dict[str, str]
     gateway_url: str = ""
+    gateway_pid: int = 0
     adapters: dict[str, str] = field(default_factory=dict)
+
+    def gateway_cpu_s(self) -> float:
+        """CPU seconds the gateway process has used so far (user + system), from /proc."""
+        fields = Path(f"/proc/{self.gateway_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def write_adapters(root: Path, names: Sequence[str], rank: int = 8) -> dict[str, str]:
@@ -95,14 +102,15 @@ def gateway_config(
 
 
 @contextlib.contextmanager
-def gateway_process(root: Path, config: dict[str, Any], name: str = "gateway") -> Iterator[str]:
+def gateway_process(root: Path, config: dict[str, Any], name: str = "gateway") -> Iterator[tuple[str, int]]:
+    """Run `tenantgate serve` on ``config`` until the block ends; yields its URL and pid once it is ready."""
     config_path = root / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     url = f"http://127.0.0.1:{config['listen']['port']}"
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)]
     env = {"TENANTGATE_ADMIN_TOKEN": ADMIN_TOKEN}
-    with running(cmd, url, root / f"{name}.log", env=env, start_timeout_s=30, health_path="/readyz"):
-        yield url
+    with running(cmd, url, root / f"{name}.log", env=env, start_timeout_s=30, health_path="/readyz") as process:
+        yield url, process.pid
 
 
 @contextlib.contextmanager
@@ -112,8 +120,8 @@ def fleet_with_gateway(
     adapters = write_adapters(root, sorted({name for names in tenants.values() for name in names}))
     with simulated_replicas(root, replicas, *sim_args) as urls:
         config = gateway_config(urls, tenants, adapters, port=free_port(), **config_args)
-        with gateway_process(root, config) as gateway_url:
-            yield Fleet(urls, gateway_url, adapters)
+        with gateway_process(root, config) as (gateway_url, pid):
+            yield Fleet(urls, gateway_url, pid, adapters)
 
 
 def sim_stats(url: str) -> dict[str, Any]:
