@@ -6,7 +6,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -38,13 +41,20 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_config(args: argparse.Namespace) -> int:
+def _load_or_report(path: str) -> GatewayConfig | None:
+    """The config at ``path``, or None after printing every problem with it to stderr."""
     from gateway.config import ConfigError, load_config
 
     try:
-        config = load_config(args.file)
+        return load_config(path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return None
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    config = _load_or_report(args.file)
+    if config is None:
         return 1
     replicas = sum(len(pool.replicas) for pool in config.pools)
     print(
@@ -66,15 +76,10 @@ def _hash_key(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.config import ConfigError, load_config
     from gateway.server import serve
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return serve(config)
+    config = _load_or_report(args.config)
+    return 1 if config is None else serve(config)
 
 
 def _loadtests(module: str) -> Any:
