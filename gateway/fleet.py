@@ -34,8 +34,10 @@ class Pool:
         self.ring = Ring(list(self.replicas), vnodes)
         self._ticks = 0
 
-    def route(self, key: str) -> RoutingDecision:
-        self._ticks += 1
+    def route(self, key: str, *, peek: bool = False) -> RoutingDecision:
+        """The decision for ``key`` now; ``peek`` (for /admin/route) leaves round robin's turn where it is."""
+        if not peek:
+            self._ticks += 1
         loads = [ReplicaLoad(r.endpoint.id, r.healthy, r.in_flight) for r in self.replicas.values()]
         return decide(
             self.ring,
