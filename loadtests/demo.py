@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 
-from loadtests.fleet import ADMIN_TOKEN, Fleet, api_key, fleet_with_gateway, sim_stats
+from loadtests.fleet import ADMIN_TOKEN, RunningFleet, api_key, fleet_with_gateway, sim_stats
 
 TENANTS = {f"tenant-{i:02d}": [f"lora-{i:02d}"] for i in range(16)}
 REQUESTS = 480
@@ -34,7 +34,7 @@ def zipf_traffic(seed: int = 7, exponent: float = 1.1) -> list[str]:
     return random.Random(seed).choices(tenants, weights, k=REQUESTS)
 
 
-async def _drive(fleet: Fleet, traffic: list[str]) -> dict[str, list[float]]:
+async def _drive(fleet: RunningFleet, traffic: list[str]) -> dict[str, list[float]]:
     """Send every request (streaming), CONCURRENCY at a time; return each tenant's times to first token."""
     ttft: dict[str, list[float]] = defaultdict(list)
     queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ def api_key(tenant: str) -> str:
 
 
 @dataclass
-class Fleet:
+class RunningFleet:
     replica_urls: dict[str, str]
     gateway_url: str = ""
     gateway_pid: int = 0
@@ -116,17 +117,15 @@ def gateway_process(root: Path, config: dict[str, Any], name: str = "gateway") -
 @contextlib.contextmanager
 def fleet_with_gateway(
     root: Path, tenants: dict[str, list[str]], replicas: int, sim_args: Sequence[str], **config_args: Any
-) -> Iterator[Fleet]:
+) -> Iterator[RunningFleet]:
     adapters = write_adapters(root, sorted({name for names in tenants.values() for name in names}))
     with simulated_replicas(root, replicas, *sim_args) as urls:
         config = gateway_config(urls, tenants, adapters, port=free_port(), **config_args)
         with gateway_process(root, config) as (gateway_url, pid):
-            yield Fleet(urls, gateway_url, pid, adapters)
+            yield RunningFleet(urls, gateway_url, pid, adapters)
 
 
 def sim_stats(url: str) -> dict[str, Any]:
-    import urllib.request
-
     with urllib.request.urlopen(url + "/sim/stats", timeout=10) as response:
         stats: dict[str, Any] = json.load(response)
         return stats

@@ -96,6 +96,7 @@ class SimEngine:
         room = p.max_model_len - len(prompt_tokens)
         wanted = max_tokens if max_tokens is not None else room
         if wanted > room:
+            self.stats.rejected += 1
             raise PromptTooLong(
                 f"This model's maximum context length is {p.max_model_len} tokens. However, you requested "
                 f"{len(prompt_tokens) + wanted} tokens ({len(prompt_tokens)} in the messages, {wanted} in the "

@@ -180,18 +180,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.json_response({**head, "choices": [choice], "usage": _usage(sim_request)})
 
     response = await _start_sse(request)
-    index = 0
-    async for token in _tokens(engine, sim_request):
-        last = index + 1 == len(sim_request.answer)
-        choice = {
-            "index": 0,
-            "text": token if index == 0 else " " + token,
-            "logprobs": None,
-            "finish_reason": sim_request.finish_reason if last else None,
-            "stop_reason": None,
-        }
-        await response.write(_sse({**head, "choices": [choice]}))
-        index += 1
+
+    def text_choice(piece: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+
+    await _stream_tokens(response, head, engine, sim_request, text_choice)
     return await _end_sse(response, head, sim_request, include_usage)
 
 
@@ -226,18 +219,28 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     response = await _start_sse(request)
     opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
     await response.write(_sse({**head, "choices": [opening]}))
+
+    def delta_choice(piece: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish_reason}
+
+    await _stream_tokens(response, head, engine, sim_request, delta_choice)
+    return await _end_sse(response, head, sim_request, include_usage)
+
+
+async def _stream_tokens(
+    response: web.StreamResponse,
+    head: dict[str, Any],
+    engine: SimEngine,
+    sim_request: SimRequest,
+    choice: Callable[[str, str | None], dict[str, Any]],
+) -> None:
+    """One SSE chunk per token as the engine emits it; the last one carries the finish reason."""
     index = 0
     async for token in _tokens(engine, sim_request):
         last = index + 1 == len(sim_request.answer)
-        choice = {
-            "index": 0,
-            "delta": {"content": token if index == 0 else " " + token},
-            "logprobs": None,
-            "finish_reason": sim_request.finish_reason if last else None,
-        }
-        await response.write(_sse({**head, "choices": [choice]}))
+        piece = token if index == 0 else " " + token
+        await response.write(_sse({**head, "choices": [choice(piece, sim_request.finish_reason if last else None)]}))
         index += 1
-    return await _end_sse(response, head, sim_request, include_usage)
 
 
 async def _start_sse(request: web.Request) -> web.StreamResponse:

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from loadtests.fleet import ADMIN_TOKEN, Fleet, api_key, fleet_with_gateway, sim_stats
+from loadtests.fleet import ADMIN_TOKEN, RunningFleet, api_key, fleet_with_gateway, sim_stats
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,18 +23,21 @@ TENANTS = {
 }
 
 
+KEY = {"Authorization": f"Bearer {api_key('acme')}", "Content-Type": "application/json"}
+
+
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
     root = tmp_path_factory.mktemp("e2e")
     with fleet_with_gateway(root, TENANTS, 3, ["--time-scale", "0.01", "--max-loras", "4"], max_adapters=4) as fleet:
         yield fleet
 
 
-def sdk(fleet: Fleet, tenant: str) -> openai.OpenAI:
+def sdk(fleet: RunningFleet, tenant: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key(tenant), max_retries=0, timeout=30)
 
 
-def home_of(fleet: Fleet, tenant: str, adapter: str | None = None) -> str:
+def home_of(fleet: RunningFleet, tenant: str, adapter: str | None = None) -> str:
     query = f"?tenant={tenant}" + (f"&adapter={adapter}" if adapter else "")
     decision = httpx.get(fleet.gateway_url + "/admin/route" + query, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert decision.status_code == 200, decision.text
@@ -42,12 +45,12 @@ def home_of(fleet: Fleet, tenant: str, adapter: str | None = None) -> str:
     return home
 
 
-def direct(fleet: Fleet, replica: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def direct(fleet: RunningFleet, replica: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = httpx.post(fleet.replica_urls[replica] + path, json=body, timeout=30).json()
     return answer
 
 
-def test_completion_text_is_what_the_replica_answers_for_the_adapter(fleet: Fleet) -> None:
+def test_completion_text_is_what_the_replica_answers_for_the_adapter(fleet: RunningFleet) -> None:
     args = {"model": "support-acme", "prompt": "summarise my ticket", "max_tokens": 7}
     through_gateway = sdk(fleet, "acme").completions.create(**args)  # type: ignore[call-overload]
     from_replica = direct(fleet, home_of(fleet, "acme"), "/v1/completions", args)
@@ -55,7 +58,7 @@ def test_completion_text_is_what_the_replica_answers_for_the_adapter(fleet: Flee
     assert through_gateway.usage is not None and through_gateway.usage.completion_tokens == 7
 
 
-def test_streaming_completion_matches_the_whole_answer(fleet: Fleet) -> None:
+def test_streaming_completion_matches_the_whole_answer(fleet: RunningFleet) -> None:
     args = {"model": "support-acme", "prompt": "stream me", "max_tokens": 9, "extra_body": {"ignore_eos": True}}
     whole = sdk(fleet, "acme").completions.create(**args)  # type: ignore[call-overload]
     chunks = list(sdk(fleet, "acme").completions.create(**args, stream=True, stream_options={"include_usage": True}))
@@ -65,7 +68,7 @@ def test_streaming_completion_matches_the_whole_answer(fleet: Fleet) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 9
 
 
-def test_stream_reaches_the_client_before_the_engine_has_finished(fleet: Fleet) -> None:
+def test_stream_reaches_the_client_before_the_engine_has_finished(fleet: RunningFleet) -> None:
     replica = fleet.replica_urls[home_of(fleet, "acme")]
     body = {"model": "support-acme", "prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", fleet.gateway_url + "/v1/completions", json=body, headers=KEY, timeout=30) as response:
@@ -84,7 +87,7 @@ def test_stream_reaches_the_client_before_the_engine_has_finished(fleet: Fleet) 
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streaming"])
-def test_chat_completions(fleet: Fleet, stream: bool) -> None:
+def test_chat_completions(fleet: RunningFleet, stream: bool) -> None:
     args = {"model": "sql-globex", "messages": [{"role": "user", "content": "list tables"}], "max_tokens": 5}
     client = sdk(fleet, "globex")
     if stream:
@@ -96,7 +99,7 @@ def test_chat_completions(fleet: Fleet, stream: bool) -> None:
     assert answer == from_replica["choices"][0]["message"]["content"]
 
 
-def test_models_lists_only_the_tenants_own(fleet: Fleet) -> None:
+def test_models_lists_only_the_tenants_own(fleet: RunningFleet) -> None:
     assert sorted(m.id for m in sdk(fleet, "initech").models.list().data) == [
         "chat-initech",
         "code-initech",
@@ -104,14 +107,14 @@ def test_models_lists_only_the_tenants_own(fleet: Fleet) -> None:
     ]
 
 
-def test_unknown_key_is_401(fleet: Fleet) -> None:
+def test_unknown_key_is_401(fleet: RunningFleet) -> None:
     client = openai.OpenAI(base_url=fleet.gateway_url + "/v1", api_key="not-a-key", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as caught:
         client.completions.create(model="support-acme", prompt="x")
     assert caught.value.code == "invalid_api_key"
 
 
-def test_another_tenants_adapter_is_404_like_a_missing_one(fleet: Fleet) -> None:
+def test_another_tenants_adapter_is_404_like_a_missing_one(fleet: RunningFleet) -> None:
     client = sdk(fleet, "acme")
     errors = []
     for model in ("sql-globex", "no-such-adapter"):
@@ -125,7 +128,7 @@ def test_another_tenants_adapter_is_404_like_a_missing_one(fleet: Fleet) -> None
     assert foreign == missing  # the same answer, word for word: nothing tells the two apart
 
 
-def test_absent_model_uses_the_tenants_first_adapter(fleet: Fleet) -> None:
+def test_absent_model_uses_the_tenants_first_adapter(fleet: RunningFleet) -> None:
     response = httpx.post(
         fleet.gateway_url + "/v1/completions",
         json={"prompt": "no model named", "max_tokens": 3},
@@ -133,9 +136,6 @@ def test_absent_model_uses_the_tenants_first_adapter(fleet: Fleet) -> None:
     )
     assert response.status_code == 200, response.text
     assert response.json()["model"] == "chat-initech"
-
-
-KEY = {"Authorization": f"Bearer {api_key('acme')}", "Content-Type": "application/json"}
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ KEY = {"Authorization": f"Bearer {api_key('acme')}", "Content-Type": "applicatio
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_gateway_keeps_serving(
-    fleet: Fleet, path: str, body: bytes, status: int, param: str | None
+    fleet: RunningFleet, path: str, body: bytes, status: int, param: str | None
 ) -> None:
     response = httpx.post(fleet.gateway_url + path, content=body, headers=KEY)
     assert response.status_code == status, response.text
@@ -164,7 +164,7 @@ def test_bad_requests_get_openai_errors_and_the_gateway_keeps_serving(
     assert sdk(fleet, "globex").completions.create(model="sql-globex", prompt="still up?", max_tokens=2).choices
 
 
-def test_each_tenant_lands_on_its_home_and_homes_spread(fleet: Fleet) -> None:
+def test_each_tenant_lands_on_its_home_and_homes_spread(fleet: RunningFleet) -> None:
     tenants = [f"t{i}" for i in range(9)]
     for _ in range(3):
         for tenant in tenants:
@@ -177,7 +177,7 @@ def test_each_tenant_lands_on_its_home_and_homes_spread(fleet: Fleet) -> None:
         assert all(homes[m.removeprefix("adapter-")] == replica for m in models if m.startswith("adapter-t")), served
 
 
-def test_concurrent_first_requests_load_the_adapter_once(fleet: Fleet) -> None:
+def test_concurrent_first_requests_load_the_adapter_once(fleet: RunningFleet) -> None:
     async def burst() -> None:
         client = openai.AsyncOpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("initech"), max_retries=0)
         async with client:
@@ -194,7 +194,7 @@ def test_concurrent_first_requests_load_the_adapter_once(fleet: Fleet) -> None:
     assert loads == [1 if n else 0 for n in served]
 
 
-def test_probes_and_admin_auth(fleet: Fleet) -> None:
+def test_probes_and_admin_auth(fleet: RunningFleet) -> None:
     assert httpx.get(fleet.gateway_url + "/healthz").status_code == 200
     assert httpx.get(fleet.gateway_url + "/readyz").json() == {"status": "ready"}
     assert httpx.get(fleet.gateway_url + "/admin/route?tenant=acme").status_code == 401
@@ -236,3 +236,17 @@ def test_hot_tenant_spills_and_no_request_is_lost(tmp_path: Path) -> None:
     assert at_home(hot) < 120  # it spilled
     assert sum(s.get(f"adapter-{hot}", 0) for s in served.values()) == 120
     assert all(sum(s.get(f"adapter-{t}", 0) for s in served.values()) == 12 for t in others)
+
+
+def test_adapter_the_engine_lost_is_loaded_again(fleet: RunningFleet) -> None:
+    client = sdk(fleet, "acme")
+    client.completions.create(model="support-acme", prompt="before", max_tokens=2)
+    replica = fleet.replica_urls[home_of(fleet, "acme")]
+    served_before = sim_stats(replica)["requests_by_model"]["support-acme"]
+    # Someone unloads it behind the gateway's back (an operator, or an engine restart).
+    assert httpx.post(replica + "/v1/unload_lora_adapter", json={"lora_name": "support-acme"}).status_code == 200
+    assert "support-acme" not in sim_stats(replica)["registered"]
+    assert client.completions.create(model="support-acme", prompt="after", max_tokens=2).choices
+    after = sim_stats(replica)
+    assert "support-acme" in after["registered"]  # the gateway loaded it again on the same replica
+    assert after["requests_by_model"]["support-acme"] == served_before + 1

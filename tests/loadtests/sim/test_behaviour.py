@@ -195,3 +195,12 @@ async def test_client_disconnect_mid_stream_aborts_the_engine_request(sim: Sim) 
     assert counters["aborted"] == 1
     assert counters["running"] == 0
     assert counters["finished"] == 0
+
+
+async def test_request_over_the_context_is_rejected_and_counted(sim: Sim) -> None:
+    async with sim(max_model_len=64) as client:
+        response = await client.post("/v1/completions", json={"model": "a1", "prompt": "x", "max_tokens": 100})
+        assert response.status == 400
+        counters = await stats(client)
+    assert counters["rejected"] == 1
+    assert counters["requests"] == 0
