@@ -30,7 +30,7 @@ async def route(request: web.Request) -> web.Response:
     target = tenants.resolve(tenant, request.query.get("adapter"))
     pool = request.app[FLEET].pools[target.pool]
     key = affinity_key(request.app[CONFIG].routing, tenant, target, request.query.get("session"))
-    decision = pool.route(key, peek=True)
+    decision = pool.explain(key)
     return web.json_response({"tenant": tenant.id, "model": target.model, **decision.as_json()})
 
 

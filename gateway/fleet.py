@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from backends.base import Endpoint, EngineDriver
 from backends.vllm import VllmDriver
-from gateway.config import GatewayConfig, PoolConfig
+from gateway.config import GatewayConfig, PoolConfig, RoutingConfig
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.policies import decide
+from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
 
 log = logging.getLogger(__name__)
@@ -25,20 +26,42 @@ class Replica:
 
 
 class Pool:
-    def __init__(self, config: PoolConfig, balance_factor: float, vnodes: int, driver: EngineDriver) -> None:
+    def __init__(self, config: PoolConfig, routing: RoutingConfig, driver: EngineDriver) -> None:
         self.config = config
         self.name = config.name
         self.driver = driver
-        self.balance_factor = balance_factor
+        self.balance_factor = routing.balance_factor
         self.replicas = {r.id: Replica(Endpoint(r.id, str(r.url).rstrip("/"))) for r in config.replicas}
-        self.ring = Ring(list(self.replicas), vnodes)
+        self.ring = Ring(list(self.replicas), routing.vnodes)
+        reserve = config.policy == "bounded_consistent_hash"
+        self.reservations = HomeReservations(routing.home_reservation_s if reserve else 0.0)
         self._ticks = 0
 
-    def route(self, key: str, *, peek: bool = False) -> RoutingDecision:
-        """The decision for ``key`` now; ``peek`` (for /admin/route) leaves round robin's turn where it is."""
-        if not peek:
-            self._ticks += 1
-        loads = [ReplicaLoad(r.endpoint.id, r.healthy, r.in_flight) for r in self.replicas.values()]
+    def explain(self, key: str) -> RoutingDecision:
+        """The decision ``place`` would take for ``key`` now, without taking it (for /admin/route)."""
+        return self._decide(key)
+
+    def place(self, key: str) -> RoutingDecision:
+        """Decide where ``key``'s request goes and count it there; every placed decision must be released."""
+        self._ticks += 1
+        decision = self._decide(key)
+        if decision.chosen is not None:
+            self.replicas[decision.chosen].in_flight += 1
+            self.reservations.arrived(key, decision.home, decision.chosen)
+        return decision
+
+    def release(self, decision: RoutingDecision) -> None:
+        assert decision.chosen is not None
+        self.replicas[decision.chosen].in_flight -= 1
+        self.reservations.finished(decision.key, decision.chosen)
+
+    def _decide(self, key: str) -> RoutingDecision:
+        reservations = self.reservations
+        reservations.expire()
+        loads = [
+            ReplicaLoad(r.endpoint.id, r.healthy, r.in_flight, reservations.reserved(r.endpoint.id))
+            for r in self.replicas.values()
+        ]
         return decide(
             self.ring,
             key,
@@ -47,6 +70,7 @@ class Pool:
             policy=self.config.policy,
             balance_factor=self.balance_factor,
             tick=self._ticks,
+            standing=reservations.standing(key),
         )
 
     @property
@@ -72,8 +96,7 @@ def make_driver(config: PoolConfig) -> EngineDriver:
 
 class Fleet:
     def __init__(self, config: GatewayConfig) -> None:
-        routing = config.routing
-        self.pools = {p.name: Pool(p, routing.balance_factor, routing.vnodes, make_driver(p)) for p in config.pools}
+        self.pools = {p.name: Pool(p, config.routing, make_driver(p)) for p in config.pools}
         self._probes: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:

@@ -32,11 +32,14 @@ async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
     target = app[TENANTS].resolve(tenant, inference.model)
     pool = app[FLEET].pools[target.pool]
     session_id = request.headers.get("x-session-id") or inference.user
-    decision = pool.route(affinity_key(app[CONFIG].routing, tenant, target, session_id))
+    engine_request = EngineRequest(_PATHS[kind], inference.for_engine(target.engine_model), inference.stream)
+    decision = pool.place(affinity_key(app[CONFIG].routing, tenant, target, session_id))
     if decision.chosen is None:
         raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
-    engine_request = EngineRequest(_PATHS[kind], inference.for_engine(target.engine_model), inference.stream)
-    return await relay(request, pool, pool.replicas[decision.chosen], target, engine_request)
+    try:
+        return await relay(request, pool, pool.replicas[decision.chosen], target, engine_request)
+    finally:
+        pool.release(decision)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

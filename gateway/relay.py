@@ -31,7 +31,6 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contr
 async def relay(
     request: web.Request, pool: Pool, replica: Replica, target: Target, engine_request: EngineRequest
 ) -> web.StreamResponse:
-    replica.in_flight += 1
     try:
         upstream = await _open(pool, replica, target, engine_request)
         try:
@@ -43,8 +42,6 @@ async def relay(
             upstream.release()
     except BackendError as exc:
         raise to_gateway_error(exc) from exc
-    finally:
-        replica.in_flight -= 1
 
 
 async def _open(pool: Pool, replica: Replica, target: Target, engine_request: EngineRequest) -> EngineResponse:

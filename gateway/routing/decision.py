@@ -13,6 +13,21 @@ class ReplicaLoad:
     id: str
     healthy: bool
     in_flight: int
+    # Slots held for active keys homed here (see reservations.py); they count as load for other keys.
+    reserved: int = 0
+
+
+@dataclass(frozen=True)
+class KeyStanding:
+    """The affinity key as the router sees it at decision time."""
+
+    # Requests of this key in flight in the pool: a key with none is not hot, so reservations do not bind it.
+    in_flight: int = 0
+    # The key holds the slot reserved for it at its home (see reservations.py).
+    holds_reservation: bool = False
+
+
+NEW_KEY = KeyStanding()
 
 
 @dataclass
@@ -26,6 +41,9 @@ class RoutingDecision:
     reasons: list[str] = field(default_factory=list)
     capacity: int | None = None
     loads: dict[str, int] = field(default_factory=dict)
+    reserved: dict[str, int] = field(default_factory=dict)
+    # The key took the slot reserved for it at its home.
+    used_reservation: bool = False
     healthy: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:

@@ -4,8 +4,10 @@
 2017; HAProxy's hash-balance-factor): walk the key's preference order and take the first replica whose in-flight
 load is under ``ceil(balance_factor x mean)``, the mean over healthy replicas counting this request. Some replica
 is always under the mean, so a pick always exists; a hot key spills clockwise while other keys stay home as long
-as their home has room. The others are baselines for comparison: ``consistent_hash`` (no bound),
-``round_robin`` and ``least_loaded``.
+as their home has room. With home reservations (reservations.py) the mean counts reserved slots too; a key
+holding a reservation at a healthy home takes it without the check, and a key that already has requests in flight
+must find a replica whose in flight + reserved is under the cap. The others are baselines for
+comparison: ``consistent_hash`` (no bound), ``round_robin`` and ``least_loaded``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gateway.routing.decision import ReplicaLoad, RoutingDecision
+from gateway.routing.decision import NEW_KEY, KeyStanding, ReplicaLoad, RoutingDecision
 from gateway.routing.ring import Ring
 
 
@@ -26,12 +28,14 @@ def decide(
     policy: str,
     balance_factor: float,
     tick: int = 0,
+    standing: KeyStanding = NEW_KEY,
 ) -> RoutingDecision:
     """Choose a replica for ``key``; ``decision.chosen`` is None only when no replica is healthy."""
     by_id = {replica.id: replica for replica in replicas}
     order = ring.preference(key)
     decision = RoutingDecision(pool=pool, policy=policy, key=key, home=order[0])
     decision.loads = {replica.id: replica.in_flight for replica in replicas}
+    decision.reserved = {replica.id: replica.reserved for replica in replicas if replica.reserved}
     candidates = [replica_id for replica_id in order if by_id[replica_id].healthy]
     decision.healthy = candidates
     if not candidates:
@@ -43,10 +47,15 @@ def decide(
     if policy == "consistent_hash":
         decision.chosen = candidates[0]
     elif policy == "bounded_consistent_hash":
-        total = sum(by_id[replica_id].in_flight for replica_id in candidates) + 1
-        capacity = math.ceil(balance_factor * total / len(candidates))
+        effective = {r: by_id[r].in_flight + by_id[r].reserved for r in candidates}
+        capacity = math.ceil(balance_factor * (sum(effective.values()) + 1) / len(candidates))
         decision.capacity = capacity
-        decision.chosen = next(r for r in candidates if by_id[r].in_flight < capacity)
+        if standing.holds_reservation and candidates[0] == decision.home:
+            decision.chosen = decision.home
+            decision.used_reservation = True
+        else:
+            load = effective if standing.in_flight else {r: by_id[r].in_flight for r in candidates}
+            decision.chosen = next(r for r in candidates if load[r] < capacity)
         if decision.chosen != candidates[0]:
             decision.reasons.append("spill:over_capacity")
     elif policy == "round_robin":

@@ -203,13 +203,9 @@ def test_probes_and_admin_auth(fleet: RunningFleet) -> None:
     assert httpx.get(fleet.gateway_url + "/nowhere").json()["error"]["code"] == "not_found"
 
 
-def test_hot_tenant_spills_and_no_request_is_lost(tmp_path: Path) -> None:
-    """One tenant sends 10x the others' traffic: it spills off its home, everyone is served.
-
-    Not asserted, because bounded loads do not give it: that every other tenant stays 100% at home. The hot
-    tenant's overflow fills its home and its ring neighbour up to the cap, and a light tenant homed there that
-    arrives while the replica is at the cap spills too (seen: 4 of 12 at home). See the closing note of #3.
-    """
+def test_hot_tenant_spills_and_the_others_stay_home(tmp_path: Path) -> None:
+    """Seven tenants are active, then one turns hot with 10x their traffic: it spills off its home, every other
+    tenant's requests all land on its home replica (home reservations), and every request is served."""
     tenants = {f"h{i}": [f"adapter-h{i}"] for i in range(8)}
     hot, others = "h0", [f"h{i}" for i in range(1, 8)]
     sim_args = ["--time-scale", "0.05", "--max-loras", "8", "--max-cpu-loras", "8"]
@@ -224,18 +220,27 @@ def test_hot_tenant_spills_and_no_request_is_lost(tmp_path: Path) -> None:
                         model=f"adapter-{tenant}", prompt=f"q{i}", max_tokens=8, extra_body={"ignore_eos": True}
                     )
 
-        async def traffic() -> None:  # the hot tenant sends 10x the others' traffic, all at once
+        def served() -> dict[str, dict[str, int]]:
+            return {replica: sim_stats(url)["requests_by_model"] for replica, url in fleet.replica_urls.items()}
+
+        async def others_active() -> None:
+            await asyncio.gather(*(worker(t, 1) for t in others))
+
+        async def one_turns_hot() -> None:
             await asyncio.gather(*(worker(hot, 12) for _ in range(10)), *(worker(t, 12) for t in others))
 
-        asyncio.run(traffic())
-        served = {replica: sim_stats(url)["requests_by_model"] for replica, url in fleet.replica_urls.items()}
+        asyncio.run(others_active())
+        before = served()
+        asyncio.run(one_turns_hot())
+        after = served()
 
     def at_home(tenant: str) -> int:
-        return int(served[homes[tenant]].get(f"adapter-{tenant}", 0))
+        home, model = homes[tenant], f"adapter-{tenant}"
+        return after[home].get(model, 0) - before[home].get(model, 0)
 
     assert at_home(hot) < 120  # it spilled
-    assert sum(s.get(f"adapter-{hot}", 0) for s in served.values()) == 120
-    assert all(sum(s.get(f"adapter-{t}", 0) for s in served.values()) == 12 for t in others)
+    assert sum(s.get(f"adapter-{hot}", 0) for s in after.values()) == 120
+    assert {t: at_home(t) for t in others} == dict.fromkeys(others, 12)  # every one of theirs at home
 
 
 def test_adapter_the_engine_lost_is_loaded_again(fleet: RunningFleet) -> None:

@@ -1,0 +1,97 @@
+"""Home reservations: each recently active key holds one slot at its home replica while it has nothing in flight.
+
+Why: bounded loads alone let a hot key's overflow fill its home and ring neighbours right up to the cap, and the
+cap moves with every arrival and completion, so a light key arriving at its home a moment later finds it full and
+spills too. A reservation is a placement made in advance: it counts as load for everyone else (so the hot key
+stops one slot short for each active neighbour) and its owner may always take it (so the light key goes home).
+Taking or giving back a reservation leaves a replica's effective load (in flight + reserved) unchanged, which is
+why the bound still holds over effective load at every placement.
+
+Reservations bind keys that already have a request in flight (a hot key's overflow); a key with nothing in flight
+is not hot, so it is checked against requests in flight only, which keeps an idle fleet's reservations from
+turning a newcomer away from its home. A key is active while it has a request in flight or sent or finished one
+within ``window_s``; after that its reservation lapses. The bookkeeping is O(1) per request: keys live in an
+OrderedDict by last activity, and lapsed ones are dropped from its front on each call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.routing.decision import NEW_KEY, KeyStanding
+
+
+@dataclass
+class _KeyState:
+    home: str
+    in_flight: int
+    in_flight_at_home: int
+    last_active: float
+
+
+class HomeReservations:
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._keys: OrderedDict[str, _KeyState] = OrderedDict()
+        self._reserved: dict[str, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.window_s > 0
+
+    def reserved(self, replica_id: str) -> int:
+        """Slots held at ``replica_id`` for active keys homed there with nothing in flight."""
+        return self._reserved.get(replica_id, 0)
+
+    def standing(self, key: str) -> KeyStanding:
+        """``key``'s requests in flight and whether it holds its home reservation now (call after ``expire``)."""
+        state = self._keys.get(key)
+        if state is None:
+            return NEW_KEY
+        return KeyStanding(state.in_flight, holds_reservation=state.in_flight_at_home == 0)
+
+    def expire(self) -> None:
+        """Drop the reservations of keys idle for longer than the window."""
+        deadline = self._clock() - self.window_s
+        while self._keys:
+            key, state = next(iter(self._keys.items()))
+            if state.last_active >= deadline:
+                return
+            if state.in_flight:  # a long request is activity: keep tracking it, re-check later
+                state.last_active = self._clock()
+                self._keys.move_to_end(key)
+                continue
+            del self._keys[key]
+            self._reserved[state.home] -= 1
+
+    def arrived(self, key: str, home: str, chosen: str) -> None:
+        if not self.enabled:
+            return
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _KeyState(home, 0, 0, self._clock())
+            self._reserved[home] = self._reserved.get(home, 0) + 1
+        else:
+            state.last_active = self._clock()
+            self._keys.move_to_end(key)
+        state.in_flight += 1
+        if chosen == state.home:
+            if state.in_flight_at_home == 0:
+                self._reserved[state.home] -= 1
+            state.in_flight_at_home += 1
+
+    def finished(self, key: str, chosen: str) -> None:
+        state = self._keys.get(key)
+        if state is None:  # reservations are off
+            return
+        state.last_active = self._clock()
+        self._keys.move_to_end(key)
+        state.in_flight -= 1
+        if chosen == state.home:
+            state.in_flight_at_home -= 1
+            if state.in_flight_at_home == 0:
+                self._reserved[state.home] += 1
