@@ -8,7 +8,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines lint typecheck test test-fast demo bench-sim bench-gateway clean
+.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway clean
 
 help:
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-fast  unit and simulator tests only (no engine lanes)"
 	@echo "make lint       ruff check and format check"
 	@echo "make engines    build the vLLM engine venv and the tiny test model"
+	@echo "make redis      install redis-server (Debian package) if it is not on PATH"
 	@echo "make bench-sim  print the simulator's own capacity"
 	@echo "make bench-gateway  print the gateway's added latency and CPU per request"
 
@@ -40,6 +41,14 @@ $(VLLM_VENV)/.installed:
 $(TINY_MODEL)/.made-v1: $(VLLM_VENV)/.installed tests/engines/make_tiny_model.py
 	$(VLLM_VENV)/bin/python tests/engines/make_tiny_model.py $(TINY_MODEL)
 
+# The shared residency store's tests run a real redis-server; apt-get update only if the first install fails.
+SUDO := $(shell [ "$$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && echo sudo)
+
+redis:
+	@command -v redis-server >/dev/null 2>&1 || \
+		$(SUDO) apt-get install -y redis-server || \
+		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -50,7 +59,7 @@ typecheck: venv
 test-fast: venv
 	$(PYTEST) -q -m "not engine"
 
-test: lint typecheck engines
+test: lint typecheck engines redis
 	TENANTGATE_REQUIRE_ENGINES=1 $(PYTEST) -q
 
 demo: venv

@@ -52,19 +52,23 @@ class EngineResponse(Protocol):
 class EngineDriver(Protocol):
     """Drives one pool's replicas of one engine kind.
 
-    Contract:
-    - ``ensure_adapter`` returns once the adapter is loaded on the replica. Concurrent calls for the same
-      replica and adapter share one load (single-flight). Raises ``AdapterLoadFailed`` or ``EngineUnavailable``.
+    Contract (drivers keep no residency state; the gateway's residency lifecycle decides what to load, when):
+    - ``load_adapter`` returns once the adapter is loaded on the replica (also when it already was). Raises
+      ``AdapterLoadFailed``, ``EngineUnavailable`` or ``EngineTimeout``.
+    - ``unload_adapter`` returns once the engine has forgotten the adapter (also when it did not know it).
+    - ``list_adapters`` returns the engine names of the adapters the replica reports loaded; raises
+      ``EngineUnavailable`` or ``EngineTimeout``.
     - ``send`` returns once the engine's answer head has arrived with a 2xx status; before that it raises
-      ``EngineUnavailable``, ``EngineTimeout``, ``AdapterNotLoaded`` (forget and load again) or ``EngineRejected``.
+      ``EngineUnavailable``, ``EngineTimeout``, ``AdapterNotLoaded`` (load it again) or ``EngineRejected``.
       Nothing has reached the client when it raises, so the caller may try again elsewhere.
-    - ``forget_adapter`` drops the driver's belief that an adapter is loaded on a replica.
     - ``healthy`` probes the replica's health endpoint; it never raises.
     """
 
-    async def ensure_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None: ...
+    async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None: ...
 
-    def forget_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None: ...
+    async def unload_adapter(self, replica: Endpoint, engine_name: str) -> None: ...
+
+    async def list_adapters(self, replica: Endpoint) -> set[str]: ...
 
     async def send(self, replica: Endpoint, request: EngineRequest) -> EngineResponse: ...
 

@@ -7,7 +7,6 @@ this driver takes as success: another gateway, or an operator, loaded it first.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -66,25 +65,8 @@ class VllmDriver:
         )
         self._load_timeout = aiohttp.ClientTimeout(total=adapter_load_timeout_s, sock_connect=connect_timeout_s)
         self._probe_timeout = aiohttp.ClientTimeout(total=connect_timeout_s)
-        self._loaded: set[tuple[str, str]] = set()
-        self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
 
-    async def ensure_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
-        key = (replica.id, adapter.engine_name)
-        if key in self._loaded:
-            return
-        task = self._loading.get(key)
-        if task is None:
-            task = asyncio.create_task(self._load(replica, adapter), name=f"load {adapter.engine_name}@{replica.id}")
-            self._loading[key] = task
-            task.add_done_callback(lambda _: self._loading.pop(key, None))
-        # shield: one caller giving up (client gone) must not cancel the load the others wait for.
-        await asyncio.shield(task)
-
-    def forget_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
-        self._loaded.discard((replica.id, adapter.engine_name))
-
-    async def _load(self, replica: Endpoint, adapter: AdapterRef) -> None:
+    async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
         body = json.dumps({"lora_name": adapter.engine_name, "lora_path": adapter.source}).encode()
         try:
             async with self._session.post(
@@ -96,9 +78,36 @@ class VllmDriver:
         except aiohttp.ClientError as exc:
             raise EngineUnavailable(f"{replica.id} unreachable: {exc!r}") from exc
         if response.status == 200 or (response.status == 400 and "has already been loaded" in text):
-            self._loaded.add((replica.id, adapter.engine_name))
             return
         raise AdapterLoadFailed(adapter.engine_name, response.status, _error_message(text))
+
+    async def unload_adapter(self, replica: Endpoint, engine_name: str) -> None:
+        body = json.dumps({"lora_name": engine_name}).encode()
+        try:
+            async with self._session.post(
+                replica.url + "/v1/unload_lora_adapter", data=body, headers=_JSON, timeout=self._load_timeout
+            ) as response:
+                text = await response.text()
+        except TimeoutError as exc:
+            raise EngineTimeout(f"unloading {engine_name} on {replica.id} timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"{replica.id} unreachable: {exc!r}") from exc
+        # vLLM answers 404 for a name it does not know: already gone, which is what we wanted.
+        if response.status not in (200, 404):
+            raise EngineRejected(response.status, _error_message(text))
+
+    async def list_adapters(self, replica: Endpoint) -> set[str]:
+        """vLLM's /v1/models lists the base model and every registered adapter; adapters carry a ``parent``."""
+        try:
+            async with self._session.get(replica.url + "/v1/models", timeout=self._load_timeout) as response:
+                if response.status != 200:
+                    raise EngineUnavailable(f"{replica.id} answered /v1/models with {response.status}")
+                models = (await response.json()).get("data", [])
+        except TimeoutError as exc:
+            raise EngineTimeout(f"{replica.id} did not list its models in time") from exc
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise EngineUnavailable(f"{replica.id} did not list its models: {exc!r}") from exc
+        return {str(model["id"]) for model in models if isinstance(model, dict) and model.get("parent")}
 
     async def send(self, replica: Endpoint, request: EngineRequest) -> VllmResponse:
         try:

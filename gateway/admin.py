@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import hmac
+import time
+from dataclasses import asdict
 
 from aiohttp import web
 
+from backends.base import AdapterRef
+from backends.errors import BackendError
 from gateway.appkeys import ADMIN_TOKEN, CONFIG, FLEET, TENANTS
-from gateway.errors import AdminDisabled, AuthenticationFailed, InvalidRequest
+from gateway.config import AdapterConfig
+from gateway.errors import AdminDisabled, AuthenticationFailed, InvalidRequest, ModelNotFound
+from gateway.fleet import prewarm_homes
 from gateway.ingress import affinity_key
+from gateway.relay import to_gateway_error
 
 
 def _require_admin(request: web.Request) -> None:
@@ -30,9 +37,77 @@ async def route(request: web.Request) -> web.Response:
     target = tenants.resolve(tenant, request.query.get("adapter"))
     pool = request.app[FLEET].pools[target.pool]
     key = affinity_key(request.app[CONFIG].routing, tenant, target, request.query.get("session"))
-    decision = pool.explain(key)
+    decision = pool.explain(key, target.engine_model if target.adapter is not None else None)
     return web.json_response({"tenant": tenant.id, "model": target.model, **decision.as_json()})
+
+
+def _adapter(request: web.Request) -> AdapterConfig:
+    name = request.match_info["name"]
+    adapter = next((a for a in request.app[CONFIG].adapters if a.name == name), None)
+    if adapter is None:
+        raise ModelNotFound(f"No adapter {name!r} in the catalog.", param="name")
+    return adapter
+
+
+async def warm(request: web.Request) -> web.Response:
+    """Load an adapter on its home replicas and warm it with a one-token request, as pre-warm does at start."""
+    _require_admin(request)
+    adapter = _adapter(request)
+    pool = request.app[FLEET].pools[adapter.pool]
+    ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
+    homes = sorted(prewarm_homes(request.app[CONFIG], pool, adapter))
+    try:
+        for replica_id in homes:
+            await pool.residency.warm(replica_id, ref, pinned=adapter.pinned)
+    except BackendError as exc:
+        raise to_gateway_error(exc) from exc
+    return web.json_response({"adapter": adapter.name, "pool": pool.name, "warmed_on": homes})
+
+
+async def unload(request: web.Request) -> web.Response:
+    """Unload an adapter from every replica of its pool (pinned or not) and forget it in the record."""
+    _require_admin(request)
+    adapter = _adapter(request)
+    pool = request.app[FLEET].pools[adapter.pool]
+    try:
+        unloaded = await pool.residency.unload_everywhere(adapter.engine_name or adapter.name)
+    except BackendError as exc:
+        raise to_gateway_error(exc) from exc
+    return web.json_response({"adapter": adapter.name, "pool": pool.name, "unloaded_from": unloaded})
+
+
+async def residency(request: web.Request) -> web.Response:
+    """The residency record per pool and replica as this gateway sees it, with idle times."""
+    _require_admin(request)
+    fleet = request.app[FLEET]
+    now = time.time()
+    pools = {}
+    for name, pool in fleet.pools.items():
+        life = pool.residency
+        pools[name] = {
+            "max_adapters": life.max_adapters,
+            "counters": asdict(life.counters),
+            "replicas": {
+                replica_id: {
+                    "healthy": pool.replicas[replica_id].healthy,
+                    "adapters": {
+                        adapter: {
+                            "idle_s": round(max(0.0, now - used), 3),
+                            "pinned": adapter in view.pinned,
+                            "in_flight": view.in_flight.get(adapter, 0),
+                        }
+                        for adapter, used in sorted(view.resident.items())
+                    },
+                    "loading": sorted(a for (r, a) in life.loading if r == replica_id),
+                }
+                for replica_id, view in life.views.items()
+            },
+        }
+    return web.json_response({"store": "up" if fleet.store_up else "down", "pools": pools})
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/route", route)
+    app.router.add_get("/admin/residency", residency)
+    app.router.add_post("/admin/adapters/{name}/warm", warm)
+    app.router.add_delete("/admin/adapters/{name}/residency", unload)

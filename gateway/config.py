@@ -38,6 +38,9 @@ class RoutingConfig(_Frozen):
     # bounded_consistent_hash: a key active within this window keeps one slot at its home, so a hot key's
     # overflow cannot push it off (gateway/routing/reservations.py). 0 turns reservations off.
     home_reservation_s: float = Field(default=2.0, ge=0, le=3600)
+    # When a request must leave its home, prefer an allowed replica where its adapter is already resident over
+    # the next one on the ring (false: ring order only, the plain bounded-load rule).
+    prefer_resident: bool = True
 
 
 class ReplicaConfig(_Frozen):
@@ -66,6 +69,29 @@ class PoolConfig(_Frozen):
         return self
 
 
+class StateConfig(_Frozen):
+    # Shared state for several gateways (residency record and its locks). None: in-process, one gateway.
+    redis_url: Annotated[str, Field(pattern=r"^(redis|rediss|unix)://")] | None = None
+    # A Redis call that takes longer counts as Redis being down; requests never wait on Redis beyond this.
+    operation_timeout_s: float = Field(default=0.5, gt=0, le=30)
+
+
+class ResidencyConfig(_Frozen):
+    # Last-use times are written to the store in one batch this often, never per request.
+    use_flush_interval_s: float = Field(default=0.25, gt=0, le=60)
+    # How often the local view of the record is refreshed from the store (other gateways' loads).
+    sync_interval_s: float = Field(default=2.0, gt=0, le=600)
+    # How often the record is compared with what each engine lists, and corrected.
+    reconcile_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    # The eviction timer: adapters idle longer than idle_evict_s are unloaded; each replica is also brought down
+    # to max_adapters - headroom, so a newcomer's load seldom has to evict on the request path.
+    evict_interval_s: float = Field(default=30.0, gt=0, le=3600)
+    idle_evict_s: float = Field(default=600.0, gt=0)
+    headroom: int = Field(default=1, ge=0)
+    # A load or eviction holds the replica's lock at most this long if its gateway dies mid-way.
+    lock_ttl_s: float = Field(default=120.0, gt=0)
+
+
 class AdapterConfig(_Frozen):
     name: Name
     pool: Name
@@ -73,6 +99,10 @@ class AdapterConfig(_Frozen):
     source: str = Field(min_length=1)
     # The name the engine serves it under, if not `name`.
     engine_name: Name | None = None
+    # Load on its home replicas (and warm with a one-token request) before the gateway reports ready;
+    # pinned also keeps it there: never evicted.
+    prewarm: bool = False
+    pinned: bool = False
 
 
 class TenantConfig(_Frozen):
@@ -106,6 +136,8 @@ class GatewayConfig(_Frozen):
     tenants: list[TenantConfig] = Field(min_length=1)
     admin: AdminConfig = AdminConfig()
     limits: LimitsConfig = LimitsConfig()
+    state: StateConfig = StateConfig()
+    residency: ResidencyConfig = ResidencyConfig()
 
     @model_validator(mode="after")
     def _references_resolve(self) -> GatewayConfig:
@@ -130,6 +162,10 @@ class GatewayConfig(_Frozen):
                 for m in tenant.base_models
                 if m not in base_models
             ]
+        max_adapters = {p.name: p.max_adapters for p in self.pools}
+        for pool, pinned in Counter(a.pool for a in self.adapters if a.pinned).items():
+            if pool in max_adapters and pinned > max_adapters[pool]:
+                problems.append(f"pool {pool!r} pins {pinned} adapters but max_adapters is {max_adapters[pool]}")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -78,6 +78,15 @@ class NoHealthyReplica(GatewayError):
     code = "no_healthy_replica"
 
 
+class WorkingSetFull(GatewayError):
+    """Every adapter resident on the chosen replica is pinned or in use, or another gateway's load there did not
+    end in time: nothing could make room for this one. Retrying shortly usually finds room."""
+
+    status = 503
+    error_type = "server_error"
+    code = "adapter_capacity_exhausted"
+
+
 class UpstreamError(GatewayError):
     status = 502
     error_type = "server_error"

@@ -5,11 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
-from backends.base import Endpoint, EngineDriver
+from backends.base import AdapterRef, Endpoint, EngineDriver
+from backends.errors import BackendError
 from backends.vllm import VllmDriver
-from gateway.config import GatewayConfig, PoolConfig, RoutingConfig
+from gateway.config import AdapterConfig, GatewayConfig, PoolConfig, RoutingConfig
+from gateway.residency.lifecycle import PoolResidency, every
+from gateway.residency.memory import MemoryStore
+from gateway.residency.redis import RedisStore
+from gateway.residency.store import ResidencyStore
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.policies import decide
 from gateway.routing.reservations import HomeReservations
@@ -23,28 +30,37 @@ class Replica:
     endpoint: Endpoint
     healthy: bool = True
     in_flight: int = 0
+    # Back from being down, being re-warmed: it takes traffic again once that is done.
+    returning: bool = False
 
 
 class Pool:
-    def __init__(self, config: PoolConfig, routing: RoutingConfig, driver: EngineDriver) -> None:
+    def __init__(
+        self, config: PoolConfig, routing: RoutingConfig, driver: EngineDriver, residency: PoolResidency
+    ) -> None:
         self.config = config
         self.name = config.name
         self.driver = driver
+        self.residency = residency
         self.balance_factor = routing.balance_factor
-        self.replicas = {r.id: Replica(Endpoint(r.id, str(r.url).rstrip("/"))) for r in config.replicas}
+        self.prefer_resident = routing.prefer_resident
+        self.replicas = {replica_id: Replica(endpoint) for replica_id, endpoint in residency.endpoints.items()}
         self.ring = Ring(list(self.replicas), routing.vnodes)
         reserve = config.policy == "bounded_consistent_hash"
         self.reservations = HomeReservations(routing.home_reservation_s if reserve else 0.0)
+        # Per replica, what to load and warm when it comes (back) up: (adapter, pinned).
+        self.prewarm: dict[str, list[tuple[AdapterRef, bool]]] = {replica_id: [] for replica_id in self.replicas}
         self._ticks = 0
+        self._welcomes: set[asyncio.Task[None]] = set()
 
-    def explain(self, key: str) -> RoutingDecision:
+    def explain(self, key: str, engine_model: str | None) -> RoutingDecision:
         """The decision ``place`` would take for ``key`` now, without taking it (for /admin/route)."""
-        return self._decide(key)
+        return self._decide(key, engine_model)
 
-    def place(self, key: str) -> RoutingDecision:
+    def place(self, key: str, engine_model: str | None) -> RoutingDecision:
         """Decide where ``key``'s request goes and count it there; every placed decision must be released."""
         self._ticks += 1
-        decision = self._decide(key)
+        decision = self._decide(key, engine_model)
         if decision.chosen is not None:
             self.replicas[decision.chosen].in_flight += 1
             self.reservations.arrived(key, decision.home, decision.chosen)
@@ -55,13 +71,14 @@ class Pool:
         self.replicas[decision.chosen].in_flight -= 1
         self.reservations.finished(decision.key, decision.chosen)
 
-    def _decide(self, key: str) -> RoutingDecision:
+    def _decide(self, key: str, engine_model: str | None) -> RoutingDecision:
         reservations = self.reservations
         reservations.expire()
         loads = [
             ReplicaLoad(r.endpoint.id, r.healthy, r.in_flight, reservations.reserved(r.endpoint.id))
             for r in self.replicas.values()
         ]
+        resident = self.residency.resident_on(engine_model) if engine_model and self.prefer_resident else frozenset()
         return decide(
             self.ring,
             key,
@@ -71,7 +88,11 @@ class Pool:
             balance_factor=self.balance_factor,
             tick=self._ticks,
             standing=reservations.standing(key),
+            resident=resident,
         )
+
+    def is_healthy(self, replica_id: str) -> bool:
+        return self.replicas[replica_id].healthy
 
     @property
     def any_healthy(self) -> bool:
@@ -80,9 +101,34 @@ class Pool:
     async def probe(self) -> None:
         results = await asyncio.gather(*(self.driver.healthy(r.endpoint) for r in self.replicas.values()))
         for replica, healthy in zip(self.replicas.values(), results, strict=True):
-            if healthy != replica.healthy:
-                log.warning("replica %s/%s is now %s", self.name, replica.endpoint.id, "up" if healthy else "down")
-            replica.healthy = healthy
+            if healthy == replica.healthy or replica.returning:
+                continue
+            replica_id = replica.endpoint.id
+            if healthy:
+                log.warning("replica %s/%s is up again; re-warming it before it takes traffic", self.name, replica_id)
+                replica.returning = True
+                task = asyncio.create_task(self._welcome_back(replica), name=f"rewarm {self.name}/{replica_id}")
+                self._welcomes.add(task)
+                task.add_done_callback(self._welcomes.discard)
+            else:
+                log.warning("replica %s/%s is down", self.name, replica_id)
+                replica.healthy = False
+
+    async def _welcome_back(self, replica: Replica) -> None:
+        """A replica back from down has lost its adapters: reset its record from the engine, warm, then serve."""
+        try:
+            await self.residency.reconcile([replica.endpoint.id])
+            await self.warm_replica(replica.endpoint.id)
+        finally:
+            replica.returning = False
+            replica.healthy = True
+
+    async def warm_replica(self, replica_id: str) -> None:
+        for adapter, pinned in self.prewarm[replica_id]:
+            try:
+                await self.residency.warm(replica_id, adapter, pinned=pinned)
+            except BackendError as exc:
+                log.error("pre-warming %s on %s/%s failed: %s", adapter.engine_name, self.name, replica_id, exc)
 
 
 def make_driver(config: PoolConfig) -> EngineDriver:
@@ -94,34 +140,92 @@ def make_driver(config: PoolConfig) -> EngineDriver:
     )
 
 
+def make_store(config: GatewayConfig) -> ResidencyStore:
+    if config.state.redis_url is None:
+        return MemoryStore()
+    return RedisStore(config.state.redis_url, operation_timeout_s=config.state.operation_timeout_s)
+
+
+def prewarm_homes(config: GatewayConfig, pool: Pool, adapter: AdapterConfig) -> set[str]:
+    """Where an adapter's traffic starts: its own ring home under adapter affinity, else its tenants' homes."""
+    if config.routing.affinity != "adapter":
+        homes = {pool.ring.home(t.id) for t in config.tenants if adapter.name in t.adapters}
+        if homes:
+            return homes
+    return {pool.ring.home(adapter.name)}
+
+
 class Fleet:
     def __init__(self, config: GatewayConfig) -> None:
-        self.pools = {p.name: Pool(p, config.routing, make_driver(p)) for p in config.pools}
-        self._probes: list[asyncio.Task[None]] = []
+        self.config = config
+        self.store = make_store(config)
+        self.pools: dict[str, Pool] = {}
+        for pool_config in config.pools:
+            driver = make_driver(pool_config)
+            endpoints = [Endpoint(r.id, str(r.url).rstrip("/")) for r in pool_config.replicas]
+            residency = PoolResidency(
+                pool_config.name,
+                endpoints,
+                driver,
+                self.store,
+                config.residency,
+                max_adapters=pool_config.max_adapters,
+                load_timeout_s=pool_config.adapter_load_timeout_s,
+                shared=config.state.redis_url is not None,
+            )
+            self.pools[pool_config.name] = Pool(pool_config, config.routing, driver, residency)
+        for adapter in config.adapters:
+            if adapter.prewarm or adapter.pinned:
+                pool = self.pools[adapter.pool]
+                ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
+                for replica_id in sorted(prewarm_homes(config, pool, adapter)):
+                    pool.prewarm[replica_id].append((ref, adapter.pinned))
+        self.warmed = False
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Probe every replica once (so readiness is true from the start), then keep probing in the background."""
+        """Probe every replica once, then start the background loops; readiness waits for the pre-warm."""
         await asyncio.gather(*(pool.probe() for pool in self.pools.values()))
-        self._probes = [
-            asyncio.create_task(self._probe_forever(p), name=f"probe {p.name}") for p in self.pools.values()
-        ]
+        residency = self.config.residency
+        self._tasks = [asyncio.create_task(self._start_up(), name="residency start-up")]
+        for pool in self.pools.values():
+            life = pool.residency
+            loops: list[tuple[float, Callable[[], Awaitable[None]], str]] = [
+                (pool.config.health_interval_s, pool.probe, "health probe"),
+                (residency.use_flush_interval_s, life.flush_uses, "use flush"),
+                (residency.sync_interval_s, life.sync, "residency sync"),
+                (residency.reconcile_interval_s, life.reconcile, "reconciliation"),
+                (residency.evict_interval_s, partial(life.evict_idle, pool.is_healthy), "eviction"),
+            ]
+            self._tasks += [
+                asyncio.create_task(every(interval, work, f"{what} of pool {pool.name}"), name=f"{what} {pool.name}")
+                for interval, work, what in loops
+            ]
 
-    async def _probe_forever(self, pool: Pool) -> None:
-        while True:
-            await asyncio.sleep(pool.config.health_interval_s)
-            try:
-                await pool.probe()
-            except Exception:  # a probe bug must not end probing for the pool
-                log.exception("health probe of pool %s failed", pool.name)
+    async def _start_up(self) -> None:
+        """Take the engines' truth into the record, then pre-warm every healthy replica."""
+        for pool in self.pools.values():
+            await pool.residency.sync()
+            await pool.residency.reconcile()
+            healthy = [r for r, replica in pool.replicas.items() if replica.healthy]
+            await asyncio.gather(*(pool.warm_replica(replica_id) for replica_id in healthy))
+        self.warmed = True
+        log.info("residency start-up done: record reconciled, adapters pre-warmed")
 
     async def close(self) -> None:
-        for task in self._probes:
+        for task in self._tasks:
             task.cancel()
-        for task in self._probes:
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await asyncio.gather(*(pool.residency.flush_uses() for pool in self.pools.values()))
         await asyncio.gather(*(pool.driver.close() for pool in self.pools.values()))
+        await self.store.close()
 
     @property
     def unready_pools(self) -> list[str]:
         return [name for name, pool in self.pools.items() if not pool.any_healthy]
+
+    @property
+    def store_up(self) -> bool:
+        return all(pool.residency.store_up for pool in self.pools.values())

@@ -33,13 +33,18 @@ async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
     pool = app[FLEET].pools[target.pool]
     session_id = request.headers.get("x-session-id") or inference.user
     engine_request = EngineRequest(_PATHS[kind], inference.for_engine(target.engine_model), inference.stream)
-    decision = pool.place(affinity_key(app[CONFIG].routing, tenant, target, session_id))
+    adapter = target.engine_model if target.adapter is not None else None
+    decision = pool.place(affinity_key(app[CONFIG].routing, tenant, target, session_id), adapter)
     if decision.chosen is None:
         raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
+    if adapter is not None:
+        pool.residency.begin_use(decision.chosen, adapter)
     try:
         return await relay(request, pool, pool.replicas[decision.chosen], target, engine_request)
     finally:
         pool.release(decision)
+        if adapter is not None:
+            pool.residency.end_use(decision.chosen, adapter)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -62,10 +67,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    unready = request.app[FLEET].unready_pools
+    """Ready once pre-warm is done and every pool has a healthy replica; a down residency store is reported but
+    does not make the gateway unready (it routes on from its local view)."""
+    fleet = request.app[FLEET]
+    detail = {"residency_store": "up" if fleet.store_up else "down (routing from the local view)"}
+    unready = fleet.unready_pools
     if unready:
-        return web.json_response({"status": "not ready", "pools_without_healthy_replica": unready}, status=503)
-    return web.json_response({"status": "ready"})
+        return web.json_response(
+            {"status": "not ready", "pools_without_healthy_replica": unready, **detail}, status=503
+        )
+    if not fleet.warmed:
+        return web.json_response({"status": "not ready", "reason": "pre-warming adapters", **detail}, status=503)
+    return web.json_response({"status": "ready", **detail})
 
 
 def add_routes(app: web.Application) -> None:

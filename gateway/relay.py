@@ -48,14 +48,15 @@ async def _open(pool: Pool, replica: Replica, target: Target, engine_request: En
     if target.adapter is None:
         return await pool.driver.send(replica.endpoint, engine_request)
     adapter = AdapterRef(target.engine_model, target.adapter.source)
-    await pool.driver.ensure_adapter(replica.endpoint, adapter)
+    replica_id = replica.endpoint.id
+    await pool.residency.ensure(replica_id, adapter)
     try:
         return await pool.driver.send(replica.endpoint, engine_request)
     except AdapterNotLoaded:
         # The engine lost the adapter (restart, manual unload) since we loaded it: load it again, once.
-        log.warning("adapter %s vanished from %s/%s; reloading", adapter.engine_name, pool.name, replica.endpoint.id)
-        pool.driver.forget_adapter(replica.endpoint, adapter)
-        await pool.driver.ensure_adapter(replica.endpoint, adapter)
+        log.warning("adapter %s vanished from %s/%s; reloading", adapter.engine_name, pool.name, replica_id)
+        await pool.residency.lost(replica_id, adapter.engine_name)
+        await pool.residency.ensure(replica_id, adapter)
         return await pool.driver.send(replica.endpoint, engine_request)
 
 

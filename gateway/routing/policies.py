@@ -4,10 +4,12 @@
 2017; HAProxy's hash-balance-factor): walk the key's preference order and take the first replica whose in-flight
 load is under ``ceil(balance_factor x mean)``, the mean over healthy replicas counting this request. Some replica
 is always under the mean, so a pick always exists; a hot key spills clockwise while other keys stay home as long
-as their home has room. With home reservations (reservations.py) the mean counts reserved slots too; a key
-holding a reservation at a healthy home takes it without the check, and a key that already has requests in flight
-must find a replica whose in flight + reserved is under the cap. The others are baselines for
-comparison: ``consistent_hash`` (no bound), ``round_robin`` and ``least_loaded``.
+as their home has room. A request that must leave home goes to the first allowed replica where its adapter is
+resident (``spill:resident``), else to the next on the ring (``spill:ring``). With home reservations
+(reservations.py) the mean counts reserved slots too; a key holding a reservation at a healthy home takes it
+without the check, and a key that already has requests in flight must find a replica whose in flight + reserved
+is under the cap. The others are baselines for comparison: ``consistent_hash`` (no bound), ``round_robin`` and
+``least_loaded``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def decide(
     balance_factor: float,
     tick: int = 0,
     standing: KeyStanding = NEW_KEY,
+    resident: frozenset[str] = frozenset(),
 ) -> RoutingDecision:
     """Choose a replica for ``key``; ``decision.chosen`` is None only when no replica is healthy."""
     by_id = {replica.id: replica for replica in replicas}
@@ -55,9 +58,13 @@ def decide(
             decision.used_reservation = True
         else:
             load = effective if standing.in_flight else {r: by_id[r].in_flight for r in candidates}
-            decision.chosen = next(r for r in candidates if load[r] < capacity)
-        if decision.chosen != candidates[0]:
-            decision.reasons.append("spill:over_capacity")
+            allowed = [r for r in candidates if load[r] < capacity]
+            if allowed[0] != candidates[0]:
+                decision.reasons.append("spill:over_capacity")
+            decision.chosen = allowed[0]
+            if decision.chosen != decision.home:
+                decision.chosen, how = spill_target(allowed, resident)
+                decision.reasons.append(how)
     elif policy == "round_robin":
         decision.chosen = sorted(candidates)[tick % len(candidates)]
     elif policy == "least_loaded":
@@ -70,3 +77,12 @@ def decide(
     elif policy in ("round_robin", "least_loaded"):
         decision.reasons.append(f"policy:{policy}")
     return decision
+
+
+def spill_target(allowed: Sequence[str], resident: frozenset[str]) -> tuple[str, str]:
+    """Where a request that cannot go home goes, among the replicas the bound allows (in ring order): the first
+    where its adapter is already resident (no cold load), else the next on the ring."""
+    for replica_id in allowed:
+        if replica_id in resident:
+            return replica_id, "spill:resident"
+    return allowed[0], "spill:ring"

@@ -196,7 +196,7 @@ def test_concurrent_first_requests_load_the_adapter_once(fleet: RunningFleet) ->
 
 def test_probes_and_admin_auth(fleet: RunningFleet) -> None:
     assert httpx.get(fleet.gateway_url + "/healthz").status_code == 200
-    assert httpx.get(fleet.gateway_url + "/readyz").json() == {"status": "ready"}
+    assert httpx.get(fleet.gateway_url + "/readyz").json() == {"status": "ready", "residency_store": "up"}
     assert httpx.get(fleet.gateway_url + "/admin/route?tenant=acme").status_code == 401
     wrong = httpx.get(fleet.gateway_url + "/admin/route?tenant=acme", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401

@@ -22,10 +22,24 @@ def replicas(home: int = 0, second: int = 0, third: int = 0, down: tuple[str, ..
     [
         pytest.param("bounded_consistent_hash", replicas(), HOME, ["home"], id="bounded-idle-home"),
         # total 4+1 over 3, cap ceil(1.25*5/3)=3: home at 4 is over, second at 0 takes it
-        pytest.param("bounded_consistent_hash", replicas(home=4), SECOND, ["spill:over_capacity"], id="bounded-spill"),
+        pytest.param(
+            "bounded_consistent_hash",
+            replicas(home=4),
+            SECOND,
+            ["spill:over_capacity", "spill:ring"],
+            id="bounded-spill",
+        ),
         # cap ceil(1.25*7/3)=3: home 3 and second 3 are full, third takes it
-        pytest.param("bounded_consistent_hash", replicas(3, 3, 0), THIRD, ["spill:over_capacity"], id="bounded-walk"),
-        pytest.param("bounded_consistent_hash", replicas(down=(HOME,)), SECOND, ["spill:unhealthy"], id="home-down"),
+        pytest.param(
+            "bounded_consistent_hash",
+            replicas(3, 3, 0),
+            THIRD,
+            ["spill:over_capacity", "spill:ring"],
+            id="bounded-walk",
+        ),
+        pytest.param(
+            "bounded_consistent_hash", replicas(down=(HOME,)), SECOND, ["spill:unhealthy", "spill:ring"], id="home-down"
+        ),
         pytest.param("consistent_hash", replicas(home=50), HOME, ["home"], id="unbounded-stays-home"),
         pytest.param("least_loaded", replicas(2, 1, 0), THIRD, ["policy:least_loaded"], id="least-loaded"),
     ],
@@ -50,3 +64,24 @@ def test_round_robin_cycles_through_healthy_replicas() -> None:
         decide(RING, KEY, replicas(), pool="p", policy="round_robin", balance_factor=1, tick=t).chosen for t in range(6)
     ]
     assert picks == ["r0", "r1", "r2", "r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize(
+    ("fleet", "resident", "chosen", "reasons"),
+    [
+        # home over the cap: the resident third replica beats the second on the ring
+        pytest.param(replicas(home=4), {THIRD}, THIRD, ["spill:over_capacity", "spill:resident"], id="spill-resident"),
+        # the replica holding it is full too: ring order
+        pytest.param(replicas(4, 0, 4), {THIRD}, SECOND, ["spill:over_capacity", "spill:ring"], id="resident-full"),
+        # residency never pulls a request off a home that has room
+        pytest.param(replicas(), {SECOND}, HOME, ["home"], id="home-wins"),
+        pytest.param(replicas(down=(HOME,)), {THIRD}, THIRD, ["spill:unhealthy", "spill:resident"], id="down-resident"),
+    ],
+)
+def test_a_spill_prefers_a_replica_where_the_adapter_is_resident(
+    fleet: list[ReplicaLoad], resident: set[str], chosen: str, reasons: list[str]
+) -> None:
+    decision = decide(
+        RING, KEY, fleet, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, resident=frozenset(resident)
+    )
+    assert (decision.chosen, decision.reasons) == (chosen, reasons)

@@ -75,7 +75,7 @@ def test_a_held_reservation_is_taken_even_at_the_cap_and_busy_keys_count_reserva
     taken = decide_for(KeyStanding(0, holds_reservation=True))
     assert (taken.chosen, taken.used_reservation, taken.reasons) == (home, True, ["home"])
     busy = decide_for(KeyStanding(in_flight=3))
-    assert busy.capacity == 2 and busy.chosen == second and busy.reasons == ["spill:over_capacity"]
+    assert busy.capacity == 2 and busy.chosen == second and busy.reasons[0] == "spill:over_capacity"
 
 
 def test_a_key_with_nothing_in_flight_is_not_bound_by_reservations() -> None:

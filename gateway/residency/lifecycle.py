@@ -1,0 +1,361 @@
+"""A pool's adapter lifecycle: load on demand within the working set, record uses, evict on a timer, pre-warm,
+and keep the record true to the engines.
+
+The request path touches only the local view (a dict per replica): a resident adapter costs a dict lookup and a
+use mark; the store is written behind in batches. Only a cold load talks to the store, under the replica's lock,
+so two gateways never load on one replica at once and never push it past ``max_adapters``.
+
+An adapter counts as in use, and is never evicted, while this gateway has requests in flight for it or, when
+gateways share the store, any gateway marked a use within ``in_use_window_s`` (gateways re-mark adapters with
+requests in flight at every flush). A load that finds every resident adapter in use waits, under the lock, for
+the first one to leave that window, up to the load timeout. If the store is unreachable the lifecycle goes on
+from its local view alone, says so in ``store_up``, and resynchronises from the engines when the store answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
+from backends.errors import BackendError
+from gateway.config import ResidencyConfig
+from gateway.errors import GatewayError, WorkingSetFull
+from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplicaView:
+    """This gateway's view of one replica's record."""
+
+    resident: dict[str, float] = field(default_factory=dict)
+    pinned: set[str] = field(default_factory=set)
+    in_flight: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ResidencyCounters:
+    cold_loads: int = 0
+    evictions_on_request_path: int = 0
+    evictions_scheduled: int = 0
+    reconcile_fixes: int = 0
+
+
+class PoolResidency:
+    def __init__(
+        self,
+        pool: str,
+        replicas: Iterable[Endpoint],
+        driver: EngineDriver,
+        store: ResidencyStore,
+        config: ResidencyConfig,
+        *,
+        max_adapters: int,
+        load_timeout_s: float,
+        shared: bool,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.pool = pool
+        self.endpoints = {endpoint.id: endpoint for endpoint in replicas}
+        self.driver = driver
+        self.store = store
+        self.config = config
+        self.max_adapters = max_adapters
+        self.load_timeout_s = load_timeout_s
+        # Alone, this gateway knows exactly what is in flight; sharing the store, another gateway's requests show
+        # only as use marks, renewed at every flush while they run.
+        self.in_use_window_s = max(1.0, 4 * config.use_flush_interval_s) if shared else 0.0
+        self.views = {replica_id: ReplicaView() for replica_id in self.endpoints}
+        self.counters = ResidencyCounters()
+        self.store_up = True
+        self._now = wall_clock
+        self._owner = uuid.uuid4().hex[:12]
+        self._pending_uses: dict[tuple[str, str], float] = {}
+        self._loads: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._replica_locks = {replica_id: asyncio.Lock() for replica_id in self.endpoints}
+
+    # --- the request path -------------------------------------------------------------------------------------
+
+    def resident_on(self, engine_name: str) -> frozenset[str]:
+        return frozenset(r for r, view in self.views.items() if engine_name in view.resident)
+
+    def begin_use(self, replica_id: str, engine_name: str) -> None:
+        in_flight = self.views[replica_id].in_flight
+        in_flight[engine_name] = in_flight.get(engine_name, 0) + 1
+
+    def end_use(self, replica_id: str, engine_name: str) -> None:
+        view = self.views[replica_id]
+        view.in_flight[engine_name] -= 1
+        if not view.in_flight[engine_name]:
+            del view.in_flight[engine_name]
+        now = self._now()
+        self._pending_uses[(replica_id, engine_name)] = now
+        if engine_name in view.resident:
+            view.resident[engine_name] = now
+
+    async def ensure(self, replica_id: str, adapter: AdapterRef, *, pinned: bool = False) -> None:
+        """Return once ``adapter`` is resident on the replica; one load per replica and adapter at a time."""
+        view = self.views[replica_id]
+        if adapter.engine_name in view.resident and (not pinned or adapter.engine_name in view.pinned):
+            return
+        key = (replica_id, adapter.engine_name)
+        task = self._loads.get(key)
+        if task is None:
+            task = asyncio.create_task(self._load(replica_id, adapter, pinned), name=f"load {key}")
+            self._loads[key] = task
+            task.add_done_callback(lambda _: self._loads.pop(key, None))
+        # shield: one caller giving up (client gone) must not cancel the load the others wait for.
+        await asyncio.shield(task)
+
+    @property
+    def loading(self) -> list[tuple[str, str]]:
+        """(replica, adapter) loads in progress in this gateway."""
+        return list(self._loads)
+
+    async def lost(self, replica_id: str, engine_name: str) -> None:
+        """The engine answered that it does not know the adapter: forget it, so the next ``ensure`` loads it."""
+        self.views[replica_id].resident.pop(engine_name, None)
+        self.views[replica_id].pinned.discard(engine_name)
+        await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
+
+    # --- loads and evictions, under the replica's lock ---------------------------------------------------------
+
+    async def _load(self, replica_id: str, adapter: AdapterRef, pinned: bool) -> None:
+        deadline = time.monotonic() + self.load_timeout_s
+        async with self._locked(replica_id, adapter.engine_name) as record:
+            if adapter.engine_name not in record.resident:
+                resident = dict(record.resident)
+                while len(resident) >= self.max_adapters:
+                    victim = self._victim(replica_id, resident, record.pinned)
+                    if victim is None:
+                        wait = self._until_evictable(replica_id, resident, record.pinned)
+                        if wait is None or time.monotonic() + wait > deadline:
+                            log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
+                            raise WorkingSetFull(
+                                "The model's replica has no room for another adapter now; retry shortly."
+                            )
+                        await asyncio.sleep(wait)
+                        record = await self._fresh_record(replica_id)
+                        resident = dict(record.resident)
+                        continue
+                    await self._unload(replica_id, victim)
+                    resident.pop(victim)
+                    self.counters.evictions_on_request_path += 1
+                await self.driver.load_adapter(self.endpoints[replica_id], adapter)
+                self.counters.cold_loads += 1
+                log.info("loaded adapter %s on %s/%s", adapter.engine_name, self.pool, replica_id)
+            now = self._now()
+            await self._store_call(self.store.add(self.pool, replica_id, adapter.engine_name, now, pinned=pinned))
+            view = self.views[replica_id]
+            view.resident[adapter.engine_name] = now
+            if pinned:
+                view.pinned.add(adapter.engine_name)
+
+    async def _unload(self, replica_id: str, engine_name: str) -> None:
+        """Forget it locally first (so new requests stop choosing it), then in the engine, then in the store."""
+        view = self.views[replica_id]
+        view.resident.pop(engine_name, None)
+        view.pinned.discard(engine_name)
+        await self.driver.unload_adapter(self.endpoints[replica_id], engine_name)
+        await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
+        log.info("unloaded adapter %s from %s/%s", engine_name, self.pool, replica_id)
+
+    def _victim(self, replica_id: str, resident: dict[str, float], pinned: Iterable[str]) -> str | None:
+        """The least recently used resident adapter that is neither pinned nor in use."""
+        busy = set(pinned) | set(self.views[replica_id].in_flight)
+        in_use_since = self._now() - self.in_use_window_s
+        idle = [(used, name) for name, used in resident.items() if name not in busy and used <= in_use_since]
+        return min(idle)[1] if idle else None
+
+    def _until_evictable(self, replica_id: str, resident: dict[str, float], pinned: Iterable[str]) -> float | None:
+        """Seconds until the first adapter that is only marked used (not pinned, not in flight here) may go."""
+        busy = set(pinned) | set(self.views[replica_id].in_flight)
+        marked = [used for name, used in resident.items() if name not in busy]
+        if not marked:
+            return None
+        return max(0.01, min(marked) + self.in_use_window_s - self._now())
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, replica_id: str, purpose: str) -> AsyncIterator[ReplicaRecord]:
+        """Hold the replica's lock (this gateway's, and the store's across gateways) and yield its fresh record."""
+        holder = f"{self._owner} {purpose}"
+        async with self._replica_locks[replica_id]:
+            shared = await self._acquire_shared(replica_id, holder)
+            try:
+                record = await self._fresh_record(replica_id)
+                yield record
+            finally:
+                if shared:
+                    with contextlib.suppress(StoreUnavailable):
+                        await self.store.release(self.pool, replica_id, holder)
+
+    async def _acquire_shared(self, replica_id: str, holder: str) -> bool:
+        """Take the store's lock, waiting for another gateway's load to end; False when the store is down."""
+        deadline = time.monotonic() + self.load_timeout_s
+        pause = 0.01
+        while True:
+            try:
+                if await self.store.acquire(self.pool, replica_id, holder, self.config.lock_ttl_s):
+                    self._store_answered()
+                    return True
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+                return False
+            if time.monotonic() >= deadline:
+                log.warning("%s/%s: another gateway's load did not end in time", self.pool, replica_id)
+                raise WorkingSetFull("The model's replica is busy loading adapters; retry shortly.")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+    async def _fresh_record(self, replica_id: str) -> ReplicaRecord:
+        view = self.views[replica_id]
+        if self.store_up:
+            try:
+                record = await self.store.record(self.pool, replica_id)
+                self._adopt(replica_id, record)
+                return record
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+        return ReplicaRecord(dict(view.resident), frozenset(view.pinned))
+
+    def _adopt(self, replica_id: str, record: ReplicaRecord) -> None:
+        """Take the store's record as this gateway's view, keeping newer local use times."""
+        view = self.views[replica_id]
+        view.resident = {name: max(used, view.resident.get(name, 0.0)) for name, used in record.resident.items()}
+        view.pinned = set(record.pinned)
+
+    # --- background work -----------------------------------------------------------------------------------------
+
+    async def flush_uses(self) -> None:
+        """Write use times behind in one batch; adapters with requests in flight are marked as used now."""
+        now = self._now()
+        uses = {(self.pool, r, name): used for (r, name), used in self._pending_uses.items()}
+        for replica_id, view in self.views.items():
+            uses.update({(self.pool, replica_id, name): now for name in view.in_flight})
+        if not uses or not self.store_up:
+            return
+        self._pending_uses = {}
+        await self._store_call(self.store.touch(uses))
+
+    async def sync(self) -> None:
+        """Refresh the local view from the store (other gateways' loads and evictions)."""
+        was_up = self.store_up
+        for replica_id in self.endpoints:
+            try:
+                self._adopt(replica_id, await self.store.record(self.pool, replica_id))
+                self._store_answered()
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+                return
+        if not was_up:
+            await self.reconcile()  # the store may have restarted empty: rebuild it from the engines
+
+    async def reconcile(self, replica_ids: Iterable[str] | None = None) -> None:
+        """Make the record say what each engine lists; log every difference with its likely reason."""
+        for replica_id in replica_ids if replica_ids is not None else self.endpoints:
+            try:
+                on_engine = await self.driver.list_adapters(self.endpoints[replica_id])
+            except BackendError as exc:
+                log.debug("cannot reconcile %s/%s: %s", self.pool, replica_id, exc)
+                continue
+            now = self._now()
+            view = self.views[replica_id]
+            before = ReplicaRecord(dict(view.resident), frozenset(view.pinned))
+            if self.store_up:
+                try:
+                    before = await self.store.reconcile(self.pool, replica_id, on_engine, now)
+                    self._store_answered()
+                except StoreUnavailable as exc:
+                    self._store_failed(exc)
+            loading = {name for (r, name) in self._loads if r == replica_id}
+            gone = set(before.resident) - on_engine - loading
+            appeared = on_engine - set(before.resident)
+            if gone:
+                log.warning("%s/%s lost adapters %s (engine restarted?)", self.pool, replica_id, sorted(gone))
+            if appeared:
+                log.warning("%s/%s has adapters the record lacked %s", self.pool, replica_id, sorted(appeared))
+            self.counters.reconcile_fixes += len(gone) + len(appeared)
+            view.resident = {name: view.resident.get(name, before.resident.get(name, now)) for name in on_engine}
+            view.pinned &= on_engine
+
+    async def evict_idle(self, healthy: Callable[[str], bool]) -> None:
+        """The eviction timer: unload adapters idle past ``idle_evict_s``, then down to max_adapters - headroom."""
+        keep_at_most = max(0, self.max_adapters - self.config.headroom)
+        for replica_id in self.endpoints:
+            if not healthy(replica_id):
+                continue
+            try:
+                async with self._locked(replica_id, "evict") as record:
+                    resident = dict(record.resident)
+                    stale_before = self._now() - self.config.idle_evict_s
+                    while True:
+                        victim = self._victim(replica_id, resident, record.pinned)
+                        if victim is None or (resident[victim] >= stale_before and len(resident) <= keep_at_most):
+                            break
+                        await self._unload(replica_id, victim)
+                        resident.pop(victim)
+                        self.counters.evictions_scheduled += 1
+            except (BackendError, GatewayError) as exc:
+                log.warning("eviction on %s/%s failed: %s", self.pool, replica_id, exc)
+
+    async def warm(self, replica_id: str, adapter: AdapterRef, *, pinned: bool) -> None:
+        """Load the adapter and run a one-token request through it, so its first real request finds it hot."""
+        await self.ensure(replica_id, adapter, pinned=pinned)
+        body = json.dumps({"model": adapter.engine_name, "prompt": "warm-up", "max_tokens": 1}).encode()
+        response = await self.driver.send(self.endpoints[replica_id], EngineRequest("/v1/completions", body, False))
+        try:
+            await response.read()
+        finally:
+            response.release()
+
+    async def unload_everywhere(self, engine_name: str) -> list[str]:
+        """Unload an adapter from every replica that holds it (pins included); returns those replicas."""
+        unloaded = []
+        for replica_id in self.endpoints:
+            async with self._locked(replica_id, f"unload {engine_name}") as record:
+                if engine_name in record.resident or engine_name in self.views[replica_id].resident:
+                    await self._unload(replica_id, engine_name)
+                    unloaded.append(replica_id)
+        return unloaded
+
+    # --- the store's health -------------------------------------------------------------------------------------
+
+    async def _store_call(self, call: Awaitable[object]) -> None:
+        """A record write that may fail: the local view stays right, reconciliation repairs the store later."""
+        if not self.store_up:
+            if asyncio.iscoroutine(call):
+                call.close()
+            return
+        try:
+            await call
+            self._store_answered()
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+
+    def _store_failed(self, exc: StoreUnavailable) -> None:
+        if self.store_up:
+            log.error("residency store unreachable, routing from the local view: %s", exc)
+        self.store_up = False
+
+    def _store_answered(self) -> None:
+        if not self.store_up:
+            log.warning("residency store reachable again")
+        self.store_up = True
+
+
+async def every(interval_s: float, work: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run ``work`` every ``interval_s`` until cancelled; one failure is logged and does not end the loop."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await work()
+        except Exception:
+            log.exception("%s failed", what)

@@ -1,0 +1,176 @@
+"""The residency store in Redis, shared by several gateways (the semantics of ``memory.MemoryStore``, exactly).
+
+Key layout, per pool and replica; the braces are a Redis Cluster hash tag, so one replica's keys share a slot and
+a transaction or script may touch them together (``{prefix}:{{pool:replica}}`` is the f-string
+``f"{prefix}:{{{pool}:{replica}}}"``, e.g. ``tg:{llama:r0}:resident``):
+
+- ``{prefix}:{{pool:replica}}:resident`` ZSET: engine adapter name -> last use, unix seconds;
+- ``{prefix}:{{pool:replica}}:pinned``   SET: engine adapter names pinned on the replica;
+- ``{prefix}:{{pool:replica}}:lock``     STRING: the lock's holder ("gateway-id adapter"), with a PX expiry.
+
+Last-use times only move forward (``ZADD GT``); ``touch`` never re-adds an evicted adapter (``ZADD XX GT``); the
+lock is ``SET NX PX`` (re-taken by its holder, which refreshes the ttl) and given back by compare-and-delete; every
+change to more than one key is a MULTI/EXEC or one Lua script. The client does not retry: each operation is
+bounded by ``operation_timeout_s``, and any Redis error or timeout becomes ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Awaitable, Collection
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.residency.store import ReplicaRecord, StoreUnavailable, Uses
+
+# KEYS: lock; ARGV: holder, ttl in ms. 1 when the holder has the lock (taken, or re-taken with its ttl refreshed).
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS: lock; ARGV: holder. Deletes the lock only if the holder still holds it.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# KEYS: resident, pinned, lock; ARGV: now, then the adapters on the engine.
+# Returns the record as it was ({member, score, ...}, {pinned...}, holder or nil), then makes resident exactly the
+# adapters on the engine (known last uses kept, newcomers at now) and drops the pins of the adapters gone.
+_RECONCILE = """
+local resident = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local pinned = redis.call('SMEMBERS', KEYS[2])
+local holder = redis.call('GET', KEYS[3])
+local present = {}
+for i = 2, #ARGV do
+  present[ARGV[i]] = true
+end
+for i = 1, #resident, 2 do
+  if not present[resident[i]] then
+    redis.call('ZREM', KEYS[1], resident[i])
+  end
+end
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'NX', ARGV[1], ARGV[i])
+end
+for _, adapter in ipairs(pinned) do
+  if not present[adapter] then
+    redis.call('SREM', KEYS[2], adapter)
+  end
+end
+return {resident, pinned, holder}
+"""
+
+
+class RedisStore:
+    def __init__(self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5) -> None:
+        self._prefix = prefix
+        self._timeout_s = operation_timeout_s
+        # No retries: a store that does not answer must fail fast, the caller falls back to its local view.
+        self._client = redis.asyncio.Redis.from_url(
+            url,
+            socket_timeout=operation_timeout_s,
+            socket_connect_timeout=operation_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+        self._acquire = self._client.register_script(_ACQUIRE)
+        self._release = self._client.register_script(_RELEASE)
+        self._reconcile = self._client.register_script(_RECONCILE)
+
+    def _keys(self, pool: str, replica: str) -> tuple[str, str, str]:
+        """The replica's resident, pinned and lock keys."""
+        base = f"{self._prefix}:{{{pool}:{replica}}}"
+        return f"{base}:resident", f"{base}:pinned", f"{base}:lock"
+
+    @asynccontextmanager
+    async def _call(self, what: str) -> AsyncIterator[None]:
+        # asyncio.TimeoutError is TimeoutError (Python >= 3.11); redis' own TimeoutError is a RedisError.
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                yield
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"redis {what} failed: {exc!r}") from exc
+
+    async def record(self, pool: str, replica: str) -> ReplicaRecord:
+        resident_key, pinned_key, lock_key = self._keys(pool, replica)
+        async with self._call("record"), self._client.pipeline(transaction=True) as pipe:
+            pipe.zrange(resident_key, 0, -1, withscores=True)
+            pipe.smembers(pinned_key)
+            pipe.get(lock_key)
+            resident, pinned, holder = await pipe.execute()
+        return ReplicaRecord(
+            {str(name): float(score) for name, score in cast(list[tuple[str, float]], resident)},
+            frozenset(cast(set[str], pinned)),
+            cast(str | None, holder),
+        )
+
+    async def acquire(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
+        lock_key = self._keys(pool, replica)[2]
+        ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        async with self._call("acquire"):
+            taken = await cast(Awaitable[Any], self._acquire(keys=[lock_key], args=[holder, ttl_ms]))
+        return bool(taken)
+
+    async def release(self, pool: str, replica: str, holder: str) -> None:
+        lock_key = self._keys(pool, replica)[2]
+        async with self._call("release"):
+            await cast(Awaitable[Any], self._release(keys=[lock_key], args=[holder]))
+
+    async def add(self, pool: str, replica: str, adapter: str, used_at: float, *, pinned: bool = False) -> None:
+        resident_key, pinned_key, _ = self._keys(pool, replica)
+        async with self._call("add"), self._client.pipeline(transaction=True) as pipe:
+            pipe.zadd(resident_key, {adapter: used_at}, gt=True)
+            if pinned:
+                pipe.sadd(pinned_key, adapter)
+            await pipe.execute()
+
+    async def remove(self, pool: str, replica: str, adapters: Collection[str]) -> None:
+        if not adapters:
+            return
+        resident_key, pinned_key, _ = self._keys(pool, replica)
+        async with self._call("remove"), self._client.pipeline(transaction=True) as pipe:
+            pipe.zrem(resident_key, *adapters)
+            pipe.srem(pinned_key, *adapters)
+            await pipe.execute()
+
+    async def touch(self, uses: Uses) -> None:
+        if not uses:
+            return
+        async with self._call("touch"), self._client.pipeline(transaction=False) as pipe:
+            for (pool, replica, adapter), used_at in uses.items():
+                pipe.zadd(self._keys(pool, replica)[0], {adapter: used_at}, xx=True, gt=True)
+            await pipe.execute()
+
+    async def reconcile(self, pool: str, replica: str, on_engine: Collection[str], now: float) -> ReplicaRecord:
+        keys = self._keys(pool, replica)
+        async with self._call("reconcile"):
+            reply = await cast(
+                Awaitable[list[Any]], self._reconcile(keys=list(keys), args=[now, *dict.fromkeys(on_engine)])
+            )
+        flat, pinned, holder = cast(list[str], reply[0]), cast(list[str], reply[1]), cast(str | None, reply[2])
+        resident = {flat[i]: float(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return ReplicaRecord(resident, frozenset(pinned), holder)
+
+    async def ping(self) -> None:
+        async with self._call("ping"):
+            await cast(Awaitable[Any], self._client.ping())
+
+    async def close(self) -> None:
+        async with self._call("close"):
+            await self._client.aclose()

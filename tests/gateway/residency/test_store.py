@@ -1,0 +1,66 @@
+"""The residency store contract, run against every implementation (the in-process one and a real redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.residency.store import ReplicaRecord, ResidencyStore
+
+
+async def test_an_empty_replica_has_an_empty_record(store: ResidencyStore) -> None:
+    assert await store.record("llama", "r0") == ReplicaRecord()
+
+
+async def test_add_touch_remove(store: ResidencyStore) -> None:
+    await store.add("llama", "r0", "support-acme", 100.0)
+    await store.add("llama", "r0", "sql-globex", 50.0, pinned=True)
+    await store.touch({("llama", "r0", "support-acme"): 120.0, ("llama", "r0", "sql-globex"): 40.0})
+    record = await store.record("llama", "r0")
+    assert record.resident == {"support-acme": 120.0, "sql-globex": 50.0}  # last use only moves forward
+    assert record.pinned == frozenset({"sql-globex"})
+    await store.remove("llama", "r0", ["sql-globex"])
+    assert await store.record("llama", "r0") == ReplicaRecord({"support-acme": 120.0})
+
+
+async def test_touch_does_not_bring_back_an_evicted_adapter(store: ResidencyStore) -> None:
+    await store.add("llama", "r0", "support-acme", 100.0)
+    await store.remove("llama", "r0", ["support-acme"])
+    await store.touch({("llama", "r0", "support-acme"): 200.0})
+    assert (await store.record("llama", "r0")).resident == {}
+
+
+async def test_pools_and_replicas_are_separate(store: ResidencyStore) -> None:
+    await store.add("llama", "r0", "a", 1.0)
+    await store.add("llama", "r1", "b", 1.0)
+    await store.add("mistral", "r0", "c", 1.0)
+    assert (await store.record("llama", "r0")).resident == {"a": 1.0}
+    assert (await store.record("llama", "r1")).resident == {"b": 1.0}
+    assert (await store.record("mistral", "r0")).resident == {"c": 1.0}
+
+
+async def test_the_lock_has_one_holder_and_lapses(store: ResidencyStore) -> None:
+    assert await store.acquire("llama", "r0", "gw1 a", ttl_s=0.2)
+    assert not await store.acquire("llama", "r0", "gw2 b", ttl_s=5)
+    assert await store.acquire("llama", "r1", "gw2 b", ttl_s=5)  # another replica's lock is free
+    assert (await store.record("llama", "r0")).lock_holder == "gw1 a"
+    await store.release("llama", "r0", "gw2 b")  # not the holder: no effect
+    assert not await store.acquire("llama", "r0", "gw2 b", ttl_s=5)
+    for _ in range(50):  # the holder died: the lock lapses after its ttl
+        if await store.acquire("llama", "r0", "gw2 b", ttl_s=5):
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the lock never lapsed")
+    assert (await store.record("llama", "r0")).lock_holder == "gw2 b"
+    await store.release("llama", "r0", "gw2 b")
+    assert (await store.record("llama", "r0")).lock_holder is None
+
+
+async def test_reconcile_makes_the_record_say_what_the_engine_has(store: ResidencyStore) -> None:
+    await store.add("llama", "r0", "kept", 10.0, pinned=True)
+    await store.add("llama", "r0", "gone", 20.0, pinned=True)
+    before = await store.reconcile("llama", "r0", ["kept", "by-hand"], now=99.0)
+    assert before.resident == {"kept": 10.0, "gone": 20.0}
+    after = await store.record("llama", "r0")
+    assert after.resident == {"kept": 10.0, "by-hand": 99.0}
+    assert after.pinned == frozenset({"kept"})
