@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from loadtests.processes import free_port, running, sim_command
+from tests.redis_server import RedisServer
 from tests.servers import (
     BASE_MODEL,
     TINY_MODEL_DIR,
@@ -17,6 +18,13 @@ from tests.servers import (
 )
 
 PRELOADED = ("a1", "a2")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session; each test keeps to its own key prefix (or kills its own server)."""
+    with RedisServer(log_path=tmp_path_factory.mktemp("redis") / "redis.log") as server:
+        yield server
 
 
 def _missing_engine(what: str) -> None:

@@ -216,12 +216,12 @@ class PoolResidency:
             pause = min(pause * 2, 0.2)
 
     async def _fresh_record(self, replica_id: str) -> ReplicaRecord:
+        """The store's record merged into the local view (whose use times may be newer than the last flush)."""
         view = self.views[replica_id]
         if self.store_up:
             try:
                 record = await self.store.record(self.pool, replica_id)
                 self._adopt(replica_id, record)
-                return record
             except StoreUnavailable as exc:
                 self._store_failed(exc)
         return ReplicaRecord(dict(view.resident), frozenset(view.pinned))

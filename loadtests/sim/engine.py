@@ -79,14 +79,19 @@ class SimEngine:
 
     # --- adapters -------------------------------------------------------------------------------------------
     async def load_adapter(self, name: str, path: str) -> None:
+        if name in self.adapters.registered:
+            self.stats.duplicate_loads += 1
         self.adapters.check_unregistered(name)
         info = read_adapter(name, path, self.params.max_lora_rank)
         async with self._lock:
             cost = self.adapters.register(info)
+            self.stats.registrations += 1
+            self.stats.peak_registered = max(self.stats.peak_registered, len(self.adapters.registered))
             await self._spend(cost)
 
     def unload_adapter(self, name: str) -> None:
         self.adapters.unregister(name)
+        self.stats.unregistrations += 1
 
     # --- requests -------------------------------------------------------------------------------------------
     def submit(self, adapter: str | None, prompt: str, max_tokens: int | None, ignore_eos: bool = False) -> SimRequest:

@@ -16,6 +16,12 @@ class SimStats:
     rejected: int = 0
     cold_loads: int = 0
     cold_loads_by_adapter: Counter[str] = field(default_factory=Counter)
+    # The runtime LoRA API: adapters registered and unregistered, loads refused because the name was already
+    # registered (a router loading twice), and the most names ever registered at once (its working set).
+    registrations: int = 0
+    duplicate_loads: int = 0
+    unregistrations: int = 0
+    peak_registered: int = 0
     swap_ins: int = 0
     gpu_evictions: int = 0
     host_evictions: int = 0
@@ -42,6 +48,10 @@ class SimStats:
             "rejected": self.rejected,
             "cold_loads": self.cold_loads,
             "cold_loads_by_adapter": dict(self.cold_loads_by_adapter),
+            "registrations": self.registrations,
+            "duplicate_loads": self.duplicate_loads,
+            "unregistrations": self.unregistrations,
+            "peak_registered": self.peak_registered,
             "swap_ins": self.swap_ins,
             "gpu_evictions": self.gpu_evictions,
             "host_evictions": self.host_evictions,

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -9,13 +9,6 @@ from gateway.residency.memory import MemoryStore
 from gateway.residency.redis import RedisStore
 from gateway.residency.store import ResidencyStore
 from tests.redis_server import RedisServer
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One real redis-server for the session; each test keeps to its own key prefix."""
-    with RedisServer(log_path=tmp_path_factory.mktemp("redis") / "redis.log") as server:
-        yield server
 
 
 @pytest.fixture(params=["memory", "redis"], ids=["memory", "redis"])

@@ -1,0 +1,260 @@
+"""The adapter lifecycle against a fake engine, over both stores (in-process and a real redis-server).
+
+The fake engine is shared by the lifecycles in a test, as one replica is shared by several gateways; it counts
+loads and refuses none, so the assertions are about what the lifecycle chose to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from backends.base import AdapterRef, Endpoint, EngineRequest
+from gateway.config import ResidencyConfig
+from gateway.errors import WorkingSetFull
+from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
+
+REPLICAS = [Endpoint("r0", "http://r0"), Endpoint("r1", "http://r1")]
+
+
+def ref(name: str) -> AdapterRef:
+    return AdapterRef(name, f"/loras/{name}")
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.loaded: dict[str, set[str]] = defaultdict(set)
+        self.loads: Counter[tuple[str, str]] = Counter()
+        self.unloads: list[tuple[str, str]] = []
+        self.peak: dict[str, int] = defaultdict(int)
+        self.duplicate_loads = 0  # a load of a name the replica already holds: a router loading twice
+        self.warm_requests: list[tuple[str, bytes]] = []
+
+
+class FakeDriver:
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+
+    async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
+        await asyncio.sleep(0.01)  # a load takes time: concurrent callers overlap
+        loaded = self.engine.loaded[replica.id]
+        if adapter.engine_name in loaded:
+            self.engine.duplicate_loads += 1
+        else:
+            self.engine.loads[(replica.id, adapter.engine_name)] += 1
+            loaded.add(adapter.engine_name)
+            self.engine.peak[replica.id] = max(self.engine.peak[replica.id], len(loaded))
+
+    async def unload_adapter(self, replica: Endpoint, engine_name: str) -> None:
+        self.engine.unloads.append((replica.id, engine_name))
+        self.engine.loaded[replica.id].discard(engine_name)
+
+    async def list_adapters(self, replica: Endpoint) -> set[str]:
+        return set(self.engine.loaded[replica.id])
+
+    async def send(self, replica: Endpoint, request: EngineRequest) -> FakeResponse:
+        self.engine.warm_requests.append((replica.id, request.body))
+        return FakeResponse()
+
+    async def healthy(self, replica: Endpoint) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+class FakeResponse:
+    status = 200
+    content_type = "application/json"
+
+    async def read(self) -> bytes:
+        return b"{}"
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield b"{}"
+
+    def release(self) -> None:
+        return None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lifecycle(
+    store: ResidencyStore,
+    engine: FakeEngine,
+    clock: Callable[[], float],
+    *,
+    max_adapters: int = 2,
+    shared: bool = False,
+    **cfg: float,
+) -> PoolResidency:
+    return PoolResidency(
+        "llama",
+        REPLICAS,
+        FakeDriver(engine),
+        store,
+        ResidencyConfig(**cfg),  # type: ignore[arg-type]
+        max_adapters=max_adapters,
+        load_timeout_s=5.0,
+        shared=shared,
+        wall_clock=clock,
+    )
+
+
+async def test_a_full_working_set_evicts_the_least_recently_used_idle_adapter(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock)
+    await life.ensure("r0", ref("a"))
+    clock.now += 1
+    await life.ensure("r0", ref("b"))
+    clock.now += 1
+    life.begin_use("r0", "a")
+    life.end_use("r0", "a")  # a was used after b: b is the least recently used
+    clock.now += 1
+    await life.ensure("r0", ref("c"))
+    assert engine.unloads == [("r0", "b")]
+    assert engine.loaded["r0"] == {"a", "c"}
+    assert set((await store.record("llama", "r0")).resident) == {"a", "c"}
+    assert life.counters.evictions_on_request_path == 1
+
+
+async def test_pinned_and_in_use_adapters_are_never_evicted(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock)
+    await life.ensure("r0", ref("pinned"), pinned=True)
+    await life.ensure("r0", ref("busy"))
+    life.begin_use("r0", "busy")
+    with pytest.raises(WorkingSetFull):
+        await life.ensure("r0", ref("newcomer"))
+    clock.now += 10_000
+    await life.evict_idle(lambda _: True)
+    assert engine.unloads == []
+    assert engine.loaded["r0"] == {"pinned", "busy"}
+    life.end_use("r0", "busy")
+    await life.ensure("r0", ref("newcomer"))  # once idle, busy may go; the pinned one stays
+    assert engine.unloads == [("r0", "busy")]
+
+
+async def test_the_timer_evicts_idle_adapters_and_keeps_headroom(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock, max_adapters=4, idle_evict_s=60, headroom=1)
+    for name in ("old", "p", "x", "y"):
+        await life.ensure("r0", ref(name), pinned=name == "p")
+        clock.now += 10
+    clock.now += 35  # old: idle 75 s; p (pinned) 65 s; x 55 s; y 45 s
+    await life.evict_idle(lambda _: True)
+    # old is past the idle limit; that leaves 3 = max_adapters - headroom, so x and y stay
+    assert engine.unloads == [("r0", "old")]
+    assert set((await store.record("llama", "r0")).resident) == {"p", "x", "y"}
+    assert life.counters.evictions_scheduled == 1
+
+
+async def test_headroom_brings_a_full_replica_down_by_lru(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock, max_adapters=3, idle_evict_s=600, headroom=1)
+    for name in ("a", "b", "c"):
+        await life.ensure("r0", ref(name))
+        clock.now += 1
+    await life.evict_idle(lambda _: True)
+    assert engine.unloads == [("r0", "a")]
+
+
+async def test_concurrent_requests_share_one_load(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock)
+    await asyncio.gather(*(life.ensure("r0", ref("a")) for _ in range(20)))
+    assert engine.loads == {("r0", "a"): 1}
+    assert life.resident_on("a") == frozenset({"r0"})
+
+
+async def test_two_gateways_sharing_a_store_never_load_twice_nor_overfill(store: ResidencyStore) -> None:
+    """Two lifecycles (two gateways) on one store and one engine, racing for the same replica. Real time: a
+    freshly used adapter may be in use at the other gateway, so a load waits for it to leave the in-use window."""
+    engine = FakeEngine()
+    gateways = [lifecycle(store, engine, time.time, shared=True), lifecycle(store, engine, time.time, shared=True)]
+    await asyncio.gather(*(gw.ensure("r0", ref("a")) for gw in gateways for _ in range(5)))
+    assert engine.loads == {("r0", "a"): 1}
+    await asyncio.gather(*(gw.ensure("r0", ref(name)) for gw in gateways for name in ("b", "c", "d")))
+    assert engine.peak["r0"] <= 2
+    assert engine.duplicate_loads == 0
+
+
+async def test_reconcile_takes_the_engines_truth(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock)
+    await life.ensure("r0", ref("a"))
+    await life.ensure("r0", ref("b"))
+    engine.loaded["r0"] = {"a", "by-hand"}  # b was unloaded behind our back, by-hand loaded
+    await life.reconcile()
+    assert set((await store.record("llama", "r0")).resident) == {"a", "by-hand"}
+    assert set(life.views["r0"].resident) == {"a", "by-hand"}
+    assert life.counters.reconcile_fixes == 2
+
+
+async def test_warm_loads_pins_and_sends_one_token(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock)
+    await life.warm("r1", ref("a"), pinned=True)
+    assert engine.loaded["r1"] == {"a"}
+    assert (await store.record("llama", "r1")).pinned == frozenset({"a"})
+    [(replica, body)] = engine.warm_requests
+    assert replica == "r1" and b'"max_tokens": 1' in body
+
+
+async def test_unload_everywhere(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock)
+    await life.ensure("r0", ref("a"), pinned=True)
+    await life.ensure("r1", ref("a"))
+    assert await life.unload_everywhere("a") == ["r0", "r1"]
+    assert engine.loaded == {"r0": set(), "r1": set()}
+    assert (await store.record("llama", "r0")) == ReplicaRecord()
+
+
+class FlakyStore:
+    """A store that can be switched off, as Redis going away."""
+
+    def __init__(self, inner: ResidencyStore) -> None:
+        self.inner = inner
+        self.down = False
+
+    def __getattr__(self, name: str) -> object:
+        method = getattr(self.inner, name)
+
+        async def call(*args: object, **kwargs: object) -> object:
+            if self.down:
+                raise StoreUnavailable("switched off")
+            return await method(*args, **kwargs)
+
+        return call
+
+
+async def test_a_store_outage_loses_nothing_and_resyncs_from_the_engines(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    flaky = FlakyStore(store)
+    life = lifecycle(flaky, engine, clock)  # type: ignore[arg-type]
+    await life.ensure("r0", ref("a"))
+    flaky.down = True
+    await life.ensure("r0", ref("b"))  # loads go on from the local view
+    life.begin_use("r0", "a")
+    life.end_use("r0", "a")
+    await life.flush_uses()
+    await life.sync()
+    assert not life.store_up
+    assert set(life.views["r0"].resident) == {"a", "b"}
+    await store.reconcile("llama", "r0", [], now=0)  # as if Redis came back empty
+    flaky.down = False
+    await life.sync()
+    assert life.store_up
+    assert set((await store.record("llama", "r0")).resident) == {"a", "b"}
