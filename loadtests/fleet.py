@@ -74,7 +74,12 @@ def gateway_config(
     policy: str = "bounded_consistent_hash",
     balance_factor: float = 1.25,
     max_adapters: int = 2,
+    adapter_options: dict[str, dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A gateway config for the fleet; ``adapter_options`` adds fields per adapter (e.g. ``pinned``), ``extra``
+    adds top-level sections (e.g. ``state``, ``residency``)."""
+    options = adapter_options or {}
     return {
         "listen": {"host": "127.0.0.1", "port": port},
         "routing": {"affinity": "tenant", "balance_factor": balance_factor, "vnodes": 160},
@@ -89,7 +94,9 @@ def gateway_config(
                 "replicas": [{"id": rid, "url": url} for rid, url in replica_urls.items()],
             }
         ],
-        "adapters": [{"name": name, "pool": "llama", "source": path} for name, path in adapters.items()],
+        "adapters": [
+            {"name": name, "pool": "llama", "source": path, **options.get(name, {})} for name, path in adapters.items()
+        ],
         "tenants": [
             {
                 "id": tenant,
@@ -99,6 +106,7 @@ def gateway_config(
             }
             for tenant, names in tenants.items()
         ],
+        **(extra or {}),
     }
 
 

@@ -7,8 +7,9 @@ so two gateways never load on one replica at once and never push it past ``max_a
 
 An adapter counts as in use, and is never evicted, while this gateway has requests in flight for it or, when
 gateways share the store, any gateway marked a use within ``in_use_window_s`` (gateways re-mark adapters with
-requests in flight at every flush). A load that finds every resident adapter in use waits, under the lock, for
-the first one to leave that window, up to the load timeout. If the store is unreachable the lifecycle goes on
+requests in flight at every flush). A load that finds every resident adapter in use waits, under the lock, until
+one is free (its requests end, or its mark leaves that window), up to the load timeout, as an engine queues a
+request whose adapter has no slot. If the store is unreachable the lifecycle goes on
 from its local view alone, says so in ``store_up``, and resynchronises from the engines when the store answers.
 """
 
@@ -81,6 +82,8 @@ class PoolResidency:
         self._pending_uses: dict[tuple[str, str], float] = {}
         self._loads: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._replica_locks = {replica_id: asyncio.Lock() for replica_id in self.endpoints}
+        # Set when an adapter's last request in flight here ends: a load waiting for room looks again.
+        self._adapter_idle = {replica_id: asyncio.Event() for replica_id in self.endpoints}
 
     # --- the request path -------------------------------------------------------------------------------------
 
@@ -96,6 +99,7 @@ class PoolResidency:
         view.in_flight[engine_name] -= 1
         if not view.in_flight[engine_name]:
             del view.in_flight[engine_name]
+            self._adapter_idle[replica_id].set()
         now = self._now()
         self._pending_uses[(replica_id, engine_name)] = now
         if engine_name in view.resident:
@@ -136,13 +140,7 @@ class PoolResidency:
                 while len(resident) >= self.max_adapters:
                     victim = self._victim(replica_id, resident, record.pinned)
                     if victim is None:
-                        wait = self._until_evictable(replica_id, resident, record.pinned)
-                        if wait is None or time.monotonic() + wait > deadline:
-                            log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
-                            raise WorkingSetFull(
-                                "The model's replica has no room for another adapter now; retry shortly."
-                            )
-                        await asyncio.sleep(wait)
+                        await self._wait_for_room(replica_id, resident, record.pinned, deadline)
                         record = await self._fresh_record(replica_id)
                         resident = dict(record.resident)
                         continue
@@ -175,13 +173,26 @@ class PoolResidency:
         idle = [(used, name) for name, used in resident.items() if name not in busy and used <= in_use_since]
         return min(idle)[1] if idle else None
 
-    def _until_evictable(self, replica_id: str, resident: dict[str, float], pinned: Iterable[str]) -> float | None:
-        """Seconds until the first adapter that is only marked used (not pinned, not in flight here) may go."""
-        busy = set(pinned) | set(self.views[replica_id].in_flight)
-        marked = [used for name, used in resident.items() if name not in busy]
-        if not marked:
-            return None
-        return max(0.01, min(marked) + self.in_use_window_s - self._now())
+    async def _wait_for_room(
+        self, replica_id: str, resident: dict[str, float], pinned: Iterable[str], deadline: float
+    ) -> None:
+        """Wait until an adapter may be evicted: one of ours finishes its requests, or another gateway's use mark
+        ages out. Raise ``WorkingSetFull`` when all are pinned or the load's deadline has passed."""
+        pinned = set(pinned)
+        in_flight = self.views[replica_id].in_flight
+        unpinned = [name for name in resident if name not in pinned]
+        remaining = deadline - time.monotonic()
+        if not unpinned or remaining <= 0:
+            log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
+            raise WorkingSetFull("The model's replica has no room for another adapter now; retry shortly.")
+        marked = [resident[name] for name in unpinned if name not in in_flight]
+        timeout = remaining
+        if marked:
+            timeout = min(remaining, max(0.01, min(marked) + self.in_use_window_s - self._now()))
+        idle = self._adapter_idle[replica_id]
+        idle.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(idle.wait(), timeout)
 
     @contextlib.asynccontextmanager
     async def _locked(self, replica_id: str, purpose: str) -> AsyncIterator[ReplicaRecord]:

@@ -135,15 +135,25 @@ async def test_pinned_and_in_use_adapters_are_never_evicted(store: ResidencyStor
     await life.ensure("r0", ref("pinned"), pinned=True)
     await life.ensure("r0", ref("busy"))
     life.begin_use("r0", "busy")
+    newcomer = asyncio.create_task(life.ensure("r0", ref("newcomer")))  # waits for room, as an engine queues
+    clock.now += 10_000
+    await life.evict_idle(lambda _: True)  # the timer evicts neither
+    assert not newcomer.done()
+    assert engine.unloads == [] and engine.loaded["r0"] == {"pinned", "busy"}
+    life.end_use("r0", "busy")
+    await asyncio.wait_for(newcomer, 5)  # once busy is idle it may go; the pinned one stays
+    assert engine.unloads == [("r0", "busy")]
+    assert engine.loaded["r0"] == {"pinned", "newcomer"}
+
+
+async def test_a_working_set_of_pinned_adapters_refuses_another_at_once(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock()
+    life = lifecycle(store, engine, clock)
+    await life.ensure("r0", ref("p1"), pinned=True)
+    await life.ensure("r0", ref("p2"), pinned=True)
     with pytest.raises(WorkingSetFull):
         await life.ensure("r0", ref("newcomer"))
-    clock.now += 10_000
-    await life.evict_idle(lambda _: True)
     assert engine.unloads == []
-    assert engine.loaded["r0"] == {"pinned", "busy"}
-    life.end_use("r0", "busy")
-    await life.ensure("r0", ref("newcomer"))  # once idle, busy may go; the pinned one stays
-    assert engine.unloads == [("r0", "busy")]
 
 
 async def test_the_timer_evicts_idle_adapters_and_keeps_headroom(store: ResidencyStore) -> None:

@@ -1,0 +1,201 @@
+"""Residency end to end: `tenantgate serve` processes, simulated vLLM replicas and a real redis-server.
+
+What happened is read from the replicas' own counters (/sim/stats) and from the record in Redis, never from the
+gateway's word alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.residency.redis import RedisStore
+from loadtests.fleet import (
+    ADMIN_TOKEN,
+    api_key,
+    fleet_with_gateway,
+    gateway_config,
+    gateway_process,
+    sim_stats,
+    simulated_replicas,
+    write_adapters,
+)
+from loadtests.processes import free_port
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(180)
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+FAST_SIM = ["--time-scale", "0.01", "--max-loras", "2", "--max-cpu-loras", "4"]
+
+
+def admin_get(gateway_url: str, path: str) -> dict[str, Any]:
+    answer = httpx.get(gateway_url + path, headers=ADMIN, timeout=10)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def ask(gateway_url: str, tenant: str, model: str, prompt: str = "hello") -> str:
+    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key(tenant), max_retries=0, timeout=30)
+    return client.completions.create(model=model, prompt=prompt, max_tokens=4).choices[0].text
+
+
+def test_prewarmed_and_pinned_adapters_are_resident_before_ready(tmp_path: Path) -> None:
+    tenants = {"acme": ["support-acme"], "globex": ["sql-globex"], "initech": ["chat-initech"]}
+    options = {"support-acme": {"pinned": True}, "sql-globex": {"prewarm": True}}
+    with fleet_with_gateway(tmp_path, tenants, 3, FAST_SIM, adapter_options=options) as fleet:
+        # fleet_with_gateway returned once /readyz said ready; no tenant has sent anything yet.
+        for tenant, adapter in (("acme", "support-acme"), ("globex", "sql-globex")):
+            home = admin_get(fleet.gateway_url, f"/admin/route?tenant={tenant}")["home"]
+            stats = sim_stats(fleet.replica_urls[home])
+            assert adapter in stats["registered"]
+            assert stats["requests_by_model"].get(adapter) == 1  # the one-token warm-up
+        record = admin_get(fleet.gateway_url, "/admin/residency")["pools"]["llama"]["replicas"]
+        pins = {r: [a for a, info in view["adapters"].items() if info["pinned"]] for r, view in record.items()}
+        assert sorted(a for pinned in pins.values() for a in pinned) == ["support-acme"]
+        assert not any("chat-initech" in sim_stats(url)["registered"] for url in fleet.replica_urls.values())
+
+
+def test_a_full_working_set_evicts_the_lru_adapter_through_the_engine(tmp_path: Path) -> None:
+    tenants = {"acme": ["a", "b", "c"]}
+    with fleet_with_gateway(tmp_path, tenants, 1, FAST_SIM, max_adapters=2) as fleet:
+        for model in ("a", "b", "a", "c"):
+            ask(fleet.gateway_url, "acme", model)
+        stats = sim_stats(fleet.replica_urls["r0"])
+        assert stats["registered"] == ["a", "c"]  # b was the least recently used
+        assert stats["unregistrations"] == 1 and stats["peak_registered"] == 2
+        counters = admin_get(fleet.gateway_url, "/admin/residency")["pools"]["llama"]["counters"]
+        assert counters["evictions_on_request_path"] == 1
+
+
+def test_the_eviction_timer_unloads_idle_adapters_but_not_pinned_ones(tmp_path: Path) -> None:
+    tenants = {"acme": ["a", "b"], "globex": ["p"]}
+    residency = {"residency": {"evict_interval_s": 0.2, "idle_evict_s": 0.5}}
+    options = {"p": {"pinned": True}}
+    with fleet_with_gateway(
+        tmp_path, tenants, 1, FAST_SIM, max_adapters=3, adapter_options=options, extra=residency
+    ) as fleet:
+        ask(fleet.gateway_url, "acme", "a")
+        ask(fleet.gateway_url, "acme", "b")
+        registered = sim_stats(fleet.replica_urls["r0"])["registered"]
+        for _ in range(100):  # bounded wait for the timer, however fast or slow this machine is
+            registered = sim_stats(fleet.replica_urls["r0"])["registered"]
+            if registered == ["p"]:
+                break
+            time.sleep(0.1)
+        assert registered == ["p"]
+        counters = admin_get(fleet.gateway_url, "/admin/residency")["pools"]["llama"]["counters"]
+        assert counters["evictions_scheduled"] == 2
+
+
+@contextlib.contextmanager
+def two_gateways(
+    root: Path, tenants: dict[str, list[str]], replicas: int, redis_url: str, **residency: float
+) -> Iterator[tuple[dict[str, str], list[str]]]:
+    adapters = write_adapters(root, sorted({name for names in tenants.values() for name in names}))
+    extra = {"state": {"redis_url": redis_url}, "residency": residency}
+    with simulated_replicas(root, replicas, *FAST_SIM) as urls, contextlib.ExitStack() as stack:
+        gateways = []
+        for name in ("gw-a", "gw-b"):
+            config = gateway_config(urls, tenants, adapters, port=free_port(), max_adapters=2, extra=extra)
+            url, _ = stack.enter_context(gateway_process(root, config, name))
+            gateways.append(url)
+        yield urls, gateways
+
+
+def test_two_gateways_sharing_redis_load_once_stay_in_the_working_set_and_agree(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    tenants = {f"t{i}": [f"adapter-t{i}"] for i in range(8)}  # 8 adapters, 3 replicas x 2 slots
+    with two_gateways(tmp_path, tenants, 3, redis_server.url) as (replicas, gateways):
+
+        async def both_at_once(tenant: str, round_: int) -> None:
+            clients = [
+                openai.AsyncOpenAI(base_url=url + "/v1", api_key=api_key(tenant), max_retries=0) for url in gateways
+            ]
+            await asyncio.gather(
+                *(c.completions.create(model=f"adapter-{tenant}", prompt=f"r{round_}", max_tokens=2) for c in clients)
+            )
+
+        async def traffic() -> None:
+            for round_ in range(3):
+                for tenant in tenants:  # each tenant's request reaches both gateways at the same moment
+                    await both_at_once(tenant, round_)
+
+        asyncio.run(traffic())
+        stats = {replica: sim_stats(url) for replica, url in replicas.items()}
+        homes = [{t: admin_get(url, f"/admin/route?tenant={t}")["home"] for t in tenants} for url in gateways]
+
+    assert homes[0] == homes[1]
+    for replica, replica_stats in stats.items():
+        assert replica_stats["duplicate_loads"] == 0, replica
+        assert replica_stats["peak_registered"] <= 2, replica
+    for tenant in tenants:  # both gateways sent every request of a tenant to its one home
+        served_by = {r for r, s in stats.items() if s["requests_by_model"].get(f"adapter-{tenant}")}
+        assert served_by == {homes[0][tenant]}, tenant
+
+
+def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path: Path) -> None:
+    tenants = {f"t{i}": [f"adapter-t{i}"] for i in range(6)}
+    redis = RedisServer(log_path=tmp_path / "redis.log").start()
+    try:
+        with two_gateways(tmp_path, tenants, 2, redis.url, sync_interval_s=0.2, reconcile_interval_s=1.0) as (
+            replicas,
+            gateways,
+        ):
+            gateway = gateways[0]
+            failures: list[BaseException] = []
+
+            async def tenant_traffic(tenant: str, requests: int) -> None:
+                client = openai.AsyncOpenAI(base_url=gateway + "/v1", api_key=api_key(tenant), max_retries=0)
+                for i in range(requests):
+                    try:
+                        await client.completions.create(model=f"adapter-{tenant}", prompt=f"q{i}", max_tokens=2)
+                    except openai.APIError as exc:
+                        failures.append(exc)
+
+            async def run(requests: int) -> None:
+                await asyncio.gather(*(tenant_traffic(t, requests) for t in tenants))
+
+            asyncio.run(run(3))
+            redis.stop()
+            asyncio.run(run(5))  # Redis is gone: loads, evictions and uses go on from the local view
+            ready = httpx.get(gateway + "/readyz").json()
+            assert ready["status"] == "ready" and ready["residency_store"].startswith("down")
+            assert failures == []
+
+            redis.start()  # back, and empty
+            started = time.monotonic()
+            truth: dict[str, list[str]] = {}
+            record: dict[str, list[str]] = {}
+
+            async def read_record() -> dict[str, list[str]]:
+                store = RedisStore(redis.url)
+                try:
+                    return {r: sorted((await store.record("llama", r)).resident) for r in replicas}
+                finally:
+                    await store.close()
+
+            for _ in range(100):  # bounded: the record must converge, we only measure how fast
+                truth = {r: sim_stats(url)["registered"] for r, url in replicas.items()}
+                record = asyncio.run(read_record())
+                if record == truth:
+                    break
+                time.sleep(0.05)
+            converged_s = time.monotonic() - started
+            assert record == truth and all(truth.values())
+            print(f"record converged {converged_s:.2f} s after Redis came back (reconcile interval 1.0 s)")
+            asyncio.run(run(2))
+            assert failures == []
+            assert httpx.get(gateway + "/readyz").json()["residency_store"] == "up"
+    finally:
+        redis.stop()
