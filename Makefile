@@ -8,7 +8,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway clean
+.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway bench-residency clean
 
 help:
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
@@ -19,6 +19,7 @@ help:
 	@echo "make redis      install redis-server (Debian package) if it is not on PATH"
 	@echo "make bench-sim  print the simulator's own capacity"
 	@echo "make bench-gateway  print the gateway's added latency and CPU per request"
+	@echo "make bench-residency  replay one multi-tenant trace under each routing policy: cold loads, TTFT"
 
 venv: $(BIN)/.installed
 
@@ -70,6 +71,9 @@ bench-sim: venv
 
 bench-gateway: venv
 	$(BIN)/python -m loadtests.bench_gateway
+
+bench-residency: venv
+	$(BIN)/python -m loadtests.bench_residency
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .mypy_cache .ruff_cache .pytest_cache .hypothesis
