@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 
+import uvloop
 from aiohttp import web
 
 from gateway.app import create_app
@@ -31,5 +32,6 @@ async def _run(config: GatewayConfig) -> None:
 
 def serve(config: GatewayConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(_run(config))
+    # uvloop's event loop costs the gateway less CPU per request than asyncio's own (make bench-gateway).
+    uvloop.run(_run(config))
     return 0
