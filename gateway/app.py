@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from gateway import admin, ingress
+from gateway import admin, ingress, metrics
 from gateway.appkeys import ADMIN_TOKEN, CONFIG, FLEET, TENANTS
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
@@ -57,4 +57,5 @@ def create_app(config: GatewayConfig) -> web.Application:
     app.cleanup_ctx.append(fleet_context)
     ingress.add_routes(app)
     admin.add_routes(app)
+    metrics.add_routes(app)
     return app

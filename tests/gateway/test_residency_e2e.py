@@ -64,6 +64,13 @@ def test_prewarmed_and_pinned_adapters_are_resident_before_ready(tmp_path: Path)
         assert sorted(a for pinned in pins.values() for a in pinned) == ["support-acme"]
         assert not any("chat-initech" in sim_stats(url)["registered"] for url in fleet.replica_urls.values())
 
+        warmed = httpx.post(fleet.gateway_url + "/admin/adapters/chat-initech/warm", headers=ADMIN, timeout=30)
+        home = admin_get(fleet.gateway_url, "/admin/route?tenant=initech")["home"]
+        assert warmed.status_code == 200 and warmed.json()["warmed_on"] == [home]
+        assert "chat-initech" in sim_stats(fleet.replica_urls[home])["registered"]
+        missing = httpx.post(fleet.gateway_url + "/admin/adapters/nope/warm", headers=ADMIN, timeout=30)
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
 
 def test_a_full_working_set_evicts_the_lru_adapter_through_the_engine(tmp_path: Path) -> None:
     tenants = {"acme": ["a", "b", "c"]}
@@ -171,6 +178,7 @@ def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path
             asyncio.run(run(5))  # Redis is gone: loads, evictions and uses go on from the local view
             ready = httpx.get(gateway + "/readyz").json()
             assert ready["status"] == "ready" and ready["residency_store"].startswith("down")
+            assert "tenantgate_residency_store_up 0.0" in httpx.get(gateway + "/metrics").text
             assert failures == []
 
             redis.start()  # back, and empty
@@ -197,5 +205,6 @@ def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path
             asyncio.run(run(2))
             assert failures == []
             assert httpx.get(gateway + "/readyz").json()["residency_store"] == "up"
+            assert "tenantgate_residency_store_up 1.0" in httpx.get(gateway + "/metrics").text
     finally:
         redis.stop()
