@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -30,6 +30,17 @@ class EngineRequest:
     path: str
     body: bytes
     stream: bool
+    # Extra headers for the engine, e.g. W3C ``traceparent`` so its spans join the request's trace.
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """The load signals an engine reports about itself (its own metrics), as last scraped."""
+
+    running: float
+    waiting: float
+    kv_cache_usage: float
 
 
 class EngineResponse(Protocol):
@@ -62,6 +73,7 @@ class EngineDriver(Protocol):
       ``EngineUnavailable``, ``EngineTimeout``, ``AdapterNotLoaded`` (load it again) or ``EngineRejected``.
       Nothing has reached the client when it raises, so the caller may try again elsewhere.
     - ``healthy`` probes the replica's health endpoint; it never raises.
+    - ``load_signals`` reads the engine's own load metrics; None when it cannot (it never raises).
     """
 
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None: ...
@@ -73,5 +85,7 @@ class EngineDriver(Protocol):
     async def send(self, replica: Endpoint, request: EngineRequest) -> EngineResponse: ...
 
     async def healthy(self, replica: Endpoint) -> bool: ...
+
+    async def load_signals(self, replica: Endpoint) -> EngineLoad | None: ...
 
     async def close(self) -> None: ...

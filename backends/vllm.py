@@ -11,8 +11,9 @@ import json
 from collections.abc import AsyncIterator
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
-from backends.base import AdapterRef, Endpoint, EngineRequest
+from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest
 from backends.errors import (
     AdapterLoadFailed,
     AdapterNotLoaded,
@@ -111,7 +112,8 @@ class VllmDriver:
 
     async def send(self, replica: Endpoint, request: EngineRequest) -> VllmResponse:
         try:
-            response = await self._session.post(replica.url + request.path, data=request.body, headers=_JSON)
+            headers = {**_JSON, **request.headers} if request.headers else _JSON
+            response = await self._session.post(replica.url + request.path, data=request.body, headers=headers)
         except TimeoutError as exc:
             raise EngineTimeout(f"{replica.id} did not answer in time") from exc
         except aiohttp.ClientError as exc:
@@ -135,6 +137,28 @@ class VllmDriver:
                 return response.status == 200
         except (TimeoutError, aiohttp.ClientError):
             return False
+
+    async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
+        """vLLM's own gauges: requests running and waiting, and KV cache usage (summed over its label sets)."""
+        try:
+            async with self._session.get(replica.url + "/metrics", timeout=self._probe_timeout) as response:
+                if response.status != 200:
+                    return None
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+        wanted = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.0}
+        try:
+            for family in text_string_to_metric_families(text):
+                if family.name in wanted:
+                    wanted[family.name] = sum(sample.value for sample in family.samples)
+        except ValueError:
+            return None
+        return EngineLoad(
+            running=wanted["vllm:num_requests_running"],
+            waiting=wanted["vllm:num_requests_waiting"],
+            kv_cache_usage=wanted["vllm:kv_cache_usage_perc"],
+        )
 
     async def close(self) -> None:
         await self._session.close()

@@ -38,7 +38,14 @@ async def route(request: web.Request) -> web.Response:
     pool = request.app[FLEET].pools[target.pool]
     key = affinity_key(request.app[CONFIG].routing, tenant, target, request.query.get("session"))
     decision = pool.explain(key, target.engine_model if target.adapter is not None else None)
-    return web.json_response({"tenant": tenant.id, "model": target.model, **decision.as_json()})
+    engine_load = {
+        replica_id: asdict(replica.engine_load)
+        for replica_id, replica in pool.replicas.items()
+        if replica.engine_load is not None
+    }
+    return web.json_response(
+        {"tenant": tenant.id, "model": target.model, **decision.as_json(), "engine_load": engine_load}
+    )
 
 
 def _adapter(request: web.Request) -> AdapterConfig:

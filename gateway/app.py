@@ -7,12 +7,15 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from opentelemetry.sdk.trace.export import SpanExporter
 
-from gateway import admin, ingress, metrics
-from gateway.appkeys import ADMIN_TOKEN, CONFIG, FLEET, TENANTS
+from gateway import admin, ingress
+from gateway.appkeys import ADMIN_TOKEN, CONFIG, FLEET, METRICS, TELEMETRY, TENANTS
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
 from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.telemetry import Telemetry
 from gateway.tenancy import TenantDirectory
 
 log = logging.getLogger(__name__)
@@ -41,21 +44,25 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return GatewayError("The gateway failed to handle the request.").response()
 
 
-def create_app(config: GatewayConfig) -> web.Application:
+def create_app(config: GatewayConfig, span_exporter: SpanExporter | None = None) -> web.Application:
+    """The gateway app; ``span_exporter`` replaces the configured trace exporter (tests use an in-memory one)."""
     app = web.Application(middlewares=[openai_errors], client_max_size=config.limits.max_body_bytes)
     app[CONFIG] = config
     app[TENANTS] = TenantDirectory(config)
     app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
+    metrics = app[METRICS] = GatewayMetrics()
+    telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)
+    metrics.watch(lambda: app.get(FLEET))
 
     async def fleet_context(app: web.Application) -> AsyncIterator[None]:
-        fleet = Fleet(config)
+        fleet = Fleet(config, metrics)
         await fleet.start()
         app[FLEET] = fleet
         yield
         await fleet.close()
+        telemetry.close()
 
     app.cleanup_ctx.append(fleet_context)
     ingress.add_routes(app)
     admin.add_routes(app)
-    metrics.add_routes(app)
     return app

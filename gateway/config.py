@@ -92,6 +92,23 @@ class ResidencyConfig(_Frozen):
     lock_ttl_s: float = Field(default=120.0, gt=0)
 
 
+class TracingConfig(_Frozen):
+    # none: no spans at all (free); console: spans printed to stdout; otlp: sent to an OpenTelemetry collector
+    # (needs the optional package opentelemetry-exporter-otlp-proto-http).
+    exporter: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: HttpUrl | None = None
+    service_name: str = "tenantgate"
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)
+
+
+class TelemetryConfig(_Frozen):
+    tracing: TracingConfig = TracingConfig()
+    # One JSON line per request on the "tenantgate.access" logger (no prompt text, no keys).
+    access_log: bool = True
+    # How often each replica's own metrics (queue depth, KV usage) are read.
+    engine_scrape_interval_s: float = Field(default=5.0, gt=0, le=3600)
+
+
 class AdapterConfig(_Frozen):
     name: Name
     pool: Name
@@ -138,6 +155,7 @@ class GatewayConfig(_Frozen):
     limits: LimitsConfig = LimitsConfig()
     state: StateConfig = StateConfig()
     residency: ResidencyConfig = ResidencyConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     @model_validator(mode="after")
     def _references_resolve(self) -> GatewayConfig:

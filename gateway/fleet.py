@@ -9,14 +9,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 
-from backends.base import AdapterRef, Endpoint, EngineDriver
+from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
 from backends.errors import BackendError
 from backends.vllm import VllmDriver
 from gateway.config import AdapterConfig, GatewayConfig, PoolConfig, RoutingConfig
+from gateway.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency, every
 from gateway.residency.memory import MemoryStore
 from gateway.residency.redis import RedisStore
 from gateway.residency.store import ResidencyStore
+from gateway.residency.timed import TimedStore
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.policies import decide
 from gateway.routing.reservations import HomeReservations
@@ -32,6 +34,8 @@ class Replica:
     in_flight: int = 0
     # Back from being down, being re-warmed: it takes traffic again once that is done.
     returning: bool = False
+    # The engine's own load signals, as last scraped (None until the first scrape answers).
+    engine_load: EngineLoad | None = None
 
 
 class Pool:
@@ -114,6 +118,11 @@ class Pool:
                 log.warning("replica %s/%s is down", self.name, replica_id)
                 replica.healthy = False
 
+    async def scrape_engines(self) -> None:
+        loads = await asyncio.gather(*(self.driver.load_signals(r.endpoint) for r in self.replicas.values()))
+        for replica, load in zip(self.replicas.values(), loads, strict=True):
+            replica.engine_load = load
+
     async def _welcome_back(self, replica: Replica) -> None:
         """A replica back from down has lost its adapters: reset its record from the engine, warm, then serve."""
         try:
@@ -156,9 +165,10 @@ def prewarm_homes(config: GatewayConfig, pool: Pool, adapter: AdapterConfig) -> 
 
 
 class Fleet:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics | None = None) -> None:
         self.config = config
-        self.store = make_store(config)
+        self.metrics = metrics or GatewayMetrics()
+        self.store = TimedStore(make_store(config), self.metrics)
         self.pools: dict[str, Pool] = {}
         for pool_config in config.pools:
             driver = make_driver(pool_config)
@@ -172,6 +182,7 @@ class Fleet:
                 max_adapters=pool_config.max_adapters,
                 load_timeout_s=pool_config.adapter_load_timeout_s,
                 shared=config.state.redis_url is not None,
+                metrics=self.metrics,
             )
             self.pools[pool_config.name] = Pool(pool_config, config.routing, driver, residency)
         for adapter in config.adapters:
@@ -196,6 +207,7 @@ class Fleet:
                 (residency.sync_interval_s, life.sync, "residency sync"),
                 (residency.reconcile_interval_s, life.reconcile, "reconciliation"),
                 (residency.evict_interval_s, partial(life.evict_idle, pool.is_healthy), "eviction"),
+                (self.config.telemetry.engine_scrape_interval_s, pool.scrape_engines, "engine metrics scrape"),
             ]
             self._tasks += [
                 asyncio.create_task(every(interval, work, f"{what} of pool {pool.name}"), name=f"{what} {pool.name}")

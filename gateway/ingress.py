@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
 
-from backends.base import EngineRequest
-from gateway.appkeys import CONFIG, FLEET, TENANTS
+from gateway.appkeys import CONFIG, FLEET, METRICS, TELEMETRY, TENANTS
 from gateway.config import RoutingConfig
-from gateway.errors import NoHealthyReplica
+from gateway.errors import GatewayError, NoHealthyReplica
 from gateway.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.relay import relay
+from gateway.telemetry import RequestRecord
 from gateway.tenancy import Target, Tenant
+
+# nginx's code for a client that went away before the answer: counted, never sent.
+CLIENT_CLOSED_REQUEST = 499
 
 _PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -26,21 +30,48 @@ def affinity_key(routing: RoutingConfig, tenant: Tenant, target: Target, session
 
 
 async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
-    app = request.app
-    tenant = app[TENANTS].authenticate(request.headers.get("Authorization"))
-    inference: InferenceRequest = parse_inference(await request.read(), kind)
-    target = app[TENANTS].resolve(tenant, inference.model)
+    telemetry = request.app[TELEMETRY]
+    record = RequestRecord(_PATHS[kind])
+    with telemetry.request_span(record, request.headers):
+        try:
+            response = await _serve(request, kind, record)
+            record.status = response.status
+            return response
+        except GatewayError as exc:
+            record.status = exc.status
+            raise
+        except asyncio.CancelledError:
+            record.status = CLIENT_CLOSED_REQUEST
+            raise
+        finally:
+            telemetry.finish(record)
+
+
+async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web.StreamResponse:
+    app, telemetry = request.app, request.app[TELEMETRY]
+    with telemetry.span("admission"):
+        tenant = app[TENANTS].authenticate(request.headers.get("Authorization"))
+        record.tenant = tenant.id
+        inference: InferenceRequest = parse_inference(await request.read(), kind)
+        record.stream = inference.stream
+        target = app[TENANTS].resolve(tenant, inference.model)
+    record.adapter, record.pool = target.model, target.pool
     pool = app[FLEET].pools[target.pool]
     session_id = request.headers.get("x-session-id") or inference.user
-    engine_request = EngineRequest(_PATHS[kind], inference.for_engine(target.engine_model), inference.stream)
     adapter = target.engine_model if target.adapter is not None else None
-    decision = pool.place(affinity_key(app[CONFIG].routing, tenant, target, session_id), adapter)
+    with telemetry.span("route") as span:
+        decision = pool.place(affinity_key(app[CONFIG].routing, tenant, target, session_id), adapter)
+        record.reasons = decision.reasons
+        if span is not None:
+            span.set_attributes(decision.span_attributes())
     if decision.chosen is None:
         raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
+    record.replica = decision.chosen
     if adapter is not None:
         pool.residency.begin_use(decision.chosen, adapter)
     try:
-        return await relay(request, pool, pool.replicas[decision.chosen], target, engine_request)
+        body = inference.for_engine(target.engine_model)
+        return await relay(request, pool, pool.replicas[decision.chosen], target, body, record)
     finally:
         pool.release(decision)
         if adapter is not None:
@@ -81,9 +112,16 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready", **detail})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=request.app[METRICS].exposition(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)

@@ -19,55 +19,81 @@ from backends.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
+from gateway.appkeys import TELEMETRY
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
 from gateway.fleet import Pool, Replica
+from gateway.telemetry import RequestRecord, Telemetry
 from gateway.tenancy import Target
 
 log = logging.getLogger(__name__)
 
+# The engine's path for each tenant path (the same OpenAI paths on every engine today).
+_PATHS = {"/v1/completions": "/v1/completions", "/v1/chat/completions": "/v1/chat/completions"}
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
 async def relay(
-    request: web.Request, pool: Pool, replica: Replica, target: Target, engine_request: EngineRequest
+    request: web.Request, pool: Pool, replica: Replica, target: Target, body: bytes, record: RequestRecord
 ) -> web.StreamResponse:
+    telemetry = request.app[TELEMETRY]
     try:
-        upstream = await _open(pool, replica, target, engine_request)
-        try:
-            if not engine_request.stream:
-                body = await upstream.read()
-                return web.Response(body=body, status=upstream.status, content_type="application/json")
-            return await _stream(request, upstream)
-        finally:
-            upstream.release()
+        if target.adapter is not None:
+            adapter = AdapterRef(target.engine_model, target.adapter.source)
+            await _ensure_adapter(telemetry, pool, replica, adapter)
+        with telemetry.span("upstream", **{"server.address": replica.endpoint.id}):
+            engine_request = EngineRequest(_PATHS[record.path], body, record.stream, telemetry.upstream_headers())
+            upstream = await _send(pool, replica, target, engine_request)
+            try:
+                if not record.stream:
+                    answer = await upstream.read()
+                    telemetry.first_byte(record)
+                    record.read_usage(answer)
+                    return web.Response(body=answer, status=upstream.status, content_type="application/json")
+                return await _stream(request, upstream, record)
+            finally:
+                upstream.release()
     except BackendError as exc:
+        record.error = type(exc).__name__
         raise to_gateway_error(exc) from exc
 
 
-async def _open(pool: Pool, replica: Replica, target: Target, engine_request: EngineRequest) -> EngineResponse:
-    if target.adapter is None:
-        return await pool.driver.send(replica.endpoint, engine_request)
-    adapter = AdapterRef(target.engine_model, target.adapter.source)
-    replica_id = replica.endpoint.id
-    await pool.residency.ensure(replica_id, adapter)
+async def _ensure_adapter(telemetry: Telemetry, pool: Pool, replica: Replica, adapter: AdapterRef) -> None:
+    residency, replica_id = pool.residency, replica.endpoint.id
+    if residency.is_resident(replica_id, adapter.engine_name):
+        await residency.ensure(replica_id, adapter)  # counts the hit
+        return
+    with telemetry.span("adapter.load", **{"tenantgate.adapter": adapter.engine_name}):
+        await residency.ensure(replica_id, adapter)
+
+
+async def _send(pool: Pool, replica: Replica, target: Target, engine_request: EngineRequest) -> EngineResponse:
     try:
         return await pool.driver.send(replica.endpoint, engine_request)
     except AdapterNotLoaded:
+        if target.adapter is None:
+            raise
         # The engine lost the adapter (restart, manual unload) since we loaded it: load it again, once.
+        adapter = AdapterRef(target.engine_model, target.adapter.source)
+        replica_id = replica.endpoint.id
         log.warning("adapter %s vanished from %s/%s; reloading", adapter.engine_name, pool.name, replica_id)
         await pool.residency.lost(replica_id, adapter.engine_name)
         await pool.residency.ensure(replica_id, adapter)
         return await pool.driver.send(replica.endpoint, engine_request)
 
 
-async def _stream(request: web.Request, upstream: EngineResponse) -> web.StreamResponse:
+async def _stream(request: web.Request, upstream: EngineResponse, record: RequestRecord) -> web.StreamResponse:
+    telemetry = request.app[TELEMETRY]
     response = web.StreamResponse(status=upstream.status, headers=_SSE_HEADERS)
     await response.prepare(request)
     try:
         async for chunk in upstream.chunks():
+            if record.first_byte is None:
+                telemetry.first_byte(record)
+            record.read_usage(chunk)
             await response.write(chunk)
     except BackendError as exc:
         log.warning("stream broke after it started: %s", exc)
+        record.error = type(exc).__name__
         await response.write(to_gateway_error(exc).sse_event())
     await response.write_eof()
     return response

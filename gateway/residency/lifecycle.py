@@ -28,6 +28,7 @@ from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
 from backends.errors import BackendError
 from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError, WorkingSetFull
+from gateway.metrics import GatewayMetrics
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class PoolResidency:
         max_adapters: int,
         load_timeout_s: float,
         shared: bool,
+        metrics: GatewayMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
@@ -77,6 +79,7 @@ class PoolResidency:
         self.views = {replica_id: ReplicaView() for replica_id in self.endpoints}
         self.counters = ResidencyCounters()
         self.store_up = True
+        self.metrics = metrics or GatewayMetrics()
         self._now = wall_clock
         self._owner = uuid.uuid4().hex[:12]
         self._pending_uses: dict[tuple[str, str], float] = {}
@@ -86,6 +89,9 @@ class PoolResidency:
         self._adapter_idle = {replica_id: asyncio.Event() for replica_id in self.endpoints}
 
     # --- the request path -------------------------------------------------------------------------------------
+
+    def is_resident(self, replica_id: str, engine_name: str) -> bool:
+        return engine_name in self.views[replica_id].resident
 
     def resident_on(self, engine_name: str) -> frozenset[str]:
         return frozenset(r for r, view in self.views.items() if engine_name in view.resident)
@@ -109,7 +115,9 @@ class PoolResidency:
         """Return once ``adapter`` is resident on the replica; one load per replica and adapter at a time."""
         view = self.views[replica_id]
         if adapter.engine_name in view.resident and (not pinned or adapter.engine_name in view.pinned):
+            self.metrics.residency_lookups.labels(self.pool, "hit").inc()
             return
+        self.metrics.residency_lookups.labels(self.pool, "miss").inc()
         key = (replica_id, adapter.engine_name)
         task = self._loads.get(key)
         if task is None:
@@ -147,7 +155,11 @@ class PoolResidency:
                     await self._unload(replica_id, victim)
                     resident.pop(victim)
                     self.counters.evictions_on_request_path += 1
+                    self.metrics.evictions.labels(self.pool, replica_id, "request_path").inc()
+                started = time.monotonic()
                 await self.driver.load_adapter(self.endpoints[replica_id], adapter)
+                self.metrics.adapter_load_seconds.labels(self.pool).observe(time.monotonic() - started)
+                self.metrics.adapter_loads.labels(self.pool, replica_id, adapter.engine_name).inc()
                 self.counters.cold_loads += 1
                 log.info("loaded adapter %s on %s/%s", adapter.engine_name, self.pool, replica_id)
             now = self._now()
@@ -314,6 +326,7 @@ class PoolResidency:
                         await self._unload(replica_id, victim)
                         resident.pop(victim)
                         self.counters.evictions_scheduled += 1
+                        self.metrics.evictions.labels(self.pool, replica_id, "scheduled").inc()
             except (BackendError, GatewayError) as exc:
                 log.warning("eviction on %s/%s failed: %s", self.pool, replica_id, exc)
 

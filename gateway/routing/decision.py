@@ -44,7 +44,20 @@ class RoutingDecision:
     reserved: dict[str, int] = field(default_factory=dict)
     # The key took the slot reserved for it at its home.
     used_reservation: bool = False
+    # Replicas where the request's adapter was resident when it was decided (what spill:resident looked at).
+    resident: list[str] = field(default_factory=list)
     healthy: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def span_attributes(self) -> dict[str, Any]:
+        """The decision as OpenTelemetry span attributes (scalars and lists of strings only)."""
+        return {
+            "tenantgate.route.policy": self.policy,
+            "tenantgate.route.home": self.home,
+            "tenantgate.route.chosen": self.chosen or "",
+            "tenantgate.route.reasons": self.reasons,
+            "tenantgate.route.capacity": -1 if self.capacity is None else self.capacity,
+            "tenantgate.route.used_reservation": self.used_reservation,
+        }

@@ -39,6 +39,7 @@ def decide(
     decision = RoutingDecision(pool=pool, policy=policy, key=key, home=order[0])
     decision.loads = {replica.id: replica.in_flight for replica in replicas}
     decision.reserved = {replica.id: replica.reserved for replica in replicas if replica.reserved}
+    decision.resident = sorted(resident)
     candidates = [replica_id for replica_id in order if by_id[replica_id].healthy]
     decision.healthy = candidates
     if not candidates:

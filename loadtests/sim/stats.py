@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,8 @@ class SimStats:
     queue_wait_s: float = 0.0
     steps: int = 0
     busy_s: float = 0.0
+    # W3C traceparent headers of the latest requests, as vLLM takes them for its own traces.
+    traceparents: deque[str] = field(default_factory=lambda: deque(maxlen=64))
 
     def record_cold_load(self, adapter: str) -> None:
         self.cold_loads += 1
@@ -63,4 +65,5 @@ class SimStats:
             "queue_wait_s": round(self.queue_wait_s, 6),
             "steps": self.steps,
             "busy_s": round(self.busy_s, 6),
+            "traceparents": list(self.traceparents),
         }

@@ -151,8 +151,15 @@ def _check_n(body: dict[str, Any]) -> None:
 
 
 # --- handlers -----------------------------------------------------------------------------------------------
+def _note_trace(engine: SimEngine, request: web.Request) -> None:
+    traceparent = request.headers.get("traceparent")
+    if traceparent:
+        engine.stats.traceparents.append(traceparent)
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
+    _note_trace(engine, request)
     body = await _json_object(request)
     adapter = _adapter_for(engine, body.get("model"))
     prompt = _completion_prompt(body)
@@ -190,6 +197,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
+    _note_trace(engine, request)
     body = await _json_object(request)
     adapter = _adapter_for(engine, body.get("model"))
     prompt = _chat_prompt(body)
