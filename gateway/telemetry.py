@@ -105,6 +105,7 @@ class Telemetry:
         self.provider = make_tracer_provider(config.tracing, exporter)
         self.tracer = self.provider.get_tracer("tenantgate") if self.provider is not None else None
         self.access_log = config.access_log
+        self._series: dict[tuple[str, str, str, str], _Series] = {}
 
     def close(self) -> None:
         """Export the spans still buffered; called when the app stops."""
@@ -153,22 +154,52 @@ class Telemetry:
             log.exception("recording a request's telemetry failed")
 
     def _count(self, record: RequestRecord) -> None:
-        m, now = self.metrics, time.perf_counter()
-        tenant, adapter, pool = record.tenant, record.adapter, record.pool
-        m.requests.labels(tenant, adapter, pool, record.replica, str(record.status)).inc()
+        key = (record.tenant, record.adapter, record.pool, record.replica)
+        series = self._series.get(key)
+        if series is None:  # label children are looked up once per label set: .labels() costs a microsecond
+            series = self._series[key] = _Series(self.metrics, *key)
+        series.count(record, time.perf_counter())
+
+
+class _Series:
+    """One label set's metric children. The number of sets is bounded by config (tenants x their adapters x
+    replicas, plus the unresolved ``-``), so the cache is too."""
+
+    def __init__(self, m: GatewayMetrics, tenant: str, adapter: str, pool: str, replica: str) -> None:
+        self._metrics, self._labels = m, (tenant, adapter, pool, replica)
+        self._requests: dict[int, Any] = {}
+        self._routing: dict[str, Any] = {}
+        self._errors: dict[str, Any] = {}
+        self.ttft = m.ttft.labels(tenant, adapter, pool)
+        self.duration = m.duration.labels(tenant, adapter, pool)
+        self.prompt_tokens = m.prompt_tokens.labels(tenant, adapter)
+        self.completion_tokens = m.completion_tokens.labels(tenant, adapter)
+
+    def count(self, record: RequestRecord, now: float) -> None:
+        m, (tenant, adapter, pool, replica) = self._metrics, self._labels
+        requests = self._requests.get(record.status)
+        if requests is None:
+            requests = self._requests[record.status] = m.requests.labels(tenant, adapter, pool, replica, record.status)
+        requests.inc()
         if pool == UNRESOLVED:
             return
-        m.duration.labels(tenant, adapter, pool).observe(now - record.started)
+        self.duration.observe(now - record.started)
         if record.first_byte is not None:
-            m.ttft.labels(tenant, adapter, pool).observe(record.first_byte - record.started)
+            self.ttft.observe(record.first_byte - record.started)
         if record.prompt_tokens is not None:
-            m.prompt_tokens.labels(tenant, adapter).inc(record.prompt_tokens)
+            self.prompt_tokens.inc(record.prompt_tokens)
         if record.completion_tokens is not None:
-            m.completion_tokens.labels(tenant, adapter).inc(record.completion_tokens)
+            self.completion_tokens.inc(record.completion_tokens)
         for reason in record.reasons:
-            m.routing.labels(tenant, pool, reason).inc()
-        if record.error is not None and record.replica != UNRESOLVED:
-            m.upstream_errors.labels(pool, record.replica, record.error).inc()
+            routing = self._routing.get(reason)
+            if routing is None:
+                routing = self._routing[reason] = m.routing.labels(tenant, pool, reason)
+            routing.inc()
+        if record.error is not None and replica != UNRESOLVED:
+            errors = self._errors.get(record.error)
+            if errors is None:
+                errors = self._errors[record.error] = m.upstream_errors.labels(pool, replica, record.error)
+            errors.inc()
 
 
 def _span_attributes(record: RequestRecord) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 One simulated replica at zero simulated delay (`--time-scale 0`), so what is measured is HTTP, the gateway and
 the client. Each phase sends the same number of non-streaming completions at a fixed concurrency from one
-aiohttp client, then prints p50/p99 latency and requests/s. On a 2-core machine client, gateway and replica
+aiohttp client, then prints p50/p99 latency and requests/s; the gateway runs twice, with tracing and the access
+log off and on, and its CPU time per request is read from /proc. On a 2-core machine client, gateway and replica
 share the cores, so compare the two lines, not the absolute figures.
 
     python -m loadtests.bench_gateway [--requests 3000] [--concurrency 16]
@@ -12,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 
-from loadtests.fleet import api_key, fleet_with_gateway
+from loadtests.fleet import api_key, gateway_config, gateway_process, process_cpu_s, simulated_replicas, write_adapters
+from loadtests.processes import free_port
 
 TENANTS = {"bench": ["bench-lora"]}
 
@@ -51,28 +55,44 @@ def _line(label: str, latencies: list[float], elapsed: float) -> tuple[float, fl
     return p50, p99
 
 
+TELEMETRY = {
+    "telemetry off": {"tracing": {"exporter": "none"}, "access_log": False},
+    "telemetry on": {"tracing": {"exporter": "console"}, "access_log": True},
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        fleet_with_gateway(Path(tmp), TENANTS, 1, ["--time-scale", "0"]) as fleet,
-    ):
-        replica = next(iter(fleet.replica_urls.values()))
-        gateway_headers = {"Authorization": f"Bearer {api_key('bench')}"}
-        # Warm-up through the gateway: it loads the adapter on the replica and opens its connections.
-        asyncio.run(_phase(fleet.gateway_url, gateway_headers, 200, args.concurrency))
+    print(f"{args.requests} non-streaming completions, concurrency {args.concurrency}, replica at time-scale 0")
+    print(
+        "metrics are always on; 'telemetry on' adds a span tree per request (console exporter) and the JSON access log"
+    )
+    with tempfile.TemporaryDirectory() as tmp, simulated_replicas(Path(tmp), 1, "--time-scale", "0") as replicas:
+        replica = replicas["r0"]
+        adapters = write_adapters(Path(tmp), ["bench-lora"])
+        load = {"lora_name": "bench-lora", "lora_path": adapters["bench-lora"]}
+        urllib.request.urlopen(urllib.request.Request(  # the gateways find it loaded: "already loaded" is fine
+            replica + "/v1/load_lora_adapter", json.dumps(load).encode(), {"Content-Type": "application/json"}
+        ), timeout=10).close()  # fmt: skip
         asyncio.run(_phase(replica, {}, 200, args.concurrency))
-        print(f"{args.requests} non-streaming completions, concurrency {args.concurrency}, replica at time-scale 0")
         direct = _line("direct", *asyncio.run(_phase(replica, {}, args.requests, args.concurrency)))
-        cpu_before = fleet.gateway_cpu_s()
-        through = asyncio.run(_phase(fleet.gateway_url, gateway_headers, args.requests, args.concurrency))
-        cpu_per_request_us = 1e6 * (fleet.gateway_cpu_s() - cpu_before) / args.requests
-        gateway = _line("through gateway", *through)
-        print(f"{'added':16} p50={gateway[0] - direct[0]:6.2f} ms  p99={gateway[1] - direct[1]:6.2f} ms")
-        print(f"gateway CPU per request: {cpu_per_request_us:.0f} us (user + system, from /proc)")
+        headers = {"Authorization": f"Bearer {api_key('bench')}"}
+        for label, telemetry in TELEMETRY.items():
+            config = gateway_config(replicas, TENANTS, adapters, port=free_port(), extra={"telemetry": telemetry})
+            with gateway_process(Path(tmp), config, label.replace(" ", "-")) as (gateway_url, pid):
+                # Warm-up: the gateway loads the adapter on the replica and opens its connections.
+                asyncio.run(_phase(gateway_url, headers, 200, args.concurrency))
+                cpu_before = process_cpu_s(pid)
+                through = asyncio.run(_phase(gateway_url, headers, args.requests, args.concurrency))
+                cpu_per_request_us = 1e6 * (process_cpu_s(pid) - cpu_before) / args.requests
+            gateway = _line(label, *through)
+            print(
+                f"{'':16} added p50={gateway[0] - direct[0]:5.2f} ms  p99={gateway[1] - direct[1]:5.2f} ms  "
+                f"gateway CPU per request: {cpu_per_request_us:.0f} us (user + system, from /proc)"
+            )
 
 
 if __name__ == "__main__":

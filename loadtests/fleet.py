@@ -37,9 +37,13 @@ class RunningFleet:
     adapters: dict[str, str] = field(default_factory=dict)
 
     def gateway_cpu_s(self) -> float:
-        """CPU seconds the gateway process has used so far (user + system), from /proc."""
-        fields = Path(f"/proc/{self.gateway_pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.gateway_pid)
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a process has used so far (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def write_adapters(root: Path, names: Sequence[str], rank: int = 8) -> dict[str, str]:

@@ -80,6 +80,8 @@ class PoolResidency:
         self.counters = ResidencyCounters()
         self.store_up = True
         self.metrics = metrics or GatewayMetrics()
+        self._hits = self.metrics.residency_lookups.labels(pool, "hit")
+        self._misses = self.metrics.residency_lookups.labels(pool, "miss")
         self._now = wall_clock
         self._owner = uuid.uuid4().hex[:12]
         self._pending_uses: dict[tuple[str, str], float] = {}
@@ -115,9 +117,9 @@ class PoolResidency:
         """Return once ``adapter`` is resident on the replica; one load per replica and adapter at a time."""
         view = self.views[replica_id]
         if adapter.engine_name in view.resident and (not pinned or adapter.engine_name in view.pinned):
-            self.metrics.residency_lookups.labels(self.pool, "hit").inc()
+            self._hits.inc()
             return
-        self.metrics.residency_lookups.labels(self.pool, "miss").inc()
+        self._misses.inc()
         key = (replica_id, adapter.engine_name)
         task = self._loads.get(key)
         if task is None:

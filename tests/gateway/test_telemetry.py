@@ -135,6 +135,18 @@ def test_spills_are_counted_per_tenant_and_match_where_requests_ran(fleet: Runni
     assert spilled > 0 and counted == spilled
 
 
+def test_upstream_errors_are_counted_by_kind(fleet: RunningFleet) -> None:
+    client = openai.OpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("acme"), max_retries=0)
+    before = value(scrape(fleet.gateway_url), "tenantgate_upstream_errors_total", kind="EngineRejected")
+    with pytest.raises(openai.BadRequestError):  # the engine refuses: more tokens than its context
+        client.completions.create(model="support-acme", prompt="x", max_tokens=100_000)
+    after = scrape(fleet.gateway_url)
+    assert value(after, "tenantgate_upstream_errors_total", kind="EngineRejected", replica=home_of(fleet, "acme")) == (
+        before + 1
+    )
+    assert value(after, "tenantgate_requests_total", tenant="acme", status="400") == 1
+
+
 def test_label_sets_stay_bounded_whatever_clients_send(fleet: RunningFleet) -> None:
     client = openai.OpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("acme"), max_retries=0)
     for _ in range(30):
