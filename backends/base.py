@@ -32,6 +32,8 @@ class EngineRequest:
     stream: bool
     # Extra headers for the engine, e.g. W3C ``traceparent`` so its spans join the request's trace.
     headers: Mapping[str, str] = field(default_factory=dict)
+    # What is left of the request's deadline; None: the driver's own request timeout.
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -57,15 +57,17 @@ class VllmDriver:
         request_timeout_s: float,
         adapter_load_timeout_s: float,
         max_connections_per_replica: int,
+        probe_timeout_s: float,
     ) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=max_connections_per_replica),
-            timeout=aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s),
+            timeout=self._timeout,
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
         )
         self._load_timeout = aiohttp.ClientTimeout(total=adapter_load_timeout_s, sock_connect=connect_timeout_s)
-        self._probe_timeout = aiohttp.ClientTimeout(total=connect_timeout_s)
+        self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
 
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
         body = json.dumps({"lora_name": adapter.engine_name, "lora_path": adapter.source}).encode()
@@ -113,7 +115,12 @@ class VllmDriver:
     async def send(self, replica: Endpoint, request: EngineRequest) -> VllmResponse:
         try:
             headers = {**_JSON, **request.headers} if request.headers else _JSON
-            response = await self._session.post(replica.url + request.path, data=request.body, headers=headers)
+            timeout = self._timeout
+            if request.timeout_s is not None:
+                timeout = aiohttp.ClientTimeout(total=request.timeout_s, sock_connect=self._timeout.sock_connect)
+            response = await self._session.post(
+                replica.url + request.path, data=request.body, headers=headers, timeout=timeout
+            )
         except TimeoutError as exc:
             raise EngineTimeout(f"{replica.id} did not answer in time") from exc
         except aiohttp.ClientError as exc:

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from backends.base import AdapterRef
 from backends.errors import BackendError
-from gateway.appkeys import ADMIN_TOKEN, CONFIG, FLEET, TENANTS
+from gateway.appkeys import ADMIN_TOKEN, STATE
 from gateway.config import AdapterConfig
 from gateway.errors import AdminDisabled, AuthenticationFailed, InvalidRequest, ModelNotFound
 from gateway.fleet import prewarm_homes
@@ -30,13 +30,14 @@ def _require_admin(request: web.Request) -> None:
 async def route(request: web.Request) -> web.Response:
     """The decision the gateway would take now for a tenant (and one of its models), without sending anything."""
     _require_admin(request)
-    tenants = request.app[TENANTS]
+    serving = request.app[STATE].serving
+    tenants = serving.tenants
     tenant = tenants.tenant(request.query.get("tenant", ""))
     if tenant is None:
         raise InvalidRequest("Unknown tenant: pass ?tenant=ID.", param="tenant")
     target = tenants.resolve(tenant, request.query.get("adapter"))
-    pool = request.app[FLEET].pools[target.pool]
-    key = affinity_key(request.app[CONFIG].routing, tenant, target, request.query.get("session"))
+    pool = serving.fleet.pools[target.pool]
+    key = affinity_key(serving.config.routing, tenant, target, request.query.get("session"))
     decision = pool.explain(key, target.engine_model if target.adapter is not None else None)
     engine_load = {
         replica_id: asdict(replica.engine_load)
@@ -50,7 +51,7 @@ async def route(request: web.Request) -> web.Response:
 
 def _adapter(request: web.Request) -> AdapterConfig:
     name = request.match_info["name"]
-    adapter = next((a for a in request.app[CONFIG].adapters if a.name == name), None)
+    adapter = next((a for a in request.app[STATE].serving.config.adapters if a.name == name), None)
     if adapter is None:
         raise ModelNotFound(f"No adapter {name!r} in the catalog.", param="name")
     return adapter
@@ -60,9 +61,10 @@ async def warm(request: web.Request) -> web.Response:
     """Load an adapter on its home replicas and warm it with a one-token request, as pre-warm does at start."""
     _require_admin(request)
     adapter = _adapter(request)
-    pool = request.app[FLEET].pools[adapter.pool]
+    serving = request.app[STATE].serving
+    pool = serving.fleet.pools[adapter.pool]
     ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
-    homes = sorted(prewarm_homes(request.app[CONFIG], pool, adapter))
+    homes = sorted(prewarm_homes(serving.config, pool, adapter))
     try:
         for replica_id in homes:
             await pool.residency.warm(replica_id, ref, pinned=adapter.pinned)
@@ -75,7 +77,7 @@ async def unload(request: web.Request) -> web.Response:
     """Unload an adapter from every replica of its pool (pinned or not) and forget it in the record."""
     _require_admin(request)
     adapter = _adapter(request)
-    pool = request.app[FLEET].pools[adapter.pool]
+    pool = request.app[STATE].serving.fleet.pools[adapter.pool]
     try:
         unloaded = await pool.residency.unload_everywhere(adapter.engine_name or adapter.name)
     except BackendError as exc:
@@ -86,7 +88,7 @@ async def unload(request: web.Request) -> web.Response:
 async def residency(request: web.Request) -> web.Response:
     """The residency record per pool and replica as this gateway sees it, with idle times."""
     _require_admin(request)
-    fleet = request.app[FLEET]
+    fleet = request.app[STATE].serving.fleet
     now = time.time()
     pools = {}
     for name, pool in fleet.pools.items():

@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from gateway import admin, ingress
-from gateway.appkeys import ADMIN_TOKEN, CONFIG, FLEET, METRICS, TELEMETRY, TENANTS
+from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.state import GatewayState, Serving
 from gateway.telemetry import Telemetry
 from gateway.tenancy import TenantDirectory
 
@@ -31,7 +33,7 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     except GatewayError as exc:
         return exc.response()
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[CONFIG].limits.max_body_bytes
+        limit = request.app[STATE].config.limits.max_body_bytes
         return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.").response()
     except web.HTTPNotFound:
         return RouteNotFound(f"No route {request.method} {request.path}.").response()
@@ -44,22 +46,24 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return GatewayError("The gateway failed to handle the request.").response()
 
 
-def create_app(config: GatewayConfig, span_exporter: SpanExporter | None = None) -> web.Application:
-    """The gateway app; ``span_exporter`` replaces the configured trace exporter (tests use an in-memory one)."""
+def create_app(
+    config: GatewayConfig, config_path: Path | None = None, span_exporter: SpanExporter | None = None
+) -> web.Application:
+    """The gateway app; ``config_path`` is what a reload re-reads; ``span_exporter`` replaces the configured
+    trace exporter (tests use an in-memory one)."""
     app = web.Application(middlewares=[openai_errors], client_max_size=config.limits.max_body_bytes)
-    app[CONFIG] = config
-    app[TENANTS] = TenantDirectory(config)
+    state = app[STATE] = GatewayState(config, config_path)
     app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
     metrics = app[METRICS] = GatewayMetrics()
     telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)
-    metrics.watch(lambda: app.get(FLEET))
+    metrics.watch(lambda: state.serving.fleet if state.started else None)
 
     async def fleet_context(app: web.Application) -> AsyncIterator[None]:
         fleet = Fleet(config, metrics)
         await fleet.start()
-        app[FLEET] = fleet
+        state.swap(Serving(config, TenantDirectory(config), fleet))
         yield
-        await fleet.close()
+        await state.serving.fleet.close()
         telemetry.close()
 
     app.cleanup_ctx.append(fleet_context)

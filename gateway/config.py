@@ -48,6 +48,36 @@ class ReplicaConfig(_Frozen):
     url: HttpUrl
 
 
+class HealthConfig(_Frozen):
+    """Active probes: the engine's health endpoint every interval_s; down after unhealthy_after failed probes in
+    a row, up again after healthy_after good ones."""
+
+    interval_s: float = Field(default=2.0, gt=0, le=3600)
+    timeout_s: float = Field(default=2.0, gt=0, le=600)
+    unhealthy_after: int = Field(default=2, ge=1, le=100)
+    healthy_after: int = Field(default=2, ge=1, le=100)
+
+
+class OutlierConfig(_Frozen):
+    """Passive outlier detection: a replica whose requests fail (connect errors, engine 5xx, timeouts) this many
+    times in a row is ejected for base_ejection_s, doubled at each ejection up to max_ejection_s; at most
+    max_ejected_percent of a pool is ejected at once."""
+
+    consecutive_failures: int = Field(default=5, ge=1, le=1000)
+    base_ejection_s: float = Field(default=10.0, gt=0)
+    max_ejection_s: float = Field(default=300.0, gt=0)
+    max_ejected_percent: int = Field(default=50, ge=0, le=100)
+
+
+class RetryConfig(_Frozen):
+    """A request that failed before its first byte reached the client is retried once on the next replica, while
+    retries stay under budget_ratio of recent requests (or min_per_s), so they cannot amplify an outage."""
+
+    enabled: bool = True
+    budget_ratio: float = Field(default=0.2, ge=0, le=1)
+    min_per_s: float = Field(default=3.0, ge=0)
+
+
 class PoolConfig(_Frozen):
     name: Name
     backend: Literal["vllm"]
@@ -60,7 +90,11 @@ class PoolConfig(_Frozen):
     request_timeout_s: float = Field(default=300.0, gt=0)
     adapter_load_timeout_s: float = Field(default=60.0, gt=0)
     max_connections_per_replica: int = Field(default=256, ge=1)
-    health_interval_s: float = Field(default=2.0, gt=0)
+    health: HealthConfig = HealthConfig()
+    outlier: OutlierConfig = OutlierConfig()
+    retry: RetryConfig = RetryConfig()
+    # A replica back from down or ejection takes a growing share of its capacity over this long (0: at once).
+    slow_start_s: float = Field(default=10.0, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> PoolConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -13,12 +13,14 @@ from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
 from backends.errors import BackendError
 from backends.vllm import VllmDriver
 from gateway.config import AdapterConfig, GatewayConfig, PoolConfig, RoutingConfig
+from gateway.health import ReplicaHealth
 from gateway.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency, every
 from gateway.residency.memory import MemoryStore
 from gateway.residency.redis import RedisStore
 from gateway.residency.store import ResidencyStore
 from gateway.residency.timed import TimedStore
+from gateway.retry_budget import RetryBudget
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.policies import decide
 from gateway.routing.reservations import HomeReservations
@@ -30,12 +32,15 @@ log = logging.getLogger(__name__)
 @dataclass
 class Replica:
     endpoint: Endpoint
-    healthy: bool = True
+    health: ReplicaHealth
     in_flight: int = 0
-    # Back from being down, being re-warmed: it takes traffic again once that is done.
-    returning: bool = False
     # The engine's own load signals, as last scraped (None until the first scrape answers).
     engine_load: EngineLoad | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """Takes traffic now: up by its probes, not being re-warmed, not ejected."""
+        return self.health.available()
 
 
 class Pool:
@@ -48,7 +53,11 @@ class Pool:
         self.residency = residency
         self.balance_factor = routing.balance_factor
         self.prefer_resident = routing.prefer_resident
-        self.replicas = {replica_id: Replica(endpoint) for replica_id, endpoint in residency.endpoints.items()}
+        self.replicas = {
+            replica_id: Replica(endpoint, ReplicaHealth(config.health, config.outlier, config.slow_start_s))
+            for replica_id, endpoint in residency.endpoints.items()
+        }
+        self.retry_budget = RetryBudget(config.retry.budget_ratio, config.retry.min_per_s)
         self.ring = Ring(list(self.replicas), routing.vnodes)
         reserve = config.policy == "bounded_consistent_hash"
         self.reservations = HomeReservations(routing.home_reservation_s if reserve else 0.0)
@@ -61,10 +70,11 @@ class Pool:
         """The decision ``place`` would take for ``key`` now, without taking it (for /admin/route)."""
         return self._decide(key, engine_model)
 
-    def place(self, key: str, engine_model: str | None) -> RoutingDecision:
-        """Decide where ``key``'s request goes and count it there; every placed decision must be released."""
+    def place(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
+        """Decide where ``key``'s request goes and count it there; every placed decision must be released.
+        ``avoid``: replicas this request already failed on (a retry goes elsewhere)."""
         self._ticks += 1
-        decision = self._decide(key, engine_model)
+        decision = self._decide(key, engine_model, avoid)
         if decision.chosen is not None:
             self.replicas[decision.chosen].in_flight += 1
             self.reservations.arrived(key, decision.home, decision.chosen)
@@ -75,12 +85,18 @@ class Pool:
         self.replicas[decision.chosen].in_flight -= 1
         self.reservations.finished(decision.key, decision.chosen)
 
-    def _decide(self, key: str, engine_model: str | None) -> RoutingDecision:
+    def _decide(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
         reservations = self.reservations
         reservations.expire()
         loads = [
-            ReplicaLoad(r.endpoint.id, r.healthy, r.in_flight, reservations.reserved(r.endpoint.id))
-            for r in self.replicas.values()
+            ReplicaLoad(
+                replica_id,
+                r.healthy and replica_id not in avoid,
+                r.in_flight,
+                reservations.reserved(replica_id),
+                r.health.weight(),
+            )
+            for replica_id, r in self.replicas.items()
         ]
         resident = self.residency.resident_on(engine_model) if engine_model and self.prefer_resident else frozenset()
         return decide(
@@ -104,19 +120,31 @@ class Pool:
 
     async def probe(self) -> None:
         results = await asyncio.gather(*(self.driver.healthy(r.endpoint) for r in self.replicas.values()))
-        for replica, healthy in zip(self.replicas.values(), results, strict=True):
-            if healthy == replica.healthy or replica.returning:
+        for replica, ok in zip(self.replicas.values(), results, strict=True):
+            replica_id, health = replica.endpoint.id, replica.health
+            if health.returning:
                 continue
-            replica_id = replica.endpoint.id
-            if healthy:
+            change = health.probed(ok)
+            if change == "down":
+                log.warning("replica %s/%s is down", self.name, replica_id)
+            elif change == "up":
                 log.warning("replica %s/%s is up again; re-warming it before it takes traffic", self.name, replica_id)
-                replica.returning = True
+                health.returning = True
                 task = asyncio.create_task(self._welcome_back(replica), name=f"rewarm {self.name}/{replica_id}")
                 self._welcomes.add(task)
                 task.add_done_callback(self._welcomes.discard)
-            else:
-                log.warning("replica %s/%s is down", self.name, replica_id)
-                replica.healthy = False
+
+    def report(self, replica_id: str, ok: bool) -> None:
+        """A request's outcome on a replica (passive outlier detection): failures in a row eject it."""
+        health = self.replicas[replica_id].health
+        if ok:
+            health.request_succeeded()
+            return
+        ejected_now = sum(r.health.ejected for r in self.replicas.values())
+        may_eject = ejected_now + 1 <= len(self.replicas) * self.config.outlier.max_ejected_percent // 100
+        if health.request_failed(may_eject):
+            until = health.ejected_until - health.clock()
+            log.warning("replica %s/%s ejected for %.0f s after failing requests", self.name, replica_id, until)
 
     async def scrape_engines(self) -> None:
         loads = await asyncio.gather(*(self.driver.load_signals(r.endpoint) for r in self.replicas.values()))
@@ -129,8 +157,7 @@ class Pool:
             await self.residency.reconcile([replica.endpoint.id])
             await self.warm_replica(replica.endpoint.id)
         finally:
-            replica.returning = False
-            replica.healthy = True
+            replica.health.back_in_service()
 
     async def warm_replica(self, replica_id: str) -> None:
         for adapter, pinned in self.prewarm[replica_id]:
@@ -146,6 +173,7 @@ def make_driver(config: PoolConfig) -> EngineDriver:
         request_timeout_s=config.request_timeout_s,
         adapter_load_timeout_s=config.adapter_load_timeout_s,
         max_connections_per_replica=config.max_connections_per_replica,
+        probe_timeout_s=config.health.timeout_s,
     )
 
 
@@ -202,7 +230,7 @@ class Fleet:
         for pool in self.pools.values():
             life = pool.residency
             loops: list[tuple[float, Callable[[], Awaitable[None]], str]] = [
-                (pool.config.health_interval_s, pool.probe, "health probe"),
+                (pool.config.health.interval_s, pool.probe, "health probe"),
                 (residency.use_flush_interval_s, life.flush_uses, "use flush"),
                 (residency.sync_interval_s, life.sync, "residency sync"),
                 (residency.reconcile_interval_s, life.reconcile, "reconciliation"),

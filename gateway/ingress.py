@@ -7,11 +7,12 @@ import time
 
 from aiohttp import web
 
-from gateway.appkeys import CONFIG, FLEET, METRICS, TELEMETRY, TENANTS
+from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.config import RoutingConfig
 from gateway.errors import GatewayError, NoHealthyReplica
+from gateway.fleet import Pool
 from gateway.openai_request import InferenceRequest, Kind, parse_inference
-from gateway.relay import relay
+from gateway.relay import RetryableFailure, relay
 from gateway.telemetry import RequestRecord
 from gateway.tenancy import Target, Tenant
 
@@ -48,34 +49,58 @@ async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
 
 
 async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web.StreamResponse:
-    app, telemetry = request.app, request.app[TELEMETRY]
+    serving, telemetry = request.app[STATE].serving, request.app[TELEMETRY]
     with telemetry.span("admission"):
-        tenant = app[TENANTS].authenticate(request.headers.get("Authorization"))
+        tenant = serving.tenants.authenticate(request.headers.get("Authorization"))
         record.tenant = tenant.id
         inference: InferenceRequest = parse_inference(await request.read(), kind)
         record.stream = inference.stream
-        target = app[TENANTS].resolve(tenant, inference.model)
+        target = serving.tenants.resolve(tenant, inference.model)
     record.adapter, record.pool = target.model, target.pool
-    pool = app[FLEET].pools[target.pool]
+    pool = serving.fleet.pools[target.pool]
     session_id = request.headers.get("x-session-id") or inference.user
     adapter = target.engine_model if target.adapter is not None else None
+    key = affinity_key(serving.config.routing, tenant, target, session_id)
     with telemetry.span("route") as span:
-        decision = pool.place(affinity_key(app[CONFIG].routing, tenant, target, session_id), adapter)
+        decision = pool.place(key, adapter)
         record.reasons = decision.reasons
         if span is not None:
             span.set_attributes(decision.span_attributes())
     if decision.chosen is None:
         raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
-    record.replica = decision.chosen
-    if adapter is not None:
-        pool.residency.begin_use(decision.chosen, adapter)
-    try:
-        body = inference.for_engine(target.engine_model)
-        return await relay(request, pool, pool.replicas[decision.chosen], target, body, record)
-    finally:
-        pool.release(decision)
+    pool.retry_budget.request()
+    deadline = time.monotonic() + pool.config.request_timeout_s
+    body = inference.for_engine(target.engine_model)
+    while True:
+        record.replica = decision.chosen
         if adapter is not None:
-            pool.residency.end_use(decision.chosen, adapter)
+            pool.residency.begin_use(decision.chosen, adapter)
+        try:
+            return await relay(request, pool, pool.replicas[decision.chosen], target, body, record, deadline)
+        except RetryableFailure as failure:
+            if not _may_retry(pool, record, deadline):
+                raise failure.error from failure
+            failed = decision.chosen
+        finally:
+            pool.release(decision)
+            if adapter is not None:
+                pool.residency.end_use(decision.chosen, adapter)
+        # Once, on the next replica: the failed one is left out, the bound and residency still apply.
+        decision = pool.place(key, adapter, avoid=(failed,))
+        decision.reasons.append("retry")
+        record.reasons = record.reasons + decision.reasons
+        record.retries += 1
+        if decision.chosen is None:
+            raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
+
+
+def _may_retry(pool: Pool, record: RequestRecord, deadline: float) -> bool:
+    return (
+        pool.config.retry.enabled
+        and record.retries == 0
+        and time.monotonic() < deadline
+        and pool.retry_budget.try_spend()
+    )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -87,7 +112,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    tenant = request.app[TENANTS].authenticate(request.headers.get("Authorization"))
+    tenant = request.app[STATE].serving.tenants.authenticate(request.headers.get("Authorization"))
     created = int(time.time())
     data = [{"id": name, "object": "model", "created": created, "owned_by": "tenantgate"} for name in tenant.targets]
     return web.json_response({"object": "list", "data": data})
@@ -98,10 +123,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready once pre-warm is done and every pool has a healthy replica; a down residency store is reported but
-    does not make the gateway unready (it routes on from its local view)."""
-    fleet = request.app[FLEET]
+    """Ready once pre-warm is done and every pool has a healthy replica, until shutdown begins; a down residency
+    store is reported but does not make the gateway unready (it routes on from its local view)."""
+    state = request.app[STATE]
+    fleet = state.serving.fleet
     detail = {"residency_store": "up" if fleet.store_up else "down (routing from the local view)"}
+    if state.draining:
+        return web.json_response({"status": "not ready", "reason": "shutting down", **detail}, status=503)
     unready = fleet.unready_pools
     if unready:
         return web.json_response(

@@ -7,6 +7,7 @@ the client, an error can only end the stream with an OpenAI error event.
 from __future__ import annotations
 
 import logging
+import time
 
 from aiohttp import web
 
@@ -18,6 +19,7 @@ from backends.errors import (
     EngineRejected,
     EngineTimeout,
     EngineUnavailable,
+    StreamBroken,
 )
 from gateway.appkeys import TELEMETRY
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
@@ -32,29 +34,65 @@ _PATHS = {"/v1/completions": "/v1/completions", "/v1/chat/completions": "/v1/cha
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
+class RetryableFailure(Exception):
+    """The request failed before the client saw a byte, in a way another replica may not (refused connection,
+    dropped answer, engine overloaded): the caller may try once more elsewhere, or raise ``error``."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 async def relay(
-    request: web.Request, pool: Pool, replica: Replica, target: Target, body: bytes, record: RequestRecord
+    request: web.Request,
+    pool: Pool,
+    replica: Replica,
+    target: Target,
+    body: bytes,
+    record: RequestRecord,
+    deadline: float,
 ) -> web.StreamResponse:
-    telemetry = request.app[TELEMETRY]
+    """Send the request to the replica and relay its answer. Before the first byte reaches the client, a failure
+    raises (``RetryableFailure`` when another replica may succeed); after it, it ends the stream with an OpenAI
+    error event. Every outcome is reported to the pool's outlier detection."""
+    telemetry, replica_id = request.app[TELEMETRY], replica.endpoint.id
     try:
         if target.adapter is not None:
             adapter = AdapterRef(target.engine_model, target.adapter.source)
             await _ensure_adapter(telemetry, pool, replica, adapter)
-        with telemetry.span("upstream", **{"server.address": replica.endpoint.id}):
-            engine_request = EngineRequest(_PATHS[record.path], body, record.stream, telemetry.upstream_headers())
+        with telemetry.span("upstream", **{"server.address": replica_id}):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise EngineTimeout("the request's deadline passed before it was sent")
+            headers = telemetry.upstream_headers()
+            engine_request = EngineRequest(_PATHS[record.path], body, record.stream, headers, remaining)
             upstream = await _send(pool, replica, target, engine_request)
             try:
                 if not record.stream:
                     answer = await upstream.read()
+                    pool.report(replica_id, ok=True)
                     telemetry.first_byte(record)
                     record.read_usage(answer)
                     return web.Response(body=answer, status=upstream.status, content_type="application/json")
-                return await _stream(request, upstream, record)
+                pool.report(replica_id, ok=True)
+                return await _stream(request, pool, replica_id, upstream, record)
             finally:
                 upstream.release()
     except BackendError as exc:
         record.error = type(exc).__name__
-        raise to_gateway_error(exc) from exc
+        if _replica_fault(exc):
+            pool.report(replica_id, ok=False)
+        error = to_gateway_error(exc)
+        if isinstance(exc, EngineUnavailable | StreamBroken) or (isinstance(exc, EngineRejected) and exc.status == 503):
+            raise RetryableFailure(error) from exc
+        raise error from exc
+
+
+def _replica_fault(exc: BackendError) -> bool:
+    """Whether the failure says something about the replica (not about the request or the adapter)."""
+    if isinstance(exc, EngineRejected):
+        return exc.status >= 500
+    return isinstance(exc, EngineUnavailable | EngineTimeout | StreamBroken)
 
 
 async def _ensure_adapter(telemetry: Telemetry, pool: Pool, replica: Replica, adapter: AdapterRef) -> None:
@@ -81,7 +119,9 @@ async def _send(pool: Pool, replica: Replica, target: Target, engine_request: En
         return await pool.driver.send(replica.endpoint, engine_request)
 
 
-async def _stream(request: web.Request, upstream: EngineResponse, record: RequestRecord) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, pool: Pool, replica_id: str, upstream: EngineResponse, record: RequestRecord
+) -> web.StreamResponse:
     telemetry = request.app[TELEMETRY]
     response = web.StreamResponse(status=upstream.status, headers=_SSE_HEADERS)
     await response.prepare(request)
@@ -92,8 +132,9 @@ async def _stream(request: web.Request, upstream: EngineResponse, record: Reques
             record.read_usage(chunk)
             await response.write(chunk)
     except BackendError as exc:
-        log.warning("stream broke after it started: %s", exc)
+        log.warning("stream from %s/%s broke after it started: %s", pool.name, replica_id, exc)
         record.error = type(exc).__name__
+        pool.report(replica_id, ok=False)
         await response.write(to_gateway_error(exc).sse_event())
     await response.write_eof()
     return response

@@ -54,6 +54,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: str | None = None
+    retries: int = 0
     trace_id: str | None = None
 
     def mark_first_byte(self) -> None:
@@ -229,5 +230,6 @@ def _log_line(record: RequestRecord) -> dict[str, Any]:
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
         "error": record.error,
+        "retries": record.retries,
         "trace_id": record.trace_id,
     }

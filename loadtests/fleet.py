@@ -94,7 +94,7 @@ def gateway_config(
                 "base_model": BASE_MODEL,
                 "policy": policy,
                 "max_adapters": max_adapters,
-                "health_interval_s": 1.0,
+                "health": {"interval_s": 0.5, "timeout_s": 1.0},
                 "replicas": [{"id": rid, "url": url} for rid, url in replica_urls.items()],
             }
         ],

@@ -15,6 +15,8 @@ class ReplicaLoad:
     in_flight: int
     # Slots held for active keys homed here (see reservations.py); they count as load for other keys.
     reserved: int = 0
+    # The share of the capacity it may take (below 1 during slow start after it came back).
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,9 @@ def decide(
             decision.used_reservation = True
         else:
             load = effective if standing.in_flight else {r: by_id[r].in_flight for r in candidates}
-            allowed = [r for r in candidates if load[r] < capacity]
+            allowed = [r for r in candidates if load[r] < _scaled(capacity, by_id[r].weight)]
+            if not allowed:  # every replica with room is in slow start: the plain bound still has a pick
+                allowed = [r for r in candidates if load[r] < capacity]
             if allowed[0] != candidates[0]:
                 decision.reasons.append("spill:over_capacity")
             decision.chosen = allowed[0]
@@ -78,6 +80,10 @@ def decide(
     elif policy in ("round_robin", "least_loaded"):
         decision.reasons.append(f"policy:{policy}")
     return decision
+
+
+def _scaled(capacity: int, weight: float) -> int:
+    return capacity if weight >= 1 else max(1, math.ceil(capacity * weight))
 
 
 def spill_target(allowed: Sequence[str], resident: frozenset[str]) -> tuple[str, str]:

@@ -17,9 +17,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from loadtests.sim.adapters import AdapterError
 from loadtests.sim.engine import PromptTooLong, SimEngine, SimRequest
+from loadtests.sim.faults import Faults
 from loadtests.sim.metrics import engine_metrics, render
 
 ENGINE = web.AppKey("engine", SimEngine)
+FAULTS = web.AppKey("faults", Faults)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -191,7 +193,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     def text_choice(piece: str, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
 
-    await _stream_tokens(response, head, engine, sim_request, text_choice)
+    await _stream_tokens(request, response, head, sim_request, text_choice)
     return await _end_sse(response, head, sim_request, include_usage)
 
 
@@ -231,20 +233,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     def delta_choice(piece: str, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish_reason}
 
-    await _stream_tokens(response, head, engine, sim_request, delta_choice)
+    await _stream_tokens(request, response, head, sim_request, delta_choice)
     return await _end_sse(response, head, sim_request, include_usage)
 
 
 async def _stream_tokens(
+    request: web.Request,
     response: web.StreamResponse,
     head: dict[str, Any],
-    engine: SimEngine,
     sim_request: SimRequest,
     choice: Callable[[str, str | None], dict[str, Any]],
 ) -> None:
     """One SSE chunk per token as the engine emits it; the last one carries the finish reason."""
     index = 0
-    async for token in _tokens(engine, sim_request):
+    cut_after = request.app[FAULTS].cut_stream_after
+    async for token in _tokens(request.app[ENGINE], sim_request):
+        if cut_after is not None and index >= cut_after:
+            if request.transport is not None:  # an injected fault: the connection goes away mid-stream
+                request.transport.abort()
+            return
         last = index + 1 == len(sim_request.answer)
         piece = token if index == 0 else " " + token
         await response.write(_sse({**head, "choices": [choice(piece, sim_request.finish_reason if last else None)]}))
@@ -337,19 +344,29 @@ async def sim_stats(request: web.Request) -> web.Response:
 
 
 async def sim_control(request: web.Request) -> web.Response:
-    """Test control, not part of vLLM's API: ``{"paused": true}`` holds the step loop before its next step."""
-    engine = request.app[ENGINE]
+    """Test control, not part of vLLM's API: ``{"paused": true}`` holds the step loop before its next step;
+    ``{"faults": {...}}`` switches faults on or off (loadtests/sim/faults.py)."""
+    engine, faults = request.app[ENGINE], request.app[FAULTS]
     body = await _json_object(request)
     if "paused" in body:
         if not isinstance(body["paused"], bool):
             raise _bad_request("paused must be true or false", "paused")
         engine.pause(body["paused"])
-    return web.json_response({"paused": engine.paused})
+    if "faults" in body:
+        if not isinstance(body["faults"], dict):
+            raise _bad_request("faults must be an object", "faults")
+        try:
+            faults.update(body["faults"])
+        except ValueError as exc:
+            raise _bad_request(str(exc), "faults") from exc
+    return web.json_response({"paused": engine.paused, "faults": faults.as_json()})
 
 
 def create_app(engine: SimEngine, lora_modules: dict[str, str]) -> web.Application:
-    app = web.Application(middlewares=[_errors])
+    faults = Faults()
+    app = web.Application(middlewares=[_errors, faults.middleware()])
     app[ENGINE] = engine
+    app[FAULTS] = faults
     registry = engine_metrics(engine)
 
     async def metrics(request: web.Request) -> web.Response:

@@ -32,11 +32,14 @@ def make_pool(engine: FakeEngine) -> Pool:
 async def test_a_replica_back_from_down_is_rewarmed_before_it_takes_traffic() -> None:
     engine = FakeEngine()
     pool = make_pool(engine)
+    await pool.probe()  # the start-up probe
     pool.prewarm["r0"].append((ref("pinned"), True))
     await pool.warm_replica("r0")
     await pool.residency.ensure("r0", ref("other"))
 
     engine.down.add("r0")
+    await pool.probe()
+    assert pool.replicas["r0"].healthy  # one failed probe is not enough (unhealthy_after: 2)
     await pool.probe()
     assert not pool.replicas["r0"].healthy
     assert pool.place("anyone", None).chosen == "r1"
@@ -52,6 +55,8 @@ async def test_a_replica_back_from_down_is_rewarmed_before_it_takes_traffic() ->
 
     pool.driver.load_adapter = held_load  # type: ignore[method-assign,assignment]
     await pool.probe()
+    await pool.probe()  # healthy_after: 2
+    assert pool.replicas["r0"].health.returning
     assert not pool.replicas["r0"].healthy  # up, but not taking traffic while it is re-warmed
     gate.set()
     for _ in range(200):  # bounded wait for the re-warm task

@@ -1,0 +1,80 @@
+"""One replica's health as the router sees it: active probes with thresholds, passive outlier ejection, and
+slow start after it comes back. Pure bookkeeping over a monotonic clock; the pool calls it and acts on it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.config import HealthConfig, OutlierConfig
+
+
+@dataclass
+class ReplicaHealth:
+    health: HealthConfig
+    outlier: OutlierConfig
+    slow_start_s: float
+    clock: Callable[[], float] = time.monotonic
+    # What the probes say, after thresholds. A replica starts up: the gateway probes it once before serving.
+    up: bool = True
+    # Back from down and being re-warmed: not taking traffic until that is done.
+    returning: bool = False
+    consecutive_failures: int = 0
+    ejections: int = 0
+    ejected_until: float = 0.0
+    # Since when it takes traffic again (slow start counts from here); -inf: since before the gateway started.
+    serving_since: float = -math.inf
+    _probe_streak: int = field(default=0, repr=False)
+    _probed: bool = field(default=False, repr=False)
+
+    def available(self) -> bool:
+        return self.up and not self.returning and self.clock() >= self.ejected_until
+
+    @property
+    def ejected(self) -> bool:
+        return self.clock() < self.ejected_until
+
+    def weight(self) -> float:
+        """The share of its capacity it may take now: 1, or growing from 0.1 during slow start."""
+        if self.slow_start_s <= 0:
+            return 1.0
+        since = max(self.serving_since, self.ejected_until)
+        elapsed = self.clock() - since
+        return 1.0 if elapsed >= self.slow_start_s else max(0.1, elapsed / self.slow_start_s)
+
+    def probed(self, ok: bool) -> str | None:
+        """Take one probe result; returns "down" or "up" when the state flips, else None. The first probe (before
+        the gateway serves) sets the state outright."""
+        if not self._probed:
+            self._probed, self.up = True, ok
+            return None
+        if ok == self.up:
+            self._probe_streak = 0
+            return None
+        self._probe_streak += 1
+        if self._probe_streak < (self.health.healthy_after if ok else self.health.unhealthy_after):
+            return None
+        self._probe_streak = 0
+        self.up = ok
+        return "up" if ok else "down"
+
+    def back_in_service(self) -> None:
+        self.returning = False
+        self.consecutive_failures = 0
+        self.serving_since = self.clock()
+
+    def request_succeeded(self) -> None:
+        self.consecutive_failures = 0
+
+    def request_failed(self, may_eject: bool) -> bool:
+        """Count a failed request; True when this failure ejects the replica (``may_eject``: the pool's cap)."""
+        self.consecutive_failures += 1
+        if self.consecutive_failures < self.outlier.consecutive_failures or self.ejected or not may_eject:
+            return False
+        duration = min(self.outlier.base_ejection_s * 2**self.ejections, self.outlier.max_ejection_s)
+        self.ejections += 1
+        self.ejected_until = self.clock() + duration
+        self.consecutive_failures = 0
+        return True

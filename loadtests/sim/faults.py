@@ -1,0 +1,79 @@
+"""Faults a test can switch on in a running simulated engine (``POST /sim/control {"faults": {...}}``): the ways
+real engines fail that a router must survive. Not part of vLLM's API; the engine's own routes under /sim are
+never affected.
+
+- ``hang``: every engine route waits without answering (health included), as a wedged process does, until the
+  fault is switched off;
+- ``delay_s``: every engine route answers this much later;
+- ``error_status``: inference routes answer this status with vLLM's error body (e.g. 503 when overloaded);
+- ``cut_stream_after``: a stream's connection is dropped after this many token chunks, without [DONE].
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_INFERENCE = ("/v1/completions", "/v1/chat/completions")
+
+
+@dataclass
+class Faults:
+    hang: bool = False
+    delay_s: float = 0.0
+    error_status: int | None = None
+    cut_stream_after: int | None = None
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def update(self, settings: dict[str, Any]) -> None:
+        """Apply ``settings`` (the keys above; null or false switches one off); raises ValueError on a bad one."""
+        unknown = set(settings) - {"hang", "delay_s", "error_status", "cut_stream_after"}
+        if unknown:
+            raise ValueError(f"unknown faults: {sorted(unknown)}")
+        hang = settings.get("hang", self.hang)
+        delay = settings.get("delay_s", self.delay_s) or 0.0
+        status = settings.get("error_status", self.error_status)
+        cut = settings.get("cut_stream_after", self.cut_stream_after)
+        if not isinstance(hang, bool):
+            raise ValueError("hang must be true or false")
+        if not isinstance(delay, int | float) or delay < 0:
+            raise ValueError("delay_s must be a number of seconds >= 0")
+        if status is not None and (not isinstance(status, int) or not 400 <= status <= 599):
+            raise ValueError("error_status must be an HTTP error status (400-599) or null")
+        if cut is not None and (not isinstance(cut, int) or cut < 0):
+            raise ValueError("cut_stream_after must be a number of chunks >= 0 or null")
+        self.hang, self.delay_s, self.error_status, self.cut_stream_after = hang, float(delay), status, cut
+        if hang:
+            self._released.clear()
+        else:
+            self._released.set()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "hang": self.hang,
+            "delay_s": self.delay_s,
+            "error_status": self.error_status,
+            "cut_stream_after": self.cut_stream_after,
+        }
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def faults(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.path.startswith("/sim/"):
+                return await handler(request)
+            if self.hang:
+                await self._released.wait()
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if self.error_status is not None and request.path in _INFERENCE:
+                error = {"message": "Injected fault", "type": "ServiceUnavailableError", "param": None}
+                return web.json_response({"error": {**error, "code": self.error_status}}, status=self.error_status)
+            return await handler(request)
+
+        return faults
