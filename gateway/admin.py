@@ -16,6 +16,7 @@ from gateway.errors import AdminDisabled, AuthenticationFailed, InvalidRequest, 
 from gateway.fleet import prewarm_homes
 from gateway.ingress import affinity_key
 from gateway.relay import to_gateway_error
+from gateway.reload import admin_reload
 
 
 def _require_admin(request: web.Request) -> None:
@@ -115,8 +116,15 @@ async def residency(request: web.Request) -> web.Response:
     return web.json_response({"store": "up" if fleet.store_up else "down", "pools": pools})
 
 
+async def reload_config(request: web.Request) -> web.Response:
+    """Re-read the config file and swap it in whole, or refuse it whole (400) and keep the old one."""
+    _require_admin(request)
+    return await admin_reload(request)
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/route", route)
+    app.router.add_post("/admin/reload", reload_config)
     app.router.add_get("/admin/residency", residency)
     app.router.add_post("/admin/adapters/{name}/warm", warm)
     app.router.add_delete("/admin/adapters/{name}/residency", unload)

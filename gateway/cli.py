@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.server import serve
 
     config = _load_or_report(args.config)
-    return 1 if config is None else serve(config)
+    return 1 if config is None else serve(config, Path(args.config))
 
 
 def _loadtests(module: str) -> Any:

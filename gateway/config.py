@@ -179,6 +179,13 @@ class LimitsConfig(_Frozen):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
 
 
+class ShutdownConfig(_Frozen):
+    # On SIGTERM: /readyz fails at once; after drain_delay_s the listener closes; in-flight requests and streams
+    # then have up to drain_timeout_s to finish before they are cancelled.
+    drain_delay_s: float = Field(default=0.0, ge=0, le=600)
+    drain_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+
 class GatewayConfig(_Frozen):
     listen: ListenConfig = ListenConfig()
     routing: RoutingConfig = RoutingConfig()
@@ -190,6 +197,7 @@ class GatewayConfig(_Frozen):
     state: StateConfig = StateConfig()
     residency: ResidencyConfig = ResidencyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
 
     @model_validator(mode="after")
     def _references_resolve(self) -> GatewayConfig:

@@ -65,6 +65,10 @@ class Pool:
         self.prewarm: dict[str, list[tuple[AdapterRef, bool]]] = {replica_id: [] for replica_id in self.replicas}
         self._ticks = 0
         self._welcomes: set[asyncio.Task[None]] = set()
+        self.in_flight = 0
+        # Set while no request is in flight: a retired pool waits on it before it closes.
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     def explain(self, key: str, engine_model: str | None) -> RoutingDecision:
         """The decision ``place`` would take for ``key`` now, without taking it (for /admin/route)."""
@@ -77,12 +81,17 @@ class Pool:
         decision = self._decide(key, engine_model, avoid)
         if decision.chosen is not None:
             self.replicas[decision.chosen].in_flight += 1
+            self.in_flight += 1
+            self.idle.clear()
             self.reservations.arrived(key, decision.home, decision.chosen)
         return decision
 
     def release(self, decision: RoutingDecision) -> None:
         assert decision.chosen is not None
         self.replicas[decision.chosen].in_flight -= 1
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.idle.set()
         self.reservations.finished(decision.key, decision.chosen)
 
     def _decide(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
@@ -241,6 +250,23 @@ class Fleet:
                 asyncio.create_task(every(interval, work, f"{what} of pool {pool.name}"), name=f"{what} {pool.name}")
                 for interval, work, what in loops
             ]
+
+    async def started_up(self) -> None:
+        """Wait until the start-up work (reconciliation, pre-warm) is done."""
+        if self._tasks:
+            await asyncio.shield(self._tasks[0])
+
+    @property
+    def in_flight(self) -> int:
+        return sum(pool.in_flight for pool in self.pools.values())
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight, up to ``timeout_s``; whether it got there."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*(pool.idle.wait() for pool in self.pools.values())), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def _start_up(self) -> None:
         """Take the engines' truth into the record, then pre-warm every healthy replica."""

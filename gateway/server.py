@@ -1,23 +1,30 @@
-"""Run the gateway app in the foreground until SIGINT or SIGTERM."""
+"""Run the gateway in the foreground: SIGHUP reloads the config, SIGTERM (or SIGINT) drains and exits 0."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+from pathlib import Path
 
 import uvloop
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.appkeys import STATE
 from gateway.config import GatewayConfig
+from gateway.reload import ReloadRefused, reload
 
 log = logging.getLogger("tenantgate")
 
 
-async def _run(config: GatewayConfig) -> None:
+async def _run(config: GatewayConfig, config_path: Path | None) -> None:
+    app = create_app(config, config_path)
     # handler_cancellation: a client that goes away cancels its handler, which cancels the upstream request.
-    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
+    # shutdown_timeout: on shutdown, in-flight handlers get this long to finish before they are cancelled.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown.drain_timeout_s
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.listen.host, config.listen.port)
     await site.start()
@@ -26,12 +33,32 @@ async def _run(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[None]] = set()
+    loop.add_signal_handler(signal.SIGHUP, lambda: _start_reload(app, reloads))
     await stop.wait()
+    app[STATE].draining = True
+    log.info("shutting down: not ready any more, draining in-flight requests")
+    await asyncio.sleep(config.shutdown.drain_delay_s)
     await runner.cleanup()
+    log.info("shut down")
 
 
-def serve(config: GatewayConfig) -> int:
+def _start_reload(app: web.Application, running: set[asyncio.Task[None]]) -> None:
+    async def reload_and_log() -> None:
+        try:
+            await reload(app)
+        except ReloadRefused as exc:
+            log.error("reload refused: %s", exc)
+        except Exception:
+            log.exception("reload failed; the old config keeps serving")
+
+    task = asyncio.create_task(reload_and_log(), name="reload")
+    running.add(task)
+    task.add_done_callback(running.discard)
+
+
+def serve(config: GatewayConfig, config_path: Path | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # uvloop's event loop costs the gateway less CPU per request than asyncio's own (make bench-gateway).
-    uvloop.run(_run(config))
+    uvloop.run(_run(config, config_path))
     return 0

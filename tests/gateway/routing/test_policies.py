@@ -85,3 +85,13 @@ def test_a_spill_prefers_a_replica_where_the_adapter_is_resident(
         RING, KEY, fleet, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, resident=frozenset(resident)
     )
     assert (decision.chosen, decision.reasons) == (chosen, reasons)
+
+
+def test_a_replica_in_slow_start_takes_a_share_of_the_capacity() -> None:
+    # Loads home 1, second 1, third 1: cap ceil(1.25 * 4 / 3) = 2; home at weight 0.4 may hold ceil(0.8) = 1.
+    loads = [ReplicaLoad(r, True, 1, weight=0.4 if r == HOME else 1.0) for r in ("r0", "r1", "r2")]
+    decision = decide(RING, KEY, loads, pool="p", policy="bounded_consistent_hash", balance_factor=1.25)
+    assert decision.chosen == SECOND and decision.reasons[0] == "spill:over_capacity"
+    everyone_slow = [ReplicaLoad(r, True, 1, weight=0.1) for r in ("r0", "r1", "r2")]
+    decision = decide(RING, KEY, everyone_slow, pool="p", policy="bounded_consistent_hash", balance_factor=1.25)
+    assert decision.chosen == HOME  # all in slow start: the plain bound decides

@@ -1,0 +1,92 @@
+"""Config reload (SIGHUP or ``POST /admin/reload``): re-read the file, build and warm a new fleet beside the old
+one, swap it in whole, and retire the old one once its in-flight requests have finished.
+
+A config that does not load is refused whole (the old one keeps serving). Settings bound to the running process
+(listen address, body limit, tracing, admin token variable) cannot change without a restart: a reload applies the
+rest and reports them as warnings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gateway.appkeys import METRICS, STATE
+from gateway.config import GatewayConfig, load_config
+from gateway.errors import InvalidRequest
+from gateway.fleet import Fleet
+from gateway.state import Serving
+from gateway.tenancy import TenantDirectory
+
+log = logging.getLogger(__name__)
+
+_RESTART_ONLY = ("listen", "limits", "admin")
+
+
+@dataclass
+class ReloadResult:
+    pools: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"status": "reloaded", "pools": self.pools, "warnings": self.warnings}
+
+
+class ReloadRefused(InvalidRequest):
+    """The new config does not load; the old one keeps serving."""
+
+
+_lock = asyncio.Lock()
+_retiring: set[asyncio.Task[None]] = set()
+
+
+async def reload(app: web.Application) -> ReloadResult:
+    state = app[STATE]
+    if state.config_path is None:
+        raise ReloadRefused("This gateway was not started from a config file; there is nothing to reload.")
+    async with _lock:
+        try:
+            config = load_config(state.config_path)
+        except Exception as exc:  # ConfigError, or anything else: the old config keeps serving
+            problems = getattr(exc, "problems", [str(exc)])
+            raise ReloadRefused(
+                "The new config was refused; the old one keeps serving: " + "; ".join(problems)
+            ) from exc
+        warnings = _restart_only_changes(state.config, config)
+        fleet = Fleet(config, app[METRICS])
+        await fleet.start()
+        await fleet.started_up()
+        old = state.swap(Serving(config, TenantDirectory(config), fleet))
+        if old is not None:
+            task = asyncio.create_task(_retire(old.fleet, config.shutdown.drain_timeout_s), name="retire old fleet")
+            _retiring.add(task)
+            task.add_done_callback(_retiring.discard)
+    for warning in warnings:
+        log.warning("reload: %s", warning)
+    log.info("config reloaded from %s: pools %s", state.config_path, sorted(fleet.pools))
+    return ReloadResult(sorted(fleet.pools), warnings)
+
+
+def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
+    changed = [name for name in _RESTART_ONLY if getattr(old, name) != getattr(new, name)]
+    if old.telemetry.tracing != new.telemetry.tracing:
+        changed.append("telemetry.tracing")
+    return [f"{name} changed but applies only after a restart" for name in changed]
+
+
+async def _retire(fleet: Fleet, drain_timeout_s: float) -> None:
+    """Close the old fleet once its requests are done (they finish on the replicas they started on)."""
+    if not await fleet.drained(drain_timeout_s):
+        log.warning("closing the old fleet with %d requests still in flight", fleet.in_flight)
+    with contextlib.suppress(Exception):
+        await fleet.close()
+
+
+async def admin_reload(request: web.Request) -> web.Response:
+    result = await reload(request.app)
+    return web.json_response(result.as_json())
