@@ -61,8 +61,11 @@ class ReplicaHealth:
         return "up" if ok else "down"
 
     def back_in_service(self) -> None:
+        """Its probes pass again and it has been re-warmed: that outweighs an ejection from before it went down
+        (the backoff count stays, so a flapping replica is ejected for longer next time)."""
         self.returning = False
         self.consecutive_failures = 0
+        self.ejected_until = 0.0
         self.serving_since = self.clock()
 
     def request_succeeded(self) -> None:

@@ -6,6 +6,7 @@ the client, an error can only end the stream with an OpenAI error event.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -59,11 +60,12 @@ async def relay(
     try:
         if target.adapter is not None:
             adapter = AdapterRef(target.engine_model, target.adapter.source)
-            await _ensure_adapter(telemetry, pool, replica, adapter)
+            try:  # the load goes on for others (it is shielded); this request stops waiting at its deadline
+                await asyncio.wait_for(_ensure_adapter(telemetry, pool, replica, adapter), _remaining(deadline))
+            except TimeoutError as exc:
+                raise EngineTimeout(f"{replica_id} did not load the adapter within the request's deadline") from exc
         with telemetry.span("upstream", **{"server.address": replica_id}):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise EngineTimeout("the request's deadline passed before it was sent")
+            remaining = _remaining(deadline)
             headers = telemetry.upstream_headers()
             engine_request = EngineRequest(_PATHS[record.path], body, record.stream, headers, remaining)
             upstream = await _send(pool, replica, target, engine_request)
@@ -86,6 +88,13 @@ async def relay(
         if isinstance(exc, EngineUnavailable | StreamBroken) or (isinstance(exc, EngineRejected) and exc.status == 503):
             raise RetryableFailure(error) from exc
         raise error from exc
+
+
+def _remaining(deadline: float) -> float:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise EngineTimeout("the request's deadline passed before it was sent")
+    return remaining
 
 
 def _replica_fault(exc: BackendError) -> bool:
