@@ -8,7 +8,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway bench-residency clean
+.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway bench-residency soak clean
 
 help:
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench-sim  print the simulator's own capacity"
 	@echo "make bench-gateway  print the gateway's added latency and CPU per request"
 	@echo "make bench-residency  replay one multi-tenant trace under each routing policy: cold loads, TTFT"
+	@echo "make soak       10 minutes of steady traffic with periodic faults (SOAK_MINUTES=...)"
 
 venv: $(BIN)/.installed
 
@@ -74,6 +75,9 @@ bench-gateway: venv
 
 bench-residency: venv
 	$(BIN)/python -m loadtests.bench_residency
+
+soak: venv
+	$(BIN)/python -m loadtests.soak --minutes $(or $(SOAK_MINUTES),10)
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .mypy_cache .ruff_cache .pytest_cache .hypothesis
