@@ -218,3 +218,16 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(tmp_path: Path) -> N
     assert readiness == 503  # not ready as soon as shutdown begins
     assert finish_reasons == ["length"] * len(TENANTS)  # every in-flight request finished whole
     assert exit_code == 0
+
+
+def test_a_stream_cut_mid_way_ends_with_an_error_event_not_silence(tmp_path: Path) -> None:
+    with sim_replicas(tmp_path, 1, *SIM) as replicas, gateway(tmp_path, config_for(tmp_path, replicas)) as gw:
+        replicas["r0"].faults(cut_stream_after=2)
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=api_key("t0"), max_retries=0)
+        received: list[str] = []
+        with pytest.raises(openai.APIError) as caught:  # the SDK raises on the stream's error event
+            for chunk in client.completions.create(model="lora-t0", prompt="x", max_tokens=8, stream=True):
+                received += [c.text for c in chunk.choices]
+        assert len(received) == 2 and "replica" in str(caught.value).lower()
+        replicas["r0"].faults(cut_stream_after=None)
+        assert client.completions.create(model="lora-t0", prompt="x", max_tokens=8).choices  # and it goes on
