@@ -11,11 +11,13 @@ from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from gateway import admin, ingress
+from gateway.admission import Admission
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.rate_buckets import RedisBuckets
 from gateway.state import GatewayState, Serving
 from gateway.telemetry import Telemetry
 from gateway.tenancy import TenantDirectory
@@ -52,9 +54,12 @@ def create_app(
     """The gateway app; ``config_path`` is what a reload re-reads; ``span_exporter`` replaces the configured
     trace exporter (tests use an in-memory one)."""
     app = web.Application(middlewares=[openai_errors], client_max_size=config.limits.max_body_bytes)
-    state = app[STATE] = GatewayState(config, config_path)
-    app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
     metrics = app[METRICS] = GatewayMetrics()
+    buckets = None
+    if config.state.redis_url is not None:
+        buckets = RedisBuckets(config.state.redis_url, operation_timeout_s=config.state.operation_timeout_s)
+    state = app[STATE] = GatewayState(config, config_path, Admission(metrics, buckets))
+    app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
     telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)
     metrics.watch(lambda: state.serving.fleet if state.started else None)
 
@@ -64,6 +69,8 @@ def create_app(
         state.swap(Serving(config, TenantDirectory(config), fleet))
         yield
         await state.serving.fleet.close()
+        if buckets is not None:
+            await buckets.close()
         telemetry.close()
 
     app.cleanup_ctx.append(fleet_context)

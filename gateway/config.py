@@ -156,12 +156,27 @@ class AdapterConfig(_Frozen):
     pinned: bool = False
 
 
+class TenantLimits(_Frozen):
+    """Admission limits for one tenant; None: no limit. Rates hold across gateways sharing Redis (tokens are
+    leased from a shared bucket); max_concurrent holds per gateway instance."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    # Counted as the prompt's estimated tokens (characters / 4) + max_tokens, corrected by the engine's usage.
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    # A request asking for more is refused with 400.
+    max_tokens: int | None = Field(default=None, ge=1)
+    # Overrides the pool's request_timeout_s for this tenant's requests.
+    request_timeout_s: float | None = Field(default=None, gt=0)
+
+
 class TenantConfig(_Frozen):
     id: Name
     api_keys: list[KeyHash] = Field(min_length=1)
     adapters: list[Name] = Field(default_factory=list)
     # Base models (by pool name's base_model) this tenant may call without an adapter.
     base_models: list[Name] = Field(default_factory=list)
+    limits: TenantLimits = TenantLimits()
 
     @model_validator(mode="after")
     def _has_something_to_call(self) -> TenantConfig:
@@ -176,7 +191,16 @@ class AdminConfig(_Frozen):
 
 
 class LimitsConfig(_Frozen):
+    """Global protection, whoever sends: bounded work in flight, bounded input."""
+
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    # Requests in flight through this gateway, in total and per replica; over either, 503 with Retry-After
+    # rather than an unbounded queue.
+    max_in_flight: int = Field(default=4096, ge=1)
+    max_in_flight_per_replica: int = Field(default=512, ge=1)
+    # The prompt (or all messages' text) in characters, and how deeply a JSON body may nest.
+    max_prompt_chars: int = Field(default=200_000, ge=1)
+    max_json_depth: int = Field(default=32, ge=2, le=1000)
 
 
 class ShutdownConfig(_Frozen):

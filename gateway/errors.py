@@ -87,6 +87,26 @@ class WorkingSetFull(GatewayError):
     code = "adapter_capacity_exhausted"
 
 
+class RequestRateLimited(GatewayError):
+    status = 429
+    error_type = "requests"
+    code = "rate_limit_exceeded"
+
+
+class TokenRateLimited(GatewayError):
+    status = 429
+    error_type = "tokens"
+    code = "rate_limit_exceeded"
+
+
+class Overloaded(GatewayError):
+    """The gateway's bound on work in flight is reached: refused at once rather than queued without bound."""
+
+    status = 503
+    error_type = "server_error"
+    code = "overloaded"
+
+
 class UpstreamError(GatewayError):
     status = 502
     error_type = "server_error"

@@ -45,13 +45,19 @@ class Replica:
 
 class Pool:
     def __init__(
-        self, config: PoolConfig, routing: RoutingConfig, driver: EngineDriver, residency: PoolResidency
+        self,
+        config: PoolConfig,
+        routing: RoutingConfig,
+        driver: EngineDriver,
+        residency: PoolResidency,
+        max_in_flight_per_replica: int = 512,
     ) -> None:
         self.config = config
         self.name = config.name
         self.driver = driver
         self.residency = residency
         self.balance_factor = routing.balance_factor
+        self.max_in_flight_per_replica = max_in_flight_per_replica
         self.prefer_resident = routing.prefer_resident
         self.replicas = {
             replica_id: Replica(endpoint, ReplicaHealth(config.health, config.outlier, config.slow_start_s))
@@ -100,7 +106,7 @@ class Pool:
         loads = [
             ReplicaLoad(
                 replica_id,
-                r.healthy and replica_id not in avoid,
+                r.healthy and replica_id not in avoid and r.in_flight < self.max_in_flight_per_replica,
                 r.in_flight,
                 reservations.reserved(replica_id),
                 r.health.weight(),
@@ -221,7 +227,9 @@ class Fleet:
                 shared=config.state.redis_url is not None,
                 metrics=self.metrics,
             )
-            self.pools[pool_config.name] = Pool(pool_config, config.routing, driver, residency)
+            self.pools[pool_config.name] = Pool(
+                pool_config, config.routing, driver, residency, config.limits.max_in_flight_per_replica
+            )
         for adapter in config.adapters:
             if adapter.prewarm or adapter.pinned:
                 pool = self.pools[adapter.pool]

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import NoReturn
 
 from aiohttp import web
 
+from gateway.admission import estimate_tokens
 from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.config import RoutingConfig
-from gateway.errors import GatewayError, NoHealthyReplica
+from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
 from gateway.fleet import Pool
 from gateway.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.relay import RetryableFailure, relay
+from gateway.state import Serving
 from gateway.telemetry import RequestRecord
 from gateway.tenancy import Target, Tenant
 
 # nginx's code for a client that went away before the answer: counted, never sent.
 CLIENT_CLOSED_REQUEST = 499
+_RETRY_SOON = {"Retry-After": "1"}
 
 _PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -49,13 +53,36 @@ async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
 
 
 async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web.StreamResponse:
-    serving, telemetry = request.app[STATE].serving, request.app[TELEMETRY]
+    state, telemetry = request.app[STATE], request.app[TELEMETRY]
+    serving, limits = state.serving, state.config.limits
     with telemetry.span("admission"):
         tenant = serving.tenants.authenticate(request.headers.get("Authorization"))
         record.tenant = tenant.id
-        inference: InferenceRequest = parse_inference(await request.read(), kind)
+        inference: InferenceRequest = parse_inference(
+            await request.read(), kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
+        )
         record.stream = inference.stream
         target = serving.tenants.resolve(tenant, inference.model)
+        state.admission.check_max_tokens(tenant.id, inference.max_tokens)
+        if serving.fleet.in_flight >= limits.max_in_flight:
+            raise Overloaded("The gateway is at its limit of requests in flight; retry shortly.", headers=_RETRY_SOON)
+        ticket = await state.admission.admit(tenant.id, estimate_tokens(inference.prompt_chars, inference.max_tokens))
+    try:
+        return await _route_and_relay(request, serving, tenant, target, inference, record)
+    finally:
+        used = record.prompt_tokens, record.completion_tokens
+        ticket.settle(used[0] + used[1] if used[0] is not None and used[1] is not None else None)
+
+
+async def _route_and_relay(
+    request: web.Request,
+    serving: Serving,
+    tenant: Tenant,
+    target: Target,
+    inference: InferenceRequest,
+    record: RequestRecord,
+) -> web.StreamResponse:
+    telemetry, admission = request.app[TELEMETRY], request.app[STATE].admission
     record.adapter, record.pool = target.model, target.pool
     pool = serving.fleet.pools[target.pool]
     session_id = request.headers.get("x-session-id") or inference.user
@@ -67,11 +94,14 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         if span is not None:
             span.set_attributes(decision.span_attributes())
     if decision.chosen is None:
-        raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
+        _no_replica(pool)
     pool.retry_budget.request()
-    deadline = time.monotonic() + pool.config.request_timeout_s
+    tenant_limits = admission.limits(tenant.id)
+    timeout_s = (tenant_limits and tenant_limits.request_timeout_s) or pool.config.request_timeout_s
+    deadline = time.monotonic() + timeout_s
     body = inference.for_engine(target.engine_model)
     while True:
+        assert decision.chosen is not None
         record.replica = decision.chosen
         if adapter is not None:
             pool.residency.begin_use(decision.chosen, adapter)
@@ -91,7 +121,14 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         record.reasons = record.reasons + decision.reasons
         record.retries += 1
         if decision.chosen is None:
-            raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
+            _no_replica(pool)
+
+
+def _no_replica(pool: Pool) -> NoReturn:
+    if pool.any_healthy:  # replicas are up, but every one is at its bound of requests in flight
+        raise Overloaded("Every replica of this model is at its limit of requests in flight; retry shortly.",
+                         headers=_RETRY_SOON)  # fmt: skip
+    raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
 
 
 def _may_retry(pool: Pool, record: RequestRecord, deadline: float) -> bool:

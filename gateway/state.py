@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.admission import Admission
 from gateway.config import GatewayConfig
 from gateway.fleet import Fleet
 from gateway.tenancy import TenantDirectory
@@ -19,9 +20,12 @@ class Serving:
 
 
 class GatewayState:
-    def __init__(self, config: GatewayConfig, config_path: Path | None) -> None:
+    def __init__(self, config: GatewayConfig, config_path: Path | None, admission: Admission) -> None:
         self.config = config
         self.config_path = config_path
+        # Kept across reloads: a tenant whose limits did not change keeps its buckets.
+        self.admission = admission
+        admission.configure(config)
         self._serving: Serving | None = None
         # Set on SIGTERM: /readyz fails so load balancers stop sending, while in-flight requests finish.
         self.draining = False
@@ -39,4 +43,5 @@ class GatewayState:
     def swap(self, serving: Serving) -> Serving | None:
         previous, self._serving = self._serving, serving
         self.config = serving.config
+        self.admission.configure(serving.config)
         return previous

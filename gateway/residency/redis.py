@@ -16,18 +16,13 @@ bounded by ``operation_timeout_s``, and any Redis error or timeout becomes ``Sto
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Collection
+from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
-import redis.asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
-from gateway.residency.store import ReplicaRecord, StoreUnavailable, Uses
+from gateway.redis_client import make_client, redis_call
+from gateway.residency.store import ReplicaRecord, Uses
 
 # KEYS: lock; ARGV: holder, ttl in ms. 1 when the holder has the lock (taken, or re-taken with its ttl refreshed).
 _ACQUIRE = """
@@ -82,13 +77,7 @@ class RedisStore:
         self._prefix = prefix
         self._timeout_s = operation_timeout_s
         # No retries: a store that does not answer must fail fast, the caller falls back to its local view.
-        self._client = redis.asyncio.Redis.from_url(
-            url,
-            socket_timeout=operation_timeout_s,
-            socket_connect_timeout=operation_timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
+        self._client = make_client(url, operation_timeout_s)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._release = self._client.register_script(_RELEASE)
         self._reconcile = self._client.register_script(_RECONCILE)
@@ -98,14 +87,8 @@ class RedisStore:
         base = f"{self._prefix}:{{{pool}:{replica}}}"
         return f"{base}:resident", f"{base}:pinned", f"{base}:lock"
 
-    @asynccontextmanager
-    async def _call(self, what: str) -> AsyncIterator[None]:
-        # asyncio.TimeoutError is TimeoutError (Python >= 3.11); redis' own TimeoutError is a RedisError.
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                yield
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis {what} failed: {exc!r}") from exc
+    def _call(self, what: str) -> AbstractAsyncContextManager[None]:
+        return redis_call(what, self._timeout_s)
 
     async def record(self, pool: str, replica: str) -> ReplicaRecord:
         resident_key, pinned_key, lock_key = self._keys(pool, replica)
