@@ -124,8 +124,16 @@ def _check_messages(messages: Any) -> int:
         if isinstance(content, str):
             chars += len(content)
         elif isinstance(content, list):
-            texts = (part.get("text") for part in content if isinstance(part, dict))
-            chars += sum(len(text) for text in texts if isinstance(text, str))
+            for part in content:
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise InvalidRequest(
+                        f"'messages[{index}].content' parts must be objects with a 'type'.", param="messages"
+                    )
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise InvalidRequest(
+                        f"'messages[{index}].content' text parts need a string 'text'.", param="messages"
+                    )
+                chars += len(part.get("text") or "")
         elif content is not None:
             raise InvalidRequest(f"'messages[{index}].content' must be a string or a list.", param="messages")
     return chars

@@ -79,11 +79,12 @@ def gateway_config(
     balance_factor: float = 1.25,
     max_adapters: int = 2,
     adapter_options: dict[str, dict[str, Any]] | None = None,
+    tenant_options: dict[str, dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A gateway config for the fleet; ``adapter_options`` adds fields per adapter (e.g. ``pinned``), ``extra``
-    adds top-level sections (e.g. ``state``, ``residency``)."""
-    options = adapter_options or {}
+    """A gateway config for the fleet; ``adapter_options`` and ``tenant_options`` add fields per adapter (e.g.
+    ``pinned``) and per tenant (e.g. ``limits``), ``extra`` adds top-level sections (e.g. ``state``)."""
+    options, tenant_extras = adapter_options or {}, tenant_options or {}
     return {
         "listen": {"host": "127.0.0.1", "port": port},
         "routing": {"affinity": "tenant", "balance_factor": balance_factor, "vnodes": 160},
@@ -107,6 +108,7 @@ def gateway_config(
                 "api_keys": ["sha256:" + hashlib.sha256(api_key(tenant).encode()).hexdigest()],
                 "adapters": names,
                 "base_models": [BASE_MODEL],
+                **tenant_extras.get(tenant, {}),
             }
             for tenant, names in tenants.items()
         ],

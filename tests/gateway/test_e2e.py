@@ -151,6 +151,23 @@ def test_absent_model_uses_the_tenants_first_adapter(fleet: RunningFleet) -> Non
         pytest.param("/v1/chat/completions", b'{"messages": [{"content": "x"}]}', 400, "messages", id="no-role"),
         pytest.param("/v1/completions", b'{"prompt": "' + b"x" * 2_000_000 + b'"}', 413, None, id="oversize"),
         pytest.param("/v1/completions", b'{"prompt": "x", "max_tokens": 999999}', 400, None, id="engine-refuses"),
+        # no tenant can make an engine load a path: the field is refused before anything is sent
+        pytest.param("/v1/completions", b'{"prompt": "x", "lora_path": "/etc"}', 400, "lora_path", id="unknown-field"),
+        pytest.param(
+            "/v1/completions",
+            b'{"prompt": "x", "user": ' + b"[" * 40 + b"]" * 40 + b"}",
+            400,
+            None,
+            id="nested-too-deep",
+        ),
+        pytest.param("/v1/completions", b'{"prompt": "' + b"x" * 300_000 + b'"}', 400, "prompt", id="prompt-too-long"),
+        pytest.param(
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}]}',
+            400,
+            "messages",
+            id="bad-content-part",
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_gateway_keeps_serving(

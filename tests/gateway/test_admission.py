@@ -1,0 +1,108 @@
+"""Admission control: the buckets on a fake clock, the limiter, and the shared buckets against a real Redis."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from gateway.admission import Admission, Bucket, RateLimit, estimate_tokens
+from gateway.config import GatewayConfig
+from gateway.errors import InvalidRequest, RequestRateLimited, TokenRateLimited
+from gateway.metrics import GatewayMetrics
+from gateway.rate_buckets import RedisBuckets
+from gateway.residency.store import StoreUnavailable
+from tests.redis_server import RedisServer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_bucket_refills_continuously_and_says_how_long_to_wait() -> None:
+    clock = Clock()
+    bucket = Bucket(capacity=60, per_s=1, clock=clock)
+    assert bucket.take(60) == 0
+    assert bucket.take(1) == pytest.approx(1.0)
+    clock.now = 10
+    assert bucket.take(10) == 0 and bucket.take(1) == pytest.approx(1.0)
+    bucket.give(5)  # a request used 5 tokens fewer than counted
+    assert bucket.take(5) == 0
+
+
+def admission(**limits: int) -> Admission:
+    config = GatewayConfig.model_validate(
+        {
+            "pools": [
+                {"name": "p", "backend": "vllm", "base_model": "m", "replicas": [{"id": "r0", "url": "http://h"}]}
+            ],
+            "tenants": [{"id": "acme", "api_keys": ["sha256:" + "0" * 64], "base_models": ["m"], "limits": limits}],
+        }
+    )
+    admit = Admission(GatewayMetrics(), None)
+    admit.configure(config)
+    return admit
+
+
+async def test_requests_per_minute() -> None:
+    limiter = admission(requests_per_minute=2)
+    await limiter.admit("acme", 10)
+    await limiter.admit("acme", 10)
+    with pytest.raises(RequestRateLimited) as refused:
+        await limiter.admit("acme", 10)
+    assert refused.value.status == 429 and refused.value.code == "rate_limit_exceeded"
+    assert int(refused.value.headers["Retry-After"]) >= 1
+    await limiter.admit("globex", 10)  # a tenant without limits is never refused
+
+
+async def test_tokens_per_minute_are_corrected_by_actual_usage() -> None:
+    limiter = admission(tokens_per_minute=100)
+    ticket = await limiter.admit("acme", 90)
+    with pytest.raises(TokenRateLimited):
+        await limiter.admit("acme", 20)
+    ticket.settle(actual_tokens=10)  # it used 10, not 90: 80 come back
+    await limiter.admit("acme", 80)
+
+
+async def test_concurrency_and_max_tokens() -> None:
+    limiter = admission(max_concurrent=1, max_tokens=50)
+    ticket = await limiter.admit("acme", 1)
+    with pytest.raises(RequestRateLimited, match="concurrent"):
+        await limiter.admit("acme", 1)
+    ticket.settle(None)
+    await limiter.admit("acme", 1)
+    limiter.check_max_tokens("acme", 50)
+    with pytest.raises(InvalidRequest, match="at most 50"):
+        limiter.check_max_tokens("acme", 51)
+
+
+def test_the_estimate_counts_the_prompt_and_the_answer() -> None:
+    assert estimate_tokens(prompt_chars=40, max_tokens=16) == 26
+    assert estimate_tokens(prompt_chars=1, max_tokens=None) == 257
+
+
+async def test_shared_buckets_hold_the_limit_across_gateways(redis_server: RedisServer) -> None:
+    """Three "gateways" leasing from one Redis bucket never admit more than the limit together."""
+    shared = RedisBuckets(redis_server.url, prefix=f"test-{uuid.uuid4().hex}")
+    try:
+        gateways = [RateLimit("acme:requests", 60, shared) for _ in range(3)]
+        admitted = 0
+        for _ in range(40):
+            for gateway in gateways:
+                admitted += await gateway.take(1) == 0
+        assert 60 - 3 * gateways[0].lease_size <= admitted <= 60 + 1  # +1: a second's refill while it ran
+    finally:
+        await shared.close()
+
+
+async def test_a_shared_bucket_that_cannot_be_reached_falls_back_to_a_local_one() -> None:
+    class Down:
+        async def lease(self, *args: object) -> tuple[float, float]:
+            raise StoreUnavailable("down")
+
+    limit = RateLimit("acme:requests", 2, Down())
+    assert [await limit.take(1) == 0 for _ in range(3)] == [True, True, False]
