@@ -14,6 +14,7 @@ from gateway.config import RoutingConfig
 from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
 from gateway.fleet import Pool
 from gateway.openai_request import InferenceRequest, Kind, parse_inference
+from gateway.openapi import openapi
 from gateway.relay import RetryableFailure, relay
 from gateway.state import Serving
 from gateway.telemetry import RequestRecord
@@ -190,3 +191,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
