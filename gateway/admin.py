@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import time
 from dataclasses import asdict
 
@@ -10,27 +9,20 @@ from aiohttp import web
 
 from backends.base import AdapterRef
 from backends.errors import BackendError
-from gateway.appkeys import ADMIN_TOKEN, STATE
+from gateway import admin_tenants
+from gateway.admin_auth import require_admin
+from gateway.appkeys import STATE
 from gateway.config import AdapterConfig
-from gateway.errors import AdminDisabled, AuthenticationFailed, InvalidRequest, ModelNotFound
+from gateway.errors import InvalidRequest, ModelNotFound
 from gateway.fleet import prewarm_homes
 from gateway.ingress import affinity_key
 from gateway.relay import to_gateway_error
 from gateway.reload import admin_reload
 
 
-def _require_admin(request: web.Request) -> None:
-    token = request.app[ADMIN_TOKEN]
-    if not token:
-        raise AdminDisabled("The admin API is disabled: no admin token is configured.")
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token.encode()):
-        raise AuthenticationFailed("A valid admin token is required.")
-
-
 async def route(request: web.Request) -> web.Response:
     """The decision the gateway would take now for a tenant (and one of its models), without sending anything."""
-    _require_admin(request)
+    require_admin(request)
     serving = request.app[STATE].serving
     tenants = serving.tenants
     tenant = tenants.tenant(request.query.get("tenant", ""))
@@ -60,7 +52,7 @@ def _adapter(request: web.Request) -> AdapterConfig:
 
 async def warm(request: web.Request) -> web.Response:
     """Load an adapter on its home replicas and warm it with a one-token request, as pre-warm does at start."""
-    _require_admin(request)
+    require_admin(request)
     adapter = _adapter(request)
     serving = request.app[STATE].serving
     pool = serving.fleet.pools[adapter.pool]
@@ -76,7 +68,7 @@ async def warm(request: web.Request) -> web.Response:
 
 async def unload(request: web.Request) -> web.Response:
     """Unload an adapter from every replica of its pool (pinned or not) and forget it in the record."""
-    _require_admin(request)
+    require_admin(request)
     adapter = _adapter(request)
     pool = request.app[STATE].serving.fleet.pools[adapter.pool]
     try:
@@ -88,7 +80,7 @@ async def unload(request: web.Request) -> web.Response:
 
 async def residency(request: web.Request) -> web.Response:
     """The residency record per pool and replica as this gateway sees it, with idle times."""
-    _require_admin(request)
+    require_admin(request)
     fleet = request.app[STATE].serving.fleet
     now = time.time()
     pools = {}
@@ -118,13 +110,14 @@ async def residency(request: web.Request) -> web.Response:
 
 async def reload_config(request: web.Request) -> web.Response:
     """Re-read the config file and swap it in whole, or refuse it whole (400) and keep the old one."""
-    _require_admin(request)
+    require_admin(request)
     return await admin_reload(request)
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/route", route)
     app.router.add_post("/admin/reload", reload_config)
+    admin_tenants.add_routes(app)
     app.router.add_get("/admin/residency", residency)
     app.router.add_post("/admin/adapters/{name}/warm", warm)
     app.router.add_delete("/admin/adapters/{name}/residency", unload)

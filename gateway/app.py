@@ -18,6 +18,7 @@ from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, Rout
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.rate_buckets import RedisBuckets
+from gateway.registry import Registry
 from gateway.state import GatewayState, Serving
 from gateway.telemetry import Telemetry
 from gateway.tenancy import TenantDirectory
@@ -58,7 +59,9 @@ def create_app(
     buckets = None
     if config.state.redis_url is not None:
         buckets = RedisBuckets(config.state.redis_url, operation_timeout_s=config.state.operation_timeout_s)
-    state = app[STATE] = GatewayState(config, config_path, Admission(metrics, buckets))
+    redis_url, timeout_s = config.state.redis_url, config.state.operation_timeout_s
+    registry = Registry(redis_url, operation_timeout_s=timeout_s)
+    state = app[STATE] = GatewayState(config, config_path, Admission(metrics, buckets), registry)
     app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
     telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)
     metrics.watch(lambda: state.serving.fleet if state.started else None)
@@ -67,7 +70,10 @@ def create_app(
         fleet = Fleet(config, metrics)
         await fleet.start()
         state.swap(Serving(config, TenantDirectory(config), fleet))
+        await registry.start(on_change=state.refresh_tenants)
+        state.refresh_tenants()
         yield
+        await registry.close()
         await state.serving.fleet.close()
         if buckets is not None:
             await buckets.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, IPvAnyNetwork, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
@@ -185,6 +185,20 @@ class TenantConfig(_Frozen):
         return self
 
 
+class AuthConfig(_Frozen):
+    """Trusted-header mode, off by default: an authenticating ingress in front sets this header to the tenant id,
+    and it is believed only from these source networks (from anywhere else it is ignored: a key is needed)."""
+
+    trusted_header: str | None = Field(default=None, pattern=r"^[A-Za-z0-9-]+$")
+    trusted_networks: list[IPvAnyNetwork] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _networks_with_header(self) -> AuthConfig:
+        if self.trusted_header and not self.trusted_networks:
+            raise ValueError("trusted_header needs trusted_networks: the ingress addresses it may come from")
+        return self
+
+
 class AdminConfig(_Frozen):
     # The admin API is off unless this environment variable holds a token.
     token_env: str = "TENANTGATE_ADMIN_TOKEN"
@@ -217,6 +231,7 @@ class GatewayConfig(_Frozen):
     adapters: list[AdapterConfig] = Field(default_factory=list)
     tenants: list[TenantConfig] = Field(min_length=1)
     admin: AdminConfig = AdminConfig()
+    auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     state: StateConfig = StateConfig()
     residency: ResidencyConfig = ResidencyConfig()
@@ -277,7 +292,7 @@ def parse_config(text: str, source: str = "<config>") -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        raise ConfigError(source, [_describe(error) for error in exc.errors()]) from exc
+        raise ConfigError(source, describe_errors(exc)) from exc
 
 
 def load_config(path: str | Path) -> GatewayConfig:
@@ -286,6 +301,10 @@ def load_config(path: str | Path) -> GatewayConfig:
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read: {exc.strerror}"]) from exc
     return parse_config(text, str(path))
+
+
+def describe_errors(exc: ValidationError) -> list[str]:
+    return [_describe(error) for error in exc.errors()]
 
 
 def _describe(error: ErrorDetails) -> str:

@@ -57,7 +57,7 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
     state, telemetry = request.app[STATE], request.app[TELEMETRY]
     serving, limits = state.serving, state.config.limits
     with telemetry.span("admission"):
-        tenant = serving.tenants.authenticate(request.headers.get("Authorization"))
+        tenant = serving.tenants.identify(request.headers, request.remote, serving.config.auth)
         record.tenant = tenant.id
         inference: InferenceRequest = parse_inference(
             await request.read(), kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
@@ -150,7 +150,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    tenant = request.app[STATE].serving.tenants.authenticate(request.headers.get("Authorization"))
+    serving = request.app[STATE].serving
+    tenant = serving.tenants.identify(request.headers, request.remote, serving.config.auth)
     created = int(time.time())
     data = [{"id": name, "object": "model", "created": created, "owned_by": "tenantgate"} for name in tenant.targets]
     return web.json_response({"object": "list", "data": data})

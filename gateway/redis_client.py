@@ -15,10 +15,11 @@ from redis.exceptions import RedisError
 from gateway.residency.store import StoreUnavailable
 
 
-def make_client(url: str, operation_timeout_s: float) -> redis.asyncio.Redis:
+def make_client(url: str, operation_timeout_s: float, *, subscriber: bool = False) -> redis.asyncio.Redis:
+    """``subscriber``: for pub/sub, whose reads wait for the next message however long (no read timeout)."""
     return redis.asyncio.Redis.from_url(
         url,
-        socket_timeout=operation_timeout_s,
+        socket_timeout=None if subscriber else operation_timeout_s,
         socket_connect_timeout=operation_timeout_s,
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,

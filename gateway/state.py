@@ -3,13 +3,17 @@ current when it arrives and keeps it to the end, so it finishes on the fleet (an
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.admission import Admission
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.fleet import Fleet
+from gateway.registry import Registry
 from gateway.tenancy import TenantDirectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -20,9 +24,14 @@ class Serving:
 
 
 class GatewayState:
-    def __init__(self, config: GatewayConfig, config_path: Path | None, admission: Admission) -> None:
+    def __init__(
+        self, config: GatewayConfig, config_path: Path | None, admission: Admission, registry: Registry
+    ) -> None:
+        # The config file's, and the one served: the file's merged with the tenants and keys changed at run time.
+        self.base_config = config
         self.config = config
         self.config_path = config_path
+        self.registry = registry
         # Kept across reloads: a tenant whose limits did not change keeps its buckets.
         self.admission = admission
         admission.configure(config)
@@ -40,8 +49,21 @@ class GatewayState:
     def started(self) -> bool:
         return self._serving is not None
 
-    def swap(self, serving: Serving) -> Serving | None:
+    def swap(self, serving: Serving, base_config: GatewayConfig | None = None) -> Serving | None:
         previous, self._serving = self._serving, serving
+        if base_config is not None:
+            self.base_config = base_config
         self.config = serving.config
         self.admission.configure(serving.config)
         return previous
+
+    def refresh_tenants(self) -> None:
+        """Serve the tenants and keys the registry holds now (called on each change it applies)."""
+        if self._serving is None:
+            return
+        try:
+            config = self.registry.state.merged(self.base_config)
+        except ConfigError as exc:  # e.g. a run-time tenant names an adapter a reload removed
+            log.error("tenant registry change not applied: %s", exc)
+            return
+        self.swap(Serving(config, TenantDirectory(config), self._serving.fleet))

@@ -8,10 +8,20 @@ exist, so one tenant cannot learn another's adapter names.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.config import AdapterConfig, GatewayConfig
+from gateway.config import AdapterConfig, AuthConfig, GatewayConfig
 from gateway.errors import AuthenticationFailed, ModelNotFound
+
+
+def _within(peer: str, auth: AuthConfig) -> bool:
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    return any(address in network for network in auth.trusted_networks)
 
 
 def hash_key(api_key: str) -> str:
@@ -63,6 +73,17 @@ class TenantDirectory:
         if tenant is None:
             raise AuthenticationFailed("Incorrect API key provided.")
         return tenant
+
+    def identify(self, headers: Mapping[str, str], peer: str | None, auth: AuthConfig) -> Tenant:
+        """The caller: by the trusted header when it comes from a trusted network, else by its API key."""
+        if auth.trusted_header and peer is not None:
+            claimed = headers.get(auth.trusted_header)
+            if claimed is not None and _within(peer, auth):
+                tenant = self._by_id.get(claimed)
+                if tenant is None:
+                    raise AuthenticationFailed("Unknown tenant in the trusted header.")
+                return tenant
+        return self.authenticate(headers.get("Authorization"))
 
     def tenant(self, tenant_id: str) -> Tenant | None:
         return self._by_id.get(tenant_id)

@@ -1,0 +1,178 @@
+"""Tenants and keys changed at run time, on top of the config file (which stays the seed).
+
+Through the admin API an operator adds or removes tenants, and adds or revokes API keys (as ``sha256:`` hashes),
+without a restart. Alone, a gateway keeps these changes in memory. With Redis they live there and every gateway
+sharing it applies each change as soon as it is published: the message carries the change itself, so applying it
+costs no Redis round trip; a resync every ``resync_s`` repairs a missed message. Redis layout:
+
+- ``{prefix}:registry:tenants``  HASH tenant id -> the tenant's config as JSON (the config file's schema);
+- ``{prefix}:registry:keys``     HASH key hash -> tenant id (keys added to config tenants);
+- ``{prefix}:registry:revoked``  SET of revoked key hashes (config keys included);
+- ``{prefix}:registry``          the pub/sub channel of changes.
+
+Every change is validated exactly as the config file is (the merged config must load) and refused whole if not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from gateway.config import ConfigError, GatewayConfig, TenantConfig, describe_errors
+from gateway.redis_client import make_client, redis_call
+from gateway.residency.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RegistryState:
+    tenants: dict[str, TenantConfig] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    revoked: set[str] = field(default_factory=set)
+
+    def apply(self, change: dict[str, Any]) -> None:
+        kind = change["kind"]
+        if kind == "add_tenant":
+            tenant = TenantConfig.model_validate(change["tenant"])
+            self.tenants[tenant.id] = tenant
+        elif kind == "remove_tenant":
+            self.tenants.pop(change["tenant_id"], None)
+        elif kind == "add_key":
+            self.keys[change["key_hash"]] = change["tenant_id"]
+            self.revoked.discard(change["key_hash"])
+        elif kind == "revoke_key":
+            self.keys.pop(change["key_hash"], None)
+            self.revoked.add(change["key_hash"])
+
+    def merged(self, base: GatewayConfig) -> GatewayConfig:
+        """The config the gateway serves: the file's tenants and these, keys added and revoked."""
+        tenants = {tenant.id: tenant for tenant in base.tenants}
+        tenants.update(self.tenants)
+        extra: dict[str, list[str]] = {}
+        for key_hash, tenant_id in self.keys.items():
+            extra.setdefault(tenant_id, []).append(key_hash)
+        merged = []
+        for tenant in tenants.values():
+            keys = [k for k in [*tenant.api_keys, *extra.get(tenant.id, [])] if k not in self.revoked]
+            merged.append({**tenant.model_dump(), "api_keys": list(dict.fromkeys(keys))})
+        try:
+            return GatewayConfig.model_validate({**base.model_dump(), "tenants": merged})
+        except ValidationError as exc:
+            raise ConfigError("tenant registry", describe_errors(exc)) from exc
+
+
+class Registry:
+    def __init__(self, redis_url: str | None, *, prefix: str = "tg", operation_timeout_s: float = 0.5,
+                 resync_s: float = 5.0) -> None:  # fmt: skip
+        self.state = RegistryState()
+        self._prefix, self._timeout_s, self._resync_s = prefix, operation_timeout_s, resync_s
+        self._client = make_client(redis_url, operation_timeout_s) if redis_url else None
+        self._subscriber = make_client(redis_url, operation_timeout_s, subscriber=True) if redis_url else None
+        self._on_change: Callable[[], None] = lambda: None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def _channel(self) -> str:
+        return f"{self._prefix}:registry"
+
+    async def start(self, on_change: Callable[[], None]) -> None:
+        """Load what Redis holds and follow its changes; ``on_change`` runs after each applied change."""
+        self._on_change = on_change
+        if self._client is None:
+            return
+        with contextlib.suppress(StoreUnavailable):
+            await self._resync()
+        self._tasks = [
+            asyncio.create_task(self._follow(), name="registry changes"),
+            asyncio.create_task(self._resync_forever(), name="registry resync"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._client is not None and self._subscriber is not None:
+            await self._client.aclose()
+            await self._subscriber.aclose()
+
+    async def change(self, change: dict[str, Any], base: GatewayConfig) -> GatewayConfig:
+        """Validate a change against the merged config, store and publish it; returns the new merged config."""
+        trial = RegistryState(dict(self.state.tenants), dict(self.state.keys), set(self.state.revoked))
+        try:
+            trial.apply(change)
+        except ValidationError as exc:
+            raise ConfigError("tenant", describe_errors(exc)) from exc
+        merged = trial.merged(base)  # raises ConfigError: refused whole
+        if self._client is not None:
+            await self._store(change)
+        self.state = trial
+        self._on_change()
+        return merged
+
+    async def _store(self, change: dict[str, Any]) -> None:
+        p, kind = self._prefix, change["kind"]
+        async with redis_call("registry change", self._timeout_s), self._client.pipeline(transaction=True) as pipe:  # type: ignore[union-attr]
+            if kind == "add_tenant":
+                pipe.hset(f"{p}:registry:tenants", change["tenant"]["id"], json.dumps(change["tenant"]))
+            elif kind == "remove_tenant":
+                pipe.hdel(f"{p}:registry:tenants", change["tenant_id"])
+            elif kind == "add_key":
+                pipe.hset(f"{p}:registry:keys", change["key_hash"], change["tenant_id"])
+                pipe.srem(f"{p}:registry:revoked", change["key_hash"])
+            elif kind == "revoke_key":
+                pipe.hdel(f"{p}:registry:keys", change["key_hash"])
+                pipe.sadd(f"{p}:registry:revoked", change["key_hash"])
+            pipe.publish(self._channel, json.dumps(change))
+            await pipe.execute()
+
+    async def _resync(self) -> None:
+        p, client = self._prefix, self._client
+        assert client is not None
+        async with redis_call("registry read", self._timeout_s), client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(f"{p}:registry:tenants")
+            pipe.hgetall(f"{p}:registry:keys")
+            pipe.smembers(f"{p}:registry:revoked")
+            tenants, keys, revoked = await pipe.execute()
+        state = RegistryState(
+            {tid: TenantConfig.model_validate_json(raw) for tid, raw in tenants.items()}, dict(keys), set(revoked)
+        )
+        if state != self.state:
+            self.state = state
+            self._on_change()
+
+    async def _follow(self) -> None:
+        assert self._subscriber is not None
+        while True:
+            try:
+                async with self._subscriber.pubsub() as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    await self._resync()  # whatever changed while we were not listening
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            self.state.apply(json.loads(message["data"]))
+                            self._on_change()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: try again shortly; the resync loop repairs the rest
+                log.warning("registry: not following changes (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+
+    async def _resync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._resync_s)
+            try:
+                await self._resync()
+            except StoreUnavailable as exc:
+                log.debug("registry resync skipped: %s", exc)
+            except Exception:
+                log.exception("registry resync failed")
