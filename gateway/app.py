@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,11 +16,15 @@ from gateway import admin, ingress
 from gateway.admission import Admission
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY
 from gateway.config import GatewayConfig
+from gateway.discovery import discover
+from gateway.discovery import interval_s as discovery_interval_s
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
 from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.rate_buckets import RedisBuckets
 from gateway.registry import Registry
+from gateway.reload import rediscover
+from gateway.residency.lifecycle import every
 from gateway.state import GatewayState, Serving
 from gateway.telemetry import Telemetry
 from gateway.tenancy import TenantDirectory
@@ -67,12 +73,21 @@ def create_app(
     metrics.watch(lambda: state.serving.fleet if state.started else None)
 
     async def fleet_context(app: web.Application) -> AsyncIterator[None]:
-        fleet = Fleet(config, metrics)
-        await fleet.start()
-        state.swap(Serving(config, TenantDirectory(config), fleet))
         await registry.start(on_change=state.refresh_tenants)
-        state.refresh_tenants()
+        discovered = await discover(config, {})
+        serving_config = state.compose(config, discovered)
+        fleet = Fleet(serving_config, metrics)
+        await fleet.start()
+        state.swap(Serving(serving_config, TenantDirectory(serving_config), fleet), discovered=discovered)
+        every_s = discovery_interval_s(config)
+        rediscovery = None
+        if every_s is not None:
+            rediscovery = asyncio.create_task(every(every_s, lambda: rediscover(app), "discovery"), name="discovery")
         yield
+        if rediscovery is not None:
+            rediscovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rediscovery
         await registry.close()
         await state.serving.fleet.close()
         if buckets is not None:

@@ -78,6 +78,20 @@ class RetryConfig(_Frozen):
     min_per_s: float = Field(default=3.0, ge=0)
 
 
+class DiscoveryConfig(_Frozen):
+    """Replicas from DNS instead of a static list, re-resolved every interval_s; a change rebuilds the pool as a
+    config reload would. SRV (a Kubernetes headless Service of a StatefulSet): each target's first label is the
+    replica id (stable across restarts, so the ring keeps its shape) and its port the replica's. A: each address
+    is a replica on ``port``, its id the address itself."""
+
+    name: str = Field(min_length=1, max_length=253)
+    record: Literal["SRV", "A"] = "SRV"
+    port: int = Field(default=8000, ge=1, le=65535)
+    interval_s: float = Field(default=10.0, gt=0, le=3600)
+    # Nameservers to ask instead of the system's (host or host:port).
+    nameservers: list[str] = Field(default_factory=list)
+
+
 class PoolConfig(_Frozen):
     name: Name
     backend: Literal["vllm"]
@@ -85,7 +99,9 @@ class PoolConfig(_Frozen):
     policy: Policy = "bounded_consistent_hash"
     # Resident adapters per replica the gateway plans for (at most the engine's own --max-cpu-loras).
     max_adapters: int = Field(default=4, ge=1)
-    replicas: list[ReplicaConfig] = Field(min_length=1)
+    # A static list, or replicas found through DNS (discovery), which then replaces this list with what it finds.
+    replicas: list[ReplicaConfig] = Field(default_factory=list)
+    discovery: DiscoveryConfig | None = None
     connect_timeout_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=300.0, gt=0)
     adapter_load_timeout_s: float = Field(default=60.0, gt=0)
@@ -98,6 +114,8 @@ class PoolConfig(_Frozen):
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> PoolConfig:
+        if self.discovery is None and not self.replicas:
+            raise ValueError("a pool needs replicas, or discovery to find them")
         _reject_duplicates("replica id", [r.id for r in self.replicas])
         _reject_duplicates("replica url", [str(r.url) for r in self.replicas])
         return self
@@ -237,6 +255,10 @@ class GatewayConfig(_Frozen):
     residency: ResidencyConfig = ResidencyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
+
+    @property
+    def pools_by_name(self) -> dict[str, PoolConfig]:
+        return {pool.name: pool for pool in self.pools}
 
     @model_validator(mode="after")
     def _references_resolve(self) -> GatewayConfig:

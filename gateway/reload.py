@@ -17,7 +17,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway.appkeys import METRICS, STATE
-from gateway.config import GatewayConfig, load_config
+from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.discovery import Discovered, discover
 from gateway.errors import InvalidRequest
 from gateway.fleet import Fleet
 from gateway.state import Serving
@@ -51,25 +52,49 @@ async def reload(app: web.Application) -> ReloadResult:
         raise ReloadRefused("This gateway was not started from a config file; there is nothing to reload.")
     async with _lock:
         try:
-            config = load_config(state.config_path)
+            base = load_config(state.config_path)
+            discovered = await discover(base, state.discovered)
+            config = state.compose(base, discovered)  # with DNS's replicas and the run-time tenants and keys
         except Exception as exc:  # ConfigError, or anything else: the old config keeps serving
             problems = getattr(exc, "problems", [str(exc)])
             raise ReloadRefused(
                 "The new config was refused; the old one keeps serving: " + "; ".join(problems)
             ) from exc
         warnings = _restart_only_changes(state.config, config)
-        fleet = Fleet(config, app[METRICS])
-        await fleet.start()
-        await fleet.started_up()
-        old = state.swap(Serving(config, TenantDirectory(config), fleet))
-        if old is not None:
-            task = asyncio.create_task(_retire(old.fleet, config.shutdown.drain_timeout_s), name="retire old fleet")
-            _retiring.add(task)
-            task.add_done_callback(_retiring.discard)
+        await _rebuild(app, config, base, discovered)
     for warning in warnings:
         log.warning("reload: %s", warning)
-    log.info("config reloaded from %s: pools %s", state.config_path, sorted(fleet.pools))
-    return ReloadResult(sorted(fleet.pools), warnings)
+    log.info("config reloaded from %s: pools %s", state.config_path, sorted(config.pools_by_name))
+    return ReloadResult(sorted(config.pools_by_name), warnings)
+
+
+async def rediscover(app: web.Application) -> None:
+    """Re-resolve the discovery pools; when DNS names other replicas, rebuild as a reload would."""
+    state = app[STATE]
+    async with _lock:
+        discovered = await discover(state.base_config, state.discovered)
+        if discovered == state.discovered:
+            return
+        log.info("discovery: replicas changed: %s", {p: [r.id for r in rs] for p, rs in discovered.items()})
+        try:
+            config = state.compose(state.base_config, discovered)
+        except ConfigError as exc:
+            log.error("discovery: the replicas found do not make a valid config: %s", exc)
+            return
+        await _rebuild(app, config, state.base_config, discovered)
+
+
+async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayConfig, discovered: Discovered) -> None:
+    """Build and warm a fleet for ``config`` beside the serving one, swap it in, retire the old one."""
+    state = app[STATE]
+    fleet = Fleet(config, app[METRICS])
+    await fleet.start()
+    await fleet.started_up()
+    old = state.swap(Serving(config, TenantDirectory(config), fleet), base_config=base, discovered=discovered)
+    if old is not None:
+        task = asyncio.create_task(_retire(old.fleet, config.shutdown.drain_timeout_s), name="retire old fleet")
+        _retiring.add(task)
+        task.add_done_callback(_retiring.discard)
 
 
 def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gateway.admission import Admission
 from gateway.config import ConfigError, GatewayConfig
+from gateway.discovery import Discovered, with_replicas
 from gateway.fleet import Fleet
 from gateway.registry import Registry
 from gateway.tenancy import TenantDirectory
@@ -30,6 +31,8 @@ class GatewayState:
         # The config file's, and the one served: the file's merged with the tenants and keys changed at run time.
         self.base_config = config
         self.config = config
+        # What DNS said last for the pools that discover their replicas.
+        self.discovered: Discovered = {}
         self.config_path = config_path
         self.registry = registry
         # Kept across reloads: a tenant whose limits did not change keeps its buckets.
@@ -49,10 +52,19 @@ class GatewayState:
     def started(self) -> bool:
         return self._serving is not None
 
-    def swap(self, serving: Serving, base_config: GatewayConfig | None = None) -> Serving | None:
+    def compose(self, base: GatewayConfig, discovered: Discovered | None = None) -> GatewayConfig:
+        """What to serve for a config file: DNS's replicas in, run-time tenants and keys merged; may raise
+        ``ConfigError``."""
+        return self.registry.state.merged(with_replicas(base, self.discovered if discovered is None else discovered))
+
+    def swap(
+        self, serving: Serving, base_config: GatewayConfig | None = None, discovered: Discovered | None = None
+    ) -> Serving | None:
         previous, self._serving = self._serving, serving
         if base_config is not None:
             self.base_config = base_config
+        if discovered is not None:
+            self.discovered = discovered
         self.config = serving.config
         self.admission.configure(serving.config)
         return previous
@@ -62,7 +74,7 @@ class GatewayState:
         if self._serving is None:
             return
         try:
-            config = self.registry.state.merged(self.base_config)
+            config = self.compose(self.base_config)
         except ConfigError as exc:  # e.g. a run-time tenant names an adapter a reload removed
             log.error("tenant registry change not applied: %s", exc)
             return

@@ -36,7 +36,7 @@ def decide(
     """Choose a replica for ``key``; ``decision.chosen`` is None only when no replica is healthy."""
     by_id = {replica.id: replica for replica in replicas}
     order = ring.preference(key)
-    decision = RoutingDecision(pool=pool, policy=policy, key=key, home=order[0])
+    decision = RoutingDecision(pool=pool, policy=policy, key=key, home=order[0] if order else "")
     decision.loads = {replica.id: replica.in_flight for replica in replicas}
     decision.reserved = {replica.id: replica.reserved for replica in replicas if replica.reserved}
     decision.resident = sorted(resident)

@@ -18,6 +18,8 @@ class Ring:
 
     def preference(self, key: str) -> tuple[str, ...]:
         """Every replica once, clockwise from the key's point: the first is the key's home."""
+        if not self.replica_ids:  # a discovery pool DNS has no replicas for yet
+            return ()
         order = self._memo.get(key)
         if order is None:
             order = tuple(self._ring.iterate_nodes(key, distinct=True))
