@@ -35,6 +35,32 @@ def _build_parser() -> argparse.ArgumentParser:
         "hash-key", help="print the stored form (sha256:<hex>) of an API key read from stdin"
     )
     hash_key.set_defaults(run=_hash_key)
+    plan = commands.add_parser(
+        "plan",
+        help="does a fleet plan fit in GPU memory, and what is the most it holds (arithmetic shown)",
+        description="Example: tenantgate plan --gpu-memory-gib 80 --base-weights-gib 16 --hidden-size 4096 "
+        "--layers 32 --adapter-rank 16 --target-modules 4 --working-set 16 --concurrent-sequences 64 "
+        "--context-tokens 4096 --kv-heads 8 --head-dim 128 --replicas 4",
+    )
+    for flag, kind, what in (
+        ("--gpu-memory-gib", float, "GPU memory per replica"),
+        ("--base-weights-gib", float, "the base model's weights"),
+        ("--hidden-size", int, "the model's hidden size"),
+        ("--layers", int, "transformer layers"),
+        ("--adapter-rank", int, "LoRA rank"),
+        ("--target-modules", int, "LoRA target modules per layer (q,k,v,o = 4)"),
+        ("--working-set", int, "adapters resident per replica (max_adapters)"),
+        ("--concurrent-sequences", int, "sequences in flight per replica at peak"),
+        ("--context-tokens", int, "tokens per sequence (prompt + output)"),
+        ("--kv-heads", int, "KV heads (grouped-query attention)"),
+        ("--head-dim", int, "attention head dimension"),
+    ):
+        plan.add_argument(flag, type=kind, required=True, help=what)
+    plan.add_argument("--bytes-per-value", type=int, default=2, help="2 for fp16/bf16 (default), 1 for fp8")
+    plan.add_argument("--headroom", type=float, default=0.1, help="share of GPU memory kept free (default 0.1)")
+    plan.add_argument("--replicas", type=int, default=1, help="replicas in the pool (default 1)")
+    plan.add_argument("--adapter-mib", type=float, help="a measured adapter size, instead of the rank arithmetic")
+    plan.set_defaults(run=_plan)
     demo = commands.add_parser(
         "demo", help="start a simulated fleet, send real traffic through it and print what the routing did"
     )
@@ -81,6 +107,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = _load_or_report(args.config)
     return 1 if config is None else serve(config, Path(args.config))
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from gateway.plan import PlanInputs, compute
+
+    inputs = PlanInputs(**{k: v for k, v in vars(args).items() if k not in ("command", "run")})
+    result = compute(inputs)
+    print("\n".join(result.lines))
+    return 0 if result.fits else 1
 
 
 def _loadtests(module: str) -> Any:
