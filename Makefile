@@ -8,7 +8,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway bench-residency soak clean
+.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway bench-residency soak loadtest clean
 
 help:
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-gateway  print the gateway's added latency and CPU per request"
 	@echo "make bench-residency  replay one multi-tenant trace under each routing policy: cold loads, TTFT"
 	@echo "make soak       10 minutes of steady traffic with periodic faults (SOAK_MINUTES=...)"
+	@echo "make loadtest   locust, headless, against a simulated fleet; reports in loadtest-report/"
 
 venv: $(BIN)/.installed
 
@@ -75,6 +76,9 @@ bench-gateway: venv
 
 bench-residency: venv
 	$(BIN)/python -m loadtests.bench_residency
+
+loadtest: venv
+	$(BIN)/python -m loadtests.loadtest --seconds $(or $(LOADTEST_SECONDS),60) --shape $(or $(LOADTEST_SHAPE),burst)
 
 soak: venv
 	$(BIN)/python -m loadtests.soak --minutes $(or $(SOAK_MINUTES),10)
