@@ -8,7 +8,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway bench-residency soak loadtest clean
+.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway bench-residency bench bench-overhead peers soak loadtest clean
 
 help:
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
@@ -22,6 +22,9 @@ help:
 	@echo "make bench-residency  replay one multi-tenant trace under each routing policy: cold loads, TTFT"
 	@echo "make soak       10 minutes of steady traffic with periodic faults (SOAK_MINUTES=...)"
 	@echo "make loadtest   locust, headless, against a simulated fleet; reports in loadtest-report/"
+	@echo "make peers      install vllm-router and sglang-router in side venvs (.peers/) for the benchmarks"
+	@echo "make bench      the routing benchmark: one trace through every setup; results in bench-results/"
+	@echo "make bench-overhead  direct vs tenantgate vs the peers at zero delay: latency and CPU per request"
 
 venv: $(BIN)/.installed
 
@@ -76,6 +79,27 @@ bench-gateway: venv
 
 bench-residency: venv
 	$(BIN)/python -m loadtests.bench_residency
+
+PEERS := .peers
+
+peers: $(PEERS)/vllm-router/.installed $(PEERS)/sglang-router/.installed
+
+# Each peer router in its own venv: they must never share one (both ship a module named vllm_router).
+$(PEERS)/vllm-router/.installed:
+	python3.11 -m venv $(PEERS)/vllm-router
+	$(PEERS)/vllm-router/bin/pip install -q vllm-router==0.1.17
+	touch $@
+
+$(PEERS)/sglang-router/.installed:
+	python3.11 -m venv $(PEERS)/sglang-router
+	$(PEERS)/sglang-router/bin/pip install -q sglang-router==0.3.2
+	touch $@
+
+bench: venv
+	$(BIN)/python -m loadtests.bench_routing --out bench-results
+
+bench-overhead: venv
+	$(BIN)/python -m loadtests.bench_overhead
 
 loadtest: venv
 	$(BIN)/python -m loadtests.loadtest --seconds $(or $(LOADTEST_SECONDS),60) --shape $(or $(LOADTEST_SHAPE),burst)

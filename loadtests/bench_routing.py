@@ -1,0 +1,342 @@
+"""The routing benchmark: one seeded multi-tenant trace, replayed with the same timing against the same simulated
+fleet through tenantgate under each of its policies and, when installed (`make peers`), vllm-router and
+sglang-router under theirs.
+
+The trace: Zipf-popular tenants with one adapter each (more adapters than the fleet's GPU slots), three sessions
+per tenant whose prompts share a prefix and grow turn by turn, Poisson arrivals, and one tenant that turns hot
+(8x its rate) half-way. Peers cannot load adapters, so for them the simulated engines start with every adapter
+registered; the simulator charges the cold load (disk to host memory) and the swap-in on first use per slot, as
+it does for tenantgate. Each router gets the tenant the way it reads it: tenantgate by API key, vllm-router by
+`x-tenant-id`, sglang-router by `X-SMG-Routing-Key`.
+
+Per setup: TTFT and end-to-end p50/p99, requests/s, cold loads against the compulsory minimum (distinct
+adapters), evictions, prefix-cache hit ratio, max/mean replica load, and the share of each tenant's requests at
+its most-used replica. Written to OUT as results.json, results.md and two plots (TTFT distributions; cold loads
+over time).
+
+    python -m loadtests.bench_routing [--seconds 30] [--rate 20] [--out bench-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtests.fleet import api_key, gateway_config, gateway_process, sim_stats, write_adapters
+from loadtests.processes import free_port, healthy, running, sim_command
+
+REPO = Path(__file__).resolve().parent.parent
+PEERS = REPO / ".peers"
+REPLICAS, MAX_LORAS, MAX_CPU_LORAS = 4, 2, 4
+TENANT_COUNT = 24
+TENANTS = [f"t{i:02d}" for i in range(TENANT_COUNT)]
+HOT = "t05"
+SIM_ARGS = ["--time-scale", "0.1", "--max-loras", str(MAX_LORAS), "--max-cpu-loras", str(MAX_CPU_LORAS)]
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    router: str  # tenantgate | vllm-router | sglang-router
+    policy: str
+    prefer_resident: bool = True
+
+
+VLLM_ROUTER_POLICIES = ("consistent_hash", "round_robin", "sticky_least_loaded", "cache_aware")
+SETUPS = [
+    Setup("tenantgate round_robin", "tenantgate", "round_robin"),
+    Setup("tenantgate least_loaded", "tenantgate", "least_loaded"),
+    Setup("tenantgate consistent_hash", "tenantgate", "consistent_hash"),
+    Setup("tenantgate bounded, no residency", "tenantgate", "bounded_consistent_hash", prefer_resident=False),
+    Setup("tenantgate bounded + residency", "tenantgate", "bounded_consistent_hash"),
+    *(Setup(f"vllm-router {p}", "vllm-router", p) for p in VLLM_ROUTER_POLICIES),
+    *(Setup(f"sglang-router {p}", "sglang-router", p) for p in ("cache_aware", "round_robin", "manual")),
+]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    offset_s: float
+    tenant: str
+    prompt: str
+
+
+def make_trace(seconds: float, rate: float, seed: int = 17) -> list[Arrival]:
+    rng = random.Random(seed)
+    weights = {t: 1 / (rank + 1) ** 1.1 for rank, t in enumerate(TENANTS)}
+    turns: Counter[tuple[str, int]] = Counter()
+    trace: list[Arrival] = []
+    now = 0.0
+    while True:
+        hot_now = now >= seconds / 2
+        total = sum(weights.values()) + (7 * weights[HOT] if hot_now else 0)
+        now += rng.expovariate(rate * (total / sum(weights.values())))
+        if now >= seconds:
+            return trace
+        pick = {t: w * (8 if hot_now and t == HOT else 1) for t, w in weights.items()}
+        tenant = rng.choices(list(pick), list(pick.values()))[0]
+        session = rng.randrange(3)
+        turns[(tenant, session)] += 1
+        history = " ".join(f"turn {n} said something" for n in range(turns[(tenant, session)]))
+        prompt = f"system: you help {tenant} customers with their orders and accounts. session {session}: {history}"
+        trace.append(Arrival(now, tenant, prompt))
+
+
+@dataclass
+class Observed:
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    failures: int = 0
+    cold_loads_over_time: list[tuple[float, int]] = field(default_factory=list)
+
+
+def headers_for(router: str, tenant: str) -> dict[str, str]:
+    if router == "tenantgate":
+        return {"Authorization": f"Bearer {api_key(tenant)}"}
+    if router == "vllm-router":
+        return {"x-tenant-id": tenant}
+    return {"X-SMG-Routing-Key": tenant}
+
+
+async def replay(url: str, router: str, trace: list[Arrival], replicas: dict[str, str]) -> Observed:
+    observed = Observed()
+    started = time.monotonic()
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+
+        async def one(arrival: Arrival) -> None:
+            await asyncio.sleep(max(0.0, started + arrival.offset_s - time.monotonic()))
+            body = {"model": f"lora-{arrival.tenant}", "prompt": arrival.prompt, "max_tokens": 16, "stream": True}
+            sent = time.monotonic()
+            first = None
+            try:
+                async with client.stream(
+                    "POST", url + "/v1/completions", json=body, headers=headers_for(router, arrival.tenant)
+                ) as response:
+                    if response.status_code != 200:
+                        observed.failures += 1
+                        return
+                    async for _ in response.aiter_bytes():
+                        first = first or time.monotonic()
+            except httpx.HTTPError:
+                observed.failures += 1
+                return
+            done = time.monotonic()
+            observed.ttft.append((first or done) - sent)
+            observed.e2e.append(done - sent)
+
+        async def sample_cold_loads() -> None:
+            while True:
+                total = 0
+                for replica_url in replicas.values():
+                    total += (await client.get(replica_url + "/sim/stats")).json()["cold_loads"]
+                observed.cold_loads_over_time.append((time.monotonic() - started, total))
+                await asyncio.sleep(1.0)
+
+        sampler = asyncio.create_task(sample_cold_loads())
+        await asyncio.gather(*(one(arrival) for arrival in trace))
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    return observed
+
+
+@contextlib.contextmanager
+def router_for(setup: Setup, root: Path, replicas: dict[str, str], adapters: dict[str, str]) -> Iterator[str]:
+    if setup.router == "tenantgate":
+        tenants = {t: [f"lora-{t}"] for t in TENANTS}
+        config = gateway_config(replicas, tenants, adapters, port=free_port(), policy=setup.policy,
+                                max_adapters=MAX_CPU_LORAS,
+                                extra={"routing": {"affinity": "tenant", "balance_factor": 1.25,
+                                                   "prefer_resident": setup.prefer_resident},
+                                       "telemetry": {"access_log": False}})  # fmt: skip
+        with gateway_process(root, config, "gateway") as (url, _):
+            yield url
+        return
+    port = free_port()
+    if setup.router == "vllm-router":
+        cmd = [str(PEERS / "vllm-router/bin/vllm-router")]
+    else:
+        cmd = [str(PEERS / "sglang-router/bin/python"), "-m", "sglang_router.launch_router"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *replicas.values(), "--policy", setup.policy,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    log = root / f"{setup.router}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "RUST_LOG": "warn"})  # fmt: skip
+    try:
+        for _ in range(200):  # bounded: until it routes a request
+            with contextlib.suppress(httpx.HTTPError):
+                probe = {"model": "lora-t00", "prompt": "warm", "max_tokens": 1}
+                if httpx.post(url + "/v1/completions", json=probe, timeout=5).status_code == 200:
+                    break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"{setup.name} did not start:\n{log.read_text()[-2000:]}")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+def peer_installed(router: str) -> bool:
+    return router == "tenantgate" or (PEERS / router / "bin").exists()
+
+
+def run_setup(setup: Setup, trace: list[Arrival]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        root = Path(tmp)
+        adapters = write_adapters(root, [f"lora-{t}" for t in TENANTS])
+        replicas: dict[str, str] = {}
+        for index in range(REPLICAS):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            extra = (
+                [] if setup.router == "tenantgate" else ["--lora-modules", *(f"{n}={p}" for n, p in adapters.items())]
+            )
+            cmd = sim_command(port, "--model", "tiny-llama", "--seed", str(index), *SIM_ARGS, *extra)
+            stack.enter_context(running(cmd, url, root / f"sim-{index}.log", start_timeout_s=30))
+            replicas[f"r{index}"] = url
+        assert all(healthy(url) for url in replicas.values())
+        router_url = stack.enter_context(router_for(setup, root, replicas, adapters))
+        before = {r: sim_stats(u) for r, u in replicas.items()}
+        observed = asyncio.run(replay(router_url, setup.router, trace, replicas))
+        after = {r: sim_stats(u) for r, u in replicas.items()}
+    return summarize(setup, trace, observed, before, after)
+
+
+def summarize(
+    setup: Setup, trace: list[Arrival], observed: Observed, before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, Any]:
+    def delta(key: str) -> int:
+        return sum(int(after[r][key]) - int(before[r][key]) for r in after)
+
+    served = {
+        r: Counter({m: n - before[r]["requests_by_model"].get(m, 0) for m, n in after[r]["requests_by_model"].items()})
+        for r in after
+    }
+    loads = [sum(c for m, c in counts.items() if m.startswith("lora-")) for counts in served.values()]
+    shares = []
+    for tenant in {a.tenant for a in trace}:
+        per_replica = [counts.get(f"lora-{tenant}", 0) for counts in served.values()]
+        if sum(per_replica):
+            shares.append(max(per_replica) / sum(per_replica))
+    hits, misses = delta("prefix_hit_tokens"), delta("prefix_miss_tokens")
+    ttft, e2e = sorted(observed.ttft), sorted(observed.e2e)
+    start_cold = observed.cold_loads_over_time[0][1] if observed.cold_loads_over_time else 0
+    return {
+        "setup": setup.name,
+        "requests": len(trace),
+        "failed": observed.failures,
+        "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else None,
+        "ttft_p99_ms": 1000 * ttft[int(0.99 * (len(ttft) - 1))] if ttft else None,
+        "e2e_p50_ms": 1000 * statistics.median(e2e) if e2e else None,
+        "e2e_p99_ms": 1000 * e2e[int(0.99 * (len(e2e) - 1))] if e2e else None,
+        "requests_per_s": len(e2e) / max(1e-9, trace[-1].offset_s) if trace else 0.0,
+        "cold_loads": delta("cold_loads"),
+        "compulsory_cold_loads": len({a.tenant for a in trace}),
+        "evictions": delta("host_evictions") + delta("gpu_evictions"),
+        "prefix_hit_ratio": hits / (hits + misses) if hits + misses else 0.0,
+        "max_over_mean_load": max(loads) / statistics.mean(loads) if loads and statistics.mean(loads) else 0.0,
+        "tenant_share_at_top_replica": statistics.mean(shares) if shares else 0.0,
+        "cold_loads_over_time": [(round(t, 1), n - start_cold) for t, n in observed.cold_loads_over_time if n >= 0],
+        "ttft_ms": [round(1000 * t, 2) for t in observed.ttft],
+    }
+
+
+COLUMNS = [
+    ("setup", "setup", "{}"),
+    ("TTFT p50", "ttft_p50_ms", "{:.1f} ms"),
+    ("TTFT p99", "ttft_p99_ms", "{:.1f} ms"),
+    ("e2e p50", "e2e_p50_ms", "{:.1f} ms"),
+    ("e2e p99", "e2e_p99_ms", "{:.1f} ms"),
+    ("req/s", "requests_per_s", "{:.1f}"),
+    ("cold loads", "cold_loads", "{}"),
+    ("evictions", "evictions", "{}"),
+    ("prefix hits", "prefix_hit_ratio", "{:.0%}"),
+    ("max/mean load", "max_over_mean_load", "{:.2f}"),
+    ("tenant at top replica", "tenant_share_at_top_replica", "{:.0%}"),
+    ("failed", "failed", "{}"),
+]
+
+
+def markdown(results: list[dict[str, Any]], header: str) -> str:
+    lines = [header, "", "| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in results:
+        cells = ["-" if row[key] is None else fmt.format(row[key]) for _, key, fmt in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(12, 6))
+    axis.boxplot([r["ttft_ms"] or [0] for r in results], showfliers=False)
+    axis.set_xticks(range(1, len(results) + 1), [r["setup"] for r in results], rotation=35, ha="right", fontsize=8)
+    axis.set_ylabel("time to first token (ms)")
+    axis.set_title("TTFT by setup (same trace)")
+    figure.tight_layout()
+    figure.savefig(out / "ttft.png", dpi=110)
+    figure, axis = plt.subplots(figsize=(10, 6))
+    for row in results:
+        points = row["cold_loads_over_time"]
+        axis.plot([t for t, _ in points], [n for _, n in points], label=row["setup"])
+    axis.set_xlabel("seconds into the trace")
+    axis.set_ylabel("cold adapter loads so far")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out / "cold_loads.png", dpi=110)
+
+
+def main(argv: list[str] | None = None, progress: Callable[[str], None] = print) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of the trace (default 30)")
+    parser.add_argument("--rate", type=float, default=20.0, help="mean requests per second before the hot tenant")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--only", default="", help="run only setups whose name contains this")
+    args = parser.parse_args(argv)
+    trace = make_trace(args.seconds, args.rate)
+    setups = [s for s in SETUPS if args.only in s.name and peer_installed(s.router)]
+    missing = sorted({s.router for s in SETUPS if not peer_installed(s.router)})
+    header = (
+        f"{len(trace)} streaming requests over {args.seconds:.0f} s, {len({a.tenant for a in trace})} adapters"
+        f" (Zipf; {HOT} turns hot at half-time), {REPLICAS} simulated replicas x {MAX_LORAS} GPU / {MAX_CPU_LORAS} host"
+        f" adapter slots, {time.strftime('%Y-%m-%d')}"
+    )
+    progress(header + (f"; not installed (make peers): {', '.join(missing)}" if missing else ""))
+    results = []
+    for setup in setups:
+        row = run_setup(setup, trace)
+        results.append(row)
+        progress(f"  {setup.name}: TTFT p50 {row['ttft_p50_ms']:.1f} ms, cold loads {row['cold_loads']}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"trace": header, "results": results}, indent=1))
+    table = markdown(results, header)
+    (args.out / "results.md").write_text(table)
+    plot(results, args.out)
+    progress("\n" + table)
+    return 0 if not any(r["failed"] for r in results if r["setup"].startswith("tenantgate")) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
