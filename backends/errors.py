@@ -15,6 +15,11 @@ class EngineTimeout(BackendError):
     """The replica did not answer in time."""
 
 
+class DeadlineExceeded(EngineTimeout):
+    """The request's own deadline passed while it waited (for an adapter load, or before it was sent): a 504 for
+    the client, but nothing against the replica's health."""
+
+
 class EngineRejected(BackendError):
     """The engine answered with an error status; ``message`` is the engine's own text."""
 

@@ -155,8 +155,10 @@ class VllmDriver:
         except (TimeoutError, aiohttp.ClientError):
             return None
         wanted = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.0}
+        # vLLM's page is large (histograms per adapter); parse only the lines of the three gauges (and their TYPE).
+        lines = [line for line in text.splitlines() if any(name in line for name in wanted)]
         try:
-            for family in text_string_to_metric_families(text):
+            for family in text_string_to_metric_families("\n".join(lines) + "\n"):
                 if family.name in wanted:
                     wanted[family.name] = sum(sample.value for sample in family.samples)
         except ValueError:

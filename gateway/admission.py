@@ -10,6 +10,7 @@ Concurrency is counted per gateway instance.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -72,26 +73,35 @@ class RateLimit:
         self.shared = shared
         self.leased = 0.0
         self.lease_size = max(1.0, per_minute * LEASE_SHARE)
+        self._leasing = asyncio.Lock()
+        self._shared_down_until = 0.0
 
     async def take(self, amount: float) -> float:
-        if self.shared is None:
+        if self.shared is None or time.monotonic() < self._shared_down_until:
             return self.local.take(amount)
         if self.leased >= amount:
             self.leased -= amount
             return 0.0
-        need = amount - self.leased
-        try:
-            granted, wait = await self.shared.lease(
-                self.key, max(need, self.lease_size), need, self.capacity, self.per_s
-            )
-        except Exception as exc:  # StoreUnavailable: the local bucket, with the full limit, until Redis is back
-            log.debug("rate limit %s: shared bucket unreachable, local fallback: %s", self.key, exc)
-            return self.local.take(amount)
-        self.leased += granted
-        if self.leased >= amount:
-            self.leased -= amount
-            return 0.0
-        return max(wait, 0.001)
+        async with self._leasing:  # one lease at a time: concurrent requests wait for it rather than each leasing
+            if self.leased >= amount:
+                self.leased -= amount
+                return 0.0
+            # A debt larger than a minute's limit could never be leased at once: forgive what exceeds it.
+            self.leased = max(self.leased, amount - self.capacity)
+            need = amount - self.leased
+            try:
+                granted, wait = await self.shared.lease(
+                    self.key, max(need, self.lease_size), need, self.capacity, self.per_s
+                )
+            except Exception as exc:  # StoreUnavailable: the local bucket, with the full limit, for a while
+                log.warning("rate limit %s: shared bucket unreachable, local fallback for 5 s: %s", self.key, exc)
+                self._shared_down_until = time.monotonic() + 5.0
+                return self.local.take(amount)
+            self.leased += granted
+            if self.leased >= amount:
+                self.leased -= amount
+                return 0.0
+            return max(wait, 0.001)
 
     def give(self, amount: float) -> None:
         if self.shared is None:
@@ -126,6 +136,16 @@ class TenantLimiter:
             raise RequestRateLimited(
                 f"Too many concurrent requests: the limit is {limits.max_concurrent}.", headers={"Retry-After": "1"}
             )
+        self.in_flight += 1  # held before any await, so concurrent admissions see it; given back if refused
+        try:
+            await self._take_rates(estimated_tokens)
+        except BaseException:
+            self.in_flight -= 1
+            raise
+        return Ticket(estimated_tokens, self)
+
+    async def _take_rates(self, estimated_tokens: int) -> None:
+        limits = self.limits
         if self.requests is not None:
             wait = await self.requests.take(1)
             if wait:
@@ -142,8 +162,6 @@ class TenantLimiter:
                     f"Rate limit reached: {limits.tokens_per_minute} tokens per minute.",
                     headers={"Retry-After": str(math.ceil(wait))},
                 )
-        self.in_flight += 1
-        return Ticket(estimated_tokens, self)
 
     def settle(self, ticket: Ticket, actual_tokens: int | None) -> None:
         self.in_flight -= 1
@@ -190,6 +208,8 @@ class Admission:
             raise
 
 
-def estimate_tokens(prompt_chars: int, max_tokens: int | None) -> int:
-    """The prompt's tokens (about 4 characters each, OpenAI's rule of thumb) plus what may be generated."""
-    return math.ceil(prompt_chars / 4) + (max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS_ESTIMATE)
+def estimate_tokens(prompt_chars: int, max_tokens: int | None, choices: int = 1) -> int:
+    """The prompt's tokens (about 4 characters each, OpenAI's rule of thumb) plus what may be generated, for each
+    of the ``choices`` completions asked for."""
+    generated = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS_ESTIMATE
+    return math.ceil(prompt_chars / 4) + choices * generated

@@ -19,12 +19,13 @@ from gateway.config import GatewayConfig
 from gateway.discovery import discover
 from gateway.discovery import interval_s as discovery_interval_s
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
-from gateway.fleet import Fleet
+from gateway.fleet import Fleet, make_store
 from gateway.metrics import GatewayMetrics
 from gateway.rate_buckets import RedisBuckets
 from gateway.registry import Registry
-from gateway.reload import rediscover
+from gateway.reload import close_retiring, rediscover
 from gateway.residency.lifecycle import every
+from gateway.residency.timed import TimedStore
 from gateway.state import GatewayState, Serving
 from gateway.telemetry import Telemetry
 from gateway.tenancy import TenantDirectory
@@ -76,7 +77,8 @@ def create_app(
         await registry.start(on_change=state.refresh_tenants)
         discovered = await discover(config, {})
         serving_config = state.compose(config, discovered)
-        fleet = Fleet(serving_config, metrics)
+        store = state.residency_store = TimedStore(make_store(config), metrics)
+        fleet = Fleet(serving_config, metrics, store=store)
         await fleet.start()
         state.swap(Serving(serving_config, TenantDirectory(serving_config), fleet), discovered=discovered)
         every_s = discovery_interval_s(config)
@@ -89,7 +91,9 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await rediscovery
         await registry.close()
+        await close_retiring()
         await state.serving.fleet.close()
+        await store.close()
         if buckets is not None:
             await buckets.close()
         telemetry.close()

@@ -273,6 +273,13 @@ class GatewayConfig(_Frozen):
         if clashes:
             raise ValueError(f"adapter names must differ from base model names: {clashes}")
         problems = [f"adapter {a.name!r} names unknown pool {a.pool!r}" for a in self.adapters if a.pool not in pools]
+        # Two catalog adapters served under one engine name would share weights: one tenant would run on another's.
+        engine_names = Counter((a.pool, a.engine_name or a.name) for a in self.adapters)
+        problems += [f"engine name {name!r} is used by more than one adapter in pool {pool!r}"
+                     for (pool, name), count in engine_names.items() if count > 1]  # fmt: skip
+        catalog = {a.name for a in self.adapters}
+        borrowed = [a for a in self.adapters if a.engine_name not in (None, a.name) and a.engine_name in catalog]
+        problems += [f"adapter {a.name!r} has engine_name {a.engine_name!r}, another adapter's name" for a in borrowed]
         adapters = {a.name for a in self.adapters}
         for tenant in self.tenants:
             problems += [

@@ -13,6 +13,7 @@ from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
 from backends.errors import BackendError
 from backends.vllm import VllmDriver
 from gateway.config import AdapterConfig, GatewayConfig, PoolConfig, RoutingConfig
+from gateway.errors import GatewayError
 from gateway.health import ReplicaHealth
 from gateway.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency, every
@@ -161,6 +162,10 @@ class Pool:
             until = health.ejected_until - health.clock()
             log.warning("replica %s/%s ejected for %.0f s after failing requests", self.name, replica_id, until)
 
+    def cancel_welcomes(self) -> None:
+        for task in self._welcomes:
+            task.cancel()
+
     async def scrape_engines(self) -> None:
         loads = await asyncio.gather(*(self.driver.load_signals(r.endpoint) for r in self.replicas.values()))
         for replica, load in zip(self.replicas.values(), loads, strict=True):
@@ -178,7 +183,7 @@ class Pool:
         for adapter, pinned in self.prewarm[replica_id]:
             try:
                 await self.residency.warm(replica_id, adapter, pinned=pinned)
-            except BackendError as exc:
+            except (BackendError, GatewayError) as exc:  # WorkingSetFull included: log it, warm the others
                 log.error("pre-warming %s on %s/%s failed: %s", adapter.engine_name, self.name, replica_id, exc)
 
 
@@ -208,10 +213,15 @@ def prewarm_homes(config: GatewayConfig, pool: Pool, adapter: AdapterConfig) -> 
 
 
 class Fleet:
-    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, metrics: GatewayMetrics | None = None, store: ResidencyStore | None = None
+    ) -> None:
+        """``store``: the residency record, shared by the fleets a reload swaps (one record per replica, whichever
+        fleet manages it); without one the fleet makes (and closes) its own."""
         self.config = config
         self.metrics = metrics or GatewayMetrics()
-        self.store = TimedStore(make_store(config), self.metrics)
+        self._owns_store = store is None
+        self.store = store if store is not None else TimedStore(make_store(config), self.metrics)
         self.pools: dict[str, Pool] = {}
         for pool_config in config.pools:
             driver = make_driver(pool_config)
@@ -286,15 +296,22 @@ class Fleet:
         self.warmed = True
         log.info("residency start-up done: record reconciled, adapters pre-warmed")
 
-    async def close(self) -> None:
+    def stop_background(self) -> None:
+        """Stop probing, evicting, reconciling and re-warming: a retired fleet only finishes its requests."""
         for task in self._tasks:
             task.cancel()
+        for pool in self.pools.values():
+            pool.cancel_welcomes()
+
+    async def close(self, close_store: bool = True) -> None:
+        self.stop_background()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await asyncio.gather(*(pool.residency.flush_uses() for pool in self.pools.values()))
+        await asyncio.gather(*(pool.residency.flush_uses() for pool in self.pools.values()), return_exceptions=True)
         await asyncio.gather(*(pool.driver.close() for pool in self.pools.values()))
-        await self.store.close()
+        if close_store and self._owns_store:
+            await self.store.close()
 
     @property
     def unready_pools(self) -> list[str]:

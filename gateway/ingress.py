@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from typing import NoReturn
 
@@ -31,7 +32,8 @@ def affinity_key(routing: RoutingConfig, tenant: Tenant, target: Target, session
     if routing.affinity == "adapter":
         return target.model
     if routing.affinity == "session" and session_id:
-        return f"{tenant.id}/{session_id}"
+        # A digest, not the id itself: a session id is client input of any length, and keys are kept (ring memo).
+        return f"{tenant.id}/{hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()}"
     return tenant.id
 
 
@@ -46,7 +48,10 @@ async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
         except GatewayError as exc:
             record.status = exc.status
             raise
-        except asyncio.CancelledError:
+        except web.HTTPException as exc:  # e.g. 413 from aiohttp's body limit
+            record.status = exc.status
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
             record.status = CLIENT_CLOSED_REQUEST
             raise
         finally:
@@ -65,10 +70,14 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         record.stream = inference.stream
         target = serving.tenants.resolve(tenant, inference.model)
         state.admission.check_max_tokens(tenant.id, inference.max_tokens)
+        estimate = estimate_tokens(inference.prompt_chars, inference.max_tokens, inference.choices)
+        ticket = await state.admission.admit(tenant.id, estimate)
+    try:
+        # What serves now: a reload may have swapped fleets while the body was read or admission awaited. From here
+        # to placing the request there is no await, so the fleet counts it before it could be retired.
+        serving = state.serving
         if serving.fleet.in_flight >= limits.max_in_flight:
             raise Overloaded("The gateway is at its limit of requests in flight; retry shortly.", headers=_RETRY_SOON)
-        ticket = await state.admission.admit(tenant.id, estimate_tokens(inference.prompt_chars, inference.max_tokens))
-    try:
         return await _route_and_relay(request, serving, tenant, target, inference, record)
     finally:
         used = record.prompt_tokens, record.completion_tokens
@@ -107,7 +116,9 @@ async def _route_and_relay(
         if adapter is not None:
             pool.residency.begin_use(decision.chosen, adapter)
         try:
-            return await relay(request, pool, pool.replicas[decision.chosen], target, body, record, deadline)
+            replica = pool.replicas[decision.chosen]
+            shorter = timeout_s < pool.config.request_timeout_s
+            return await relay(request, pool, replica, target, body, record, deadline, tenant_deadline=shorter)
         except RetryableFailure as failure:
             if not _may_retry(pool, record, deadline):
                 raise failure.error from failure

@@ -43,6 +43,8 @@ class InferenceRequest:
     user: str | None
     max_tokens: int | None
     prompt_chars: int
+    # How many completions the engine generates for it (n, or best_of when larger).
+    choices: int = 1
 
     def for_engine(self, engine_model: str) -> bytes:
         """The body to send upstream: the original bytes unless the model name must change."""
@@ -82,7 +84,9 @@ def parse_inference(
     if prompt_chars > max_prompt_chars:
         param = "prompt" if kind == "completions" else "messages"
         raise InvalidRequest(f"The prompt is longer than {max_prompt_chars} characters.", param=param)
-    return InferenceRequest(raw, body, model, bool(stream), user, max_tokens, prompt_chars)
+    best_of = body.get("best_of")
+    choices = max(body.get("n") or 1, best_of if isinstance(best_of, int) and not isinstance(best_of, bool) else 1)
+    return InferenceRequest(raw, body, model, bool(stream), user, max_tokens, prompt_chars, choices)
 
 
 def _optional(body: dict[str, Any], field: str, kind: type, described: str) -> Any:

@@ -52,10 +52,29 @@ class RegistryState:
             self.keys.pop(change["key_hash"], None)
             self.revoked.add(change["key_hash"])
 
-    def merged(self, base: GatewayConfig) -> GatewayConfig:
-        """The config the gateway serves: the file's tenants and these, keys added and revoked."""
+    def merged(self, base: GatewayConfig, *, lenient: bool = False) -> GatewayConfig:
+        """The config the gateway serves: the file's tenants and these, keys added and revoked. ``lenient``: a
+        run-time tenant this config cannot serve (it names an adapter the file lacks, e.g. while files roll out)
+        is left out and logged rather than refusing the lot, so revocations always apply."""
+        try:
+            return self._merge(base, self.tenants)
+        except ConfigError:
+            if not lenient:
+                raise
+        adapters = {a.name for a in base.adapters}
+        base_models = {p.base_model for p in base.pools}
+        servable = {
+            tid: t
+            for tid, t in self.tenants.items()
+            if set(t.adapters) <= adapters and set(t.base_models) <= base_models
+        }
+        for tenant_id in sorted(set(self.tenants) - set(servable)):
+            log.error("run-time tenant %r names models this config lacks: left out until it has them", tenant_id)
+        return self._merge(base, servable)
+
+    def _merge(self, base: GatewayConfig, runtime: dict[str, TenantConfig]) -> GatewayConfig:
         tenants = {tenant.id: tenant for tenant in base.tenants}
-        tenants.update(self.tenants)
+        tenants.update(runtime)
         extra: dict[str, list[str]] = {}
         for key_hash, tenant_id in self.keys.items():
             extra.setdefault(tenant_id, []).append(key_hash)

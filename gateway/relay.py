@@ -17,6 +17,7 @@ from backends.errors import (
     AdapterLoadFailed,
     AdapterNotLoaded,
     BackendError,
+    DeadlineExceeded,
     EngineRejected,
     EngineTimeout,
     EngineUnavailable,
@@ -52,6 +53,7 @@ async def relay(
     body: bytes,
     record: RequestRecord,
     deadline: float,
+    tenant_deadline: bool = False,
 ) -> web.StreamResponse:
     """Send the request to the replica and relay its answer. Before the first byte reaches the client, a failure
     raises (``RetryableFailure`` when another replica may succeed); after it, it ends the stream with an OpenAI
@@ -60,10 +62,10 @@ async def relay(
     try:
         if target.adapter is not None:
             adapter = AdapterRef(target.engine_model, target.adapter.source)
-            try:  # the load goes on for others (it is shielded); this request stops waiting at its deadline
-                await asyncio.wait_for(_ensure_adapter(telemetry, pool, replica, adapter), _remaining(deadline))
-            except TimeoutError as exc:
-                raise EngineTimeout(f"{replica_id} did not load the adapter within the request's deadline") from exc
+            if pool.residency.is_resident(replica_id, adapter.engine_name):
+                pool.residency.count_hit()  # the common case: no load, no timer, no task
+            else:
+                await _load_within_deadline(telemetry, pool, replica, adapter, deadline)
         with telemetry.span("upstream", **{"server.address": replica_id}):
             remaining = _remaining(deadline)
             headers = telemetry.upstream_headers()
@@ -82,7 +84,8 @@ async def relay(
                 upstream.release()
     except BackendError as exc:
         record.error = type(exc).__name__
-        if _replica_fault(exc):
+        # A tenant's own shorter deadline running out says nothing about the replica.
+        if _replica_fault(exc) and not (tenant_deadline and isinstance(exc, EngineTimeout)):
             pool.report(replica_id, ok=False)
         error = to_gateway_error(exc)
         if isinstance(exc, EngineUnavailable | StreamBroken) or (isinstance(exc, EngineRejected) and exc.status == 503):
@@ -93,24 +96,31 @@ async def relay(
 def _remaining(deadline: float) -> float:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
-        raise EngineTimeout("the request's deadline passed before it was sent")
+        raise DeadlineExceeded("the request's deadline passed before it was sent")
     return remaining
 
 
 def _replica_fault(exc: BackendError) -> bool:
-    """Whether the failure says something about the replica (not about the request or the adapter)."""
+    """Whether the failure says something about the replica (not about the request, its deadline or the adapter)."""
     if isinstance(exc, EngineRejected):
         return exc.status >= 500
+    if isinstance(exc, DeadlineExceeded):
+        return False
     return isinstance(exc, EngineUnavailable | EngineTimeout | StreamBroken)
 
 
-async def _ensure_adapter(telemetry: Telemetry, pool: Pool, replica: Replica, adapter: AdapterRef) -> None:
-    residency, replica_id = pool.residency, replica.endpoint.id
-    if residency.is_resident(replica_id, adapter.engine_name):
-        await residency.ensure(replica_id, adapter)  # counts the hit
-        return
+async def _load_within_deadline(
+    telemetry: Telemetry, pool: Pool, replica: Replica, adapter: AdapterRef, deadline: float
+) -> None:
+    """Wait for the adapter's load; the load goes on for others (it is shielded), this request stops waiting at its
+    deadline."""
+    replica_id = replica.endpoint.id
     with telemetry.span("adapter.load", **{"tenantgate.adapter": adapter.engine_name}):
-        await residency.ensure(replica_id, adapter)
+        try:
+            async with asyncio.timeout(_remaining(deadline)):
+                await pool.residency.ensure(replica_id, adapter)
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"{replica_id} did not load the adapter within the request's deadline") from exc
 
 
 async def _send(pool: Pool, replica: Replica, target: Target, engine_request: EngineRequest) -> EngineResponse:

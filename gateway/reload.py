@@ -87,14 +87,29 @@ async def rediscover(app: web.Application) -> None:
 async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayConfig, discovered: Discovered) -> None:
     """Build and warm a fleet for ``config`` beside the serving one, swap it in, retire the old one."""
     state = app[STATE]
-    fleet = Fleet(config, app[METRICS])
-    await fleet.start()
-    await fleet.started_up()
+    fleet = Fleet(config, app[METRICS], store=state.residency_store)
+    try:
+        await fleet.start()
+        await fleet.started_up()
+    except BaseException:  # refused or cancelled: the new fleet must not run on beside the serving one
+        await fleet.close()
+        raise
+    # The tenants and keys as the registry holds them now: a change (a revocation) may have come in meanwhile.
+    config = state.compose(base, discovered, lenient=True)
     old = state.swap(Serving(config, TenantDirectory(config), fleet), base_config=base, discovered=discovered)
     if old is not None:
+        old.fleet.stop_background()  # one fleet manages the replicas; the old one only finishes its requests
         task = asyncio.create_task(_retire(old.fleet, config.shutdown.drain_timeout_s), name="retire old fleet")
         _retiring.add(task)
         task.add_done_callback(_retiring.discard)
+
+
+async def close_retiring() -> None:
+    """At shutdown: the fleets still finishing requests after a reload are closed too."""
+    for task in list(_retiring):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
@@ -106,12 +121,15 @@ def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
 
 async def _retire(fleet: Fleet, drain_timeout_s: float) -> None:
     """Close the old fleet once its requests are done (they finish on the replicas they started on)."""
-    if not await fleet.drained(drain_timeout_s):
-        log.warning("closing the old fleet with %d requests still in flight", fleet.in_flight)
-    with contextlib.suppress(Exception):
-        await fleet.close()
+    try:
+        if not await fleet.drained(drain_timeout_s):
+            log.warning("closing the old fleet with %d requests still in flight", fleet.in_flight)
+    finally:
+        with contextlib.suppress(Exception):
+            await fleet.close(close_store=False)
 
 
 async def admin_reload(request: web.Request) -> web.Response:
-    result = await reload(request.app)
+    # Shielded: an admin client that gives up must not cancel a rebuild half-way.
+    result = await asyncio.shield(reload(request.app))
     return web.json_response(result.as_json())

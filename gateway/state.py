@@ -12,6 +12,7 @@ from gateway.config import ConfigError, GatewayConfig
 from gateway.discovery import Discovered, with_replicas
 from gateway.fleet import Fleet
 from gateway.registry import Registry
+from gateway.residency.store import ResidencyStore
 from gateway.tenancy import TenantDirectory
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ class GatewayState:
         self.discovered: Discovered = {}
         self.config_path = config_path
         self.registry = registry
+        # One residency record for the app's lifetime, shared by the fleets a reload swaps.
+        self.residency_store: ResidencyStore | None = None
         # Kept across reloads: a tenant whose limits did not change keeps its buckets.
         self.admission = admission
         admission.configure(config)
@@ -52,10 +55,13 @@ class GatewayState:
     def started(self) -> bool:
         return self._serving is not None
 
-    def compose(self, base: GatewayConfig, discovered: Discovered | None = None) -> GatewayConfig:
+    def compose(
+        self, base: GatewayConfig, discovered: Discovered | None = None, *, lenient: bool = False
+    ) -> GatewayConfig:
         """What to serve for a config file: DNS's replicas in, run-time tenants and keys merged; may raise
-        ``ConfigError``."""
-        return self.registry.state.merged(with_replicas(base, self.discovered if discovered is None else discovered))
+        ``ConfigError`` (``lenient``: only when the file itself is at fault)."""
+        with_dns = with_replicas(base, self.discovered if discovered is None else discovered)
+        return self.registry.state.merged(with_dns, lenient=lenient)
 
     def swap(
         self, serving: Serving, base_config: GatewayConfig | None = None, discovered: Discovered | None = None
@@ -74,7 +80,7 @@ class GatewayState:
         if self._serving is None:
             return
         try:
-            config = self.compose(self.base_config)
+            config = self.compose(self.base_config, lenient=True)
         except ConfigError as exc:  # e.g. a run-time tenant names an adapter a reload removed
             log.error("tenant registry change not applied: %s", exc)
             return

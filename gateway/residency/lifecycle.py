@@ -95,6 +95,10 @@ class PoolResidency:
     def is_resident(self, replica_id: str, engine_name: str) -> bool:
         return engine_name in self.views[replica_id].resident
 
+    def count_hit(self) -> None:
+        """A request found its adapter resident (the caller checked ``is_resident`` itself)."""
+        self._hits.inc()
+
     def resident_on(self, engine_name: str) -> frozenset[str]:
         return frozenset(r for r, view in self.views.items() if engine_name in view.resident)
 
@@ -284,32 +288,35 @@ class PoolResidency:
             await self.reconcile()  # the store may have restarted empty: rebuild it from the engines
 
     async def reconcile(self, replica_ids: Iterable[str] | None = None) -> None:
-        """Make the record say what each engine lists; log every difference with its likely reason."""
+        """Make the record say what each engine lists; log every difference with its likely reason. Each replica
+        under its lock, so a load or an eviction in progress is not undone by a listing taken before it ended."""
         for replica_id in replica_ids if replica_ids is not None else self.endpoints:
             try:
-                on_engine = await self.driver.list_adapters(self.endpoints[replica_id])
-            except BackendError as exc:
+                async with self._locked(replica_id, "reconcile"):
+                    await self._reconcile_one(replica_id)
+            except (BackendError, GatewayError) as exc:
                 log.debug("cannot reconcile %s/%s: %s", self.pool, replica_id, exc)
-                continue
-            now = self._now()
-            view = self.views[replica_id]
-            before = ReplicaRecord(dict(view.resident), frozenset(view.pinned))
-            if self.store_up:
-                try:
-                    before = await self.store.reconcile(self.pool, replica_id, on_engine, now)
-                    self._store_answered()
-                except StoreUnavailable as exc:
-                    self._store_failed(exc)
-            loading = {name for (r, name) in self._loads if r == replica_id}
-            gone = set(before.resident) - on_engine - loading
-            appeared = on_engine - set(before.resident)
-            if gone:
-                log.warning("%s/%s lost adapters %s (engine restarted?)", self.pool, replica_id, sorted(gone))
-            if appeared:
-                log.warning("%s/%s has adapters the record lacked %s", self.pool, replica_id, sorted(appeared))
-            self.counters.reconcile_fixes += len(gone) + len(appeared)
-            view.resident = {name: view.resident.get(name, before.resident.get(name, now)) for name in on_engine}
-            view.pinned &= on_engine
+
+    async def _reconcile_one(self, replica_id: str) -> None:
+        on_engine = await self.driver.list_adapters(self.endpoints[replica_id])
+        now = self._now()
+        view = self.views[replica_id]
+        before = ReplicaRecord(dict(view.resident), frozenset(view.pinned))
+        if self.store_up:
+            try:
+                before = await self.store.reconcile(self.pool, replica_id, on_engine, now)
+                self._store_answered()
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+        gone = set(before.resident) - on_engine
+        appeared = on_engine - set(before.resident)
+        if gone:
+            log.warning("%s/%s lost adapters %s (engine restarted?)", self.pool, replica_id, sorted(gone))
+        if appeared:
+            log.warning("%s/%s has adapters the record lacked %s", self.pool, replica_id, sorted(appeared))
+        self.counters.reconcile_fixes += len(gone) + len(appeared)
+        view.resident = {name: view.resident.get(name, before.resident.get(name, now)) for name in on_engine}
+        view.pinned &= on_engine
 
     async def evict_idle(self, healthy: Callable[[str], bool]) -> None:
         """The eviction timer: unload adapters idle past ``idle_evict_s``, then down to max_adapters - headroom."""
