@@ -2,7 +2,7 @@
 one, swap it in whole, and retire the old one once its in-flight requests have finished.
 
 A config that does not load is refused whole (the old one keeps serving). Settings bound to the running process
-(listen address, body limit, tracing, admin token variable) cannot change without a restart: a reload applies the
+(listen address, body size limit, tracing, admin token variable) cannot change without a restart: a reload applies the
 rest and reports them as warnings.
 """
 
@@ -26,7 +26,7 @@ from gateway.tenancy import TenantDirectory
 
 log = logging.getLogger(__name__)
 
-_RESTART_ONLY = ("listen", "limits", "admin")
+_RESTART_ONLY = ("listen", "admin")
 
 
 @dataclass
@@ -114,6 +114,8 @@ async def close_retiring() -> None:
 
 def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
     changed = [name for name in _RESTART_ONLY if getattr(old, name) != getattr(new, name)]
+    if old.limits.max_body_bytes != new.limits.max_body_bytes:  # aiohttp fixes it when the app is built
+        changed.append("limits.max_body_bytes")
     if old.telemetry.tracing != new.telemetry.tracing:
         changed.append("telemetry.tracing")
     return [f"{name} changed but applies only after a restart" for name in changed]

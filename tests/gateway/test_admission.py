@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -106,3 +107,36 @@ async def test_a_shared_bucket_that_cannot_be_reached_falls_back_to_a_local_one(
 
     limit = RateLimit("acme:requests", 2, Down())
     assert [await limit.take(1) == 0 for _ in range(3)] == [True, True, False]
+
+
+async def test_concurrent_admissions_cannot_pass_the_concurrency_limit_while_a_lease_is_awaited() -> None:
+    class SlowShared:
+        calls = 0
+
+        async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
+            SlowShared.calls += 1
+            await asyncio.sleep(0.05)  # a Redis round trip, slowed so the admissions overlap
+            return want, 0.0
+
+    config = GatewayConfig.model_validate(
+        {
+            "pools": [{"name": "p", "backend": "vllm", "base_model": "m", "replicas": [{"id": "r0", "url": "http://h"}]}],
+            "tenants": [{"id": "acme", "api_keys": ["sha256:" + "0" * 64], "base_models": ["m"],
+                         "limits": {"max_concurrent": 2, "requests_per_minute": 600}}],
+        }
+    )  # fmt: skip
+    limiter = Admission(GatewayMetrics(), SlowShared())
+    limiter.configure(config)
+    results = await asyncio.gather(*(limiter.admit("acme", 1) for _ in range(20)), return_exceptions=True)
+    assert sum(not isinstance(r, BaseException) for r in results) == 2
+    assert SlowShared.calls == 1  # one lease for everyone who waited on it
+
+
+async def test_a_debt_larger_than_the_limit_does_not_lock_the_tenant_out() -> None:
+    class Full:
+        async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
+            return (min(want, capacity), 0.0) if need <= capacity else (0.0, 0.0)
+
+    limit = RateLimit("acme:tokens", 1000, Full())
+    limit.give(-1200)  # a request used 1200 tokens more than counted
+    assert await limit.take(100) == 0

@@ -42,6 +42,12 @@ def _with(replace: str, by: str) -> str:
         pytest.param(_with('api_keys: ["sha256:b8', 'api_keys: ["plaintext-b8'), "tenants.0.api_keys.0",
                      id="key-not-hash"),
         pytest.param("listen: [", "not valid YAML", id="bad-yaml"),
+        # Two catalog adapters under one engine name would share weights across tenants.
+        pytest.param(_with("sql-globex}", "sql-globex, engine_name: support-acme}"),
+                     "engine_name 'support-acme', another adapter's name", id="engine-name-borrowed"),
+        pytest.param(_with("sql-globex}", "sql-globex, engine_name: shared}").replace(
+                         "loras/support-acme}", "loras/support-acme, engine_name: shared}"),
+                     "engine name 'shared' is used by more than one adapter", id="engine-name-shared"),
     ],
 )  # fmt: skip
 def test_invalid_configs_name_the_offending_field(text: str, expected: str) -> None:
