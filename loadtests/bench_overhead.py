@@ -1,5 +1,5 @@
 """What a router costs: the same non-streaming requests to one simulated replica at zero delay, directly and
-through tenantgate (metrics on, tracing on with the console exporter, access log on), vllm-router and
+through tenantgate (metrics on; and again with tracing to the console exporter and the access log), vllm-router and
 sglang-router (when `make peers` installed them). Prints requests/s, added latency p50/p99 and each router
 process's CPU time per request (from /proc). tenantgate runs one process (it has no multi-worker mode yet).
 
@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,11 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         ), timeout=10).close()  # fmt: skip
         asyncio.run(_phase(replica, {}, 200, args.concurrency))
         direct = _line("direct", *asyncio.run(_phase(replica, {}, args.requests, args.concurrency)))
-        telemetry = {"tracing": {"exporter": "console"}, "access_log": True}
-        config = gateway_config(replicas, TENANTS, adapters, port=free_port(), extra={"telemetry": telemetry})
-        setups: list[tuple[str, contextlib.AbstractContextManager[tuple[str, int]], dict[str, str]]] = [
-            ("tenantgate", gateway_process(root, config), {"Authorization": f"Bearer {api_key('bench')}"}),
-        ]
+        key = {"Authorization": f"Bearer {api_key('bench')}"}
+        setups: list[tuple[str, contextlib.AbstractContextManager[tuple[str, int]], dict[str, str]]] = []
+        for label, telemetry in (
+            ("tenantgate", {"tracing": {"exporter": "none"}, "access_log": False}),
+            ("tenantgate+trace", {"tracing": {"exporter": "console"}, "access_log": True}),
+        ):
+            config = gateway_config(replicas, TENANTS, adapters, port=free_port(), extra={"telemetry": telemetry})
+            setups.append((label, gateway_process(root, config, label.replace("+", "-")), key))
         for router in ("vllm-router", "sglang-router"):
             if (PEERS / router / "bin").exists():
                 setups.append((router, peer(router, replica, root), {"x-tenant-id": "bench"}))
@@ -74,9 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, starting, headers in setups:
             with starting as (url, pid):
                 for _ in range(100):  # bounded: until it routes (peers start asynchronously)
-                    with contextlib.suppress(Exception):
+                    try:
                         asyncio.run(_phase(url, headers, 200, args.concurrency))
                         break
+                    except Exception:
+                        time.sleep(0.1)
+                else:
+                    raise RuntimeError(f"{name} never answered at {url}")
                 cpu_before = process_cpu_s(pid)
                 through = asyncio.run(_phase(url, headers, args.requests, args.concurrency))
                 cpu_us = 1e6 * (process_cpu_s(pid) - cpu_before) / args.requests
