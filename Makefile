@@ -8,7 +8,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines redis lint typecheck test test-fast demo bench-sim bench-gateway bench-residency bench bench-overhead peers soak loadtest clean
+.PHONY: help venv engines redis browser lint typecheck test test-fast demo bench-sim bench-gateway bench-residency bench bench-overhead peers soak loadtest clean
 
 help:
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
@@ -55,6 +55,12 @@ redis:
 		$(SUDO) apt-get install -y redis-server || \
 		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }
 
+# Debian's chromium, for the status page's browser tests (Playwright drives it; no browser download).
+browser:
+	@command -v chromium >/dev/null 2>&1 || \
+		$(SUDO) apt-get install -y chromium || \
+		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -65,7 +71,7 @@ typecheck: venv
 test-fast: venv
 	$(PYTEST) -q -m "not engine"
 
-test: lint typecheck engines redis
+test: lint typecheck engines redis browser
 	TENANTGATE_REQUIRE_ENGINES=1 $(PYTEST) -q
 
 demo: venv

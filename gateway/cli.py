@@ -14,7 +14,12 @@ if TYPE_CHECKING:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tenantgate", description="A multi-tenant LoRA gateway for LLM fleets.")
+    parser = argparse.ArgumentParser(
+        prog="tenantgate",
+        description="A multi-tenant LoRA gateway for LLM fleets.",
+        epilog="Errors are one line; --debug shows the traceback. `tenantgate COMMAND --help` has examples.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim = commands.add_parser(
         "sim",
@@ -25,15 +30,23 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _sim_module().add_arguments(sim)
     sim.set_defaults(run=lambda args: _sim_module().run(args))
-    serve = commands.add_parser("serve", help="run the gateway")
+    serve = commands.add_parser(
+        "serve", help="run the gateway",
+        epilog="Example: TENANTGATE_ADMIN_TOKEN=... tenantgate serve --config /etc/tenantgate/gateway.yaml "
+        "(SIGHUP reloads the config, SIGTERM drains and exits 0)",
+    )  # fmt: skip
     serve.add_argument("--config", required=True, help="YAML config file")
     serve.set_defaults(run=_serve)
-    check = commands.add_parser("check-config", help="validate a config file; print every error with its field path")
+    check = commands.add_parser(
+        "check-config", help="validate a config file; print every error with its field path",
+        epilog="Example: tenantgate check-config deploy/examples/gateway.yaml",
+    )  # fmt: skip
     check.add_argument("file")
     check.set_defaults(run=_check_config)
     hash_key = commands.add_parser(
-        "hash-key", help="print the stored form (sha256:<hex>) of an API key read from stdin"
-    )
+        "hash-key", help="print the stored form (sha256:<hex>) of an API key read from stdin",
+        epilog='Example: echo -n "$KEY" | tenantgate hash-key',
+    )  # fmt: skip
     hash_key.set_defaults(run=_hash_key)
     plan = commands.add_parser(
         "plan",
@@ -61,6 +74,13 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--replicas", type=int, default=1, help="replicas in the pool (default 1)")
     plan.add_argument("--adapter-mib", type=float, help="a measured adapter size, instead of the rank arithmetic")
     plan.set_defaults(run=_plan)
+    status = commands.add_parser(
+        "status", help="print a running gateway's state: replicas, residency, tenants, adapters",
+        epilog="Example: TENANTGATE_ADMIN_TOKEN=... tenantgate status --url http://127.0.0.1:8080",
+    )  # fmt: skip
+    status.add_argument("--url", required=True, help="the gateway's base URL")
+    status.add_argument("--token-env", default="TENANTGATE_ADMIN_TOKEN", help="variable holding the admin token")
+    status.set_defaults(run=_status)
     demo = commands.add_parser(
         "demo", help="start a simulated fleet, send real traffic through it and print what the routing did"
     )
@@ -118,6 +138,18 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if result.fits else 1
 
 
+def _status(args: argparse.Namespace) -> int:
+    import os
+
+    from gateway.status_cli import fetch, render
+
+    token = os.environ.get(args.token_env, "")
+    if not token:
+        raise SystemExit(f"tenantgate status: set {args.token_env} to the gateway's admin token")
+    print(render(fetch(args.url, token)))
+    return 0
+
+
 def _loadtests(module: str) -> Any:
     # Only the CLI reaches into loadtests, and lazily: the gateway itself never imports the simulator.
     return importlib.import_module(f"loadtests.{module}")
@@ -130,7 +162,15 @@ def _sim_module() -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
-    return run(args)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # one clear line for the operator, unless they ask for the traceback
+        if args.debug:
+            raise
+        print(f"tenantgate {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ class ReplicaHealth:
     up: bool = True
     # Back from down and being re-warmed: not taking traffic until that is done.
     returning: bool = False
+    # Drained by an operator: no new requests; those in flight finish.
+    drained: bool = False
     consecutive_failures: int = 0
     ejections: int = 0
     ejected_until: float = 0.0
@@ -30,7 +32,7 @@ class ReplicaHealth:
     _probed: bool = field(default=False, repr=False)
 
     def available(self) -> bool:
-        return self.up and not self.returning and self.clock() >= self.ejected_until
+        return self.up and not self.returning and not self.drained and self.clock() >= self.ejected_until
 
     @property
     def ejected(self) -> bool:

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.activity import Activity
+
 if TYPE_CHECKING:
     from gateway.fleet import Fleet
 
@@ -29,6 +31,8 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        # Not Prometheus: the last minutes kept for the status page (gateway/activity.py).
+        self.activity = Activity()
         r = self.registry
         self.requests = Counter(
             "tenantgate_requests", "Requests answered, by status", ["tenant", "adapter", "pool", "replica", "status"],

@@ -149,6 +149,11 @@ class Telemetry:
     def finish(self, record: RequestRecord) -> None:
         try:
             self._count(record)
+            if record.adapter != UNRESOLVED:
+                ttft = None if record.first_byte is None else record.first_byte - record.started
+                self.metrics.activity.request(
+                    record.tenant, record.adapter, record.replica, record.reasons, record.status, ttft
+                )
             if self.access_log:
                 access_log.info(json.dumps(_log_line(record), separators=(",", ":")))
         except Exception:  # telemetry must never fail a request

@@ -166,6 +166,7 @@ class PoolResidency:
                 await self.driver.load_adapter(self.endpoints[replica_id], adapter)
                 self.metrics.adapter_load_seconds.labels(self.pool).observe(time.monotonic() - started)
                 self.metrics.adapter_loads.labels(self.pool, replica_id, adapter.engine_name).inc()
+                self.metrics.activity.cold_load(adapter.engine_name)
                 self.counters.cold_loads += 1
                 log.info("loaded adapter %s on %s/%s", adapter.engine_name, self.pool, replica_id)
             now = self._now()

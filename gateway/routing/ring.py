@@ -8,6 +8,7 @@ from uhashring import HashRing
 
 # Affinity keys are tenants, adapters or sessions; bound the memo so a flood of session ids cannot grow it forever.
 _MEMO_LIMIT = 65_536
+_SPACE = float(2**128)  # ketama's md5 positions
 
 
 class Ring:
@@ -30,3 +31,18 @@ class Ring:
 
     def home(self, key: str) -> str:
         return self.preference(key)[0]
+
+    def arcs(self) -> list[tuple[float, float, str]]:
+        """The ring as (start, end, replica) arcs in [0, 1): each point owns the keys up to it (for drawing)."""
+        points = sorted(self._ring.get_points()) if self.replica_ids else []
+        arcs, previous = [], 0.0
+        for position, replica_id in points:
+            end = position / _SPACE
+            arcs.append((previous, end, replica_id))
+            previous = end
+        if points:  # keys past the last point wrap round to the first
+            arcs.append((previous, 1.0, points[0][1]))
+        return arcs
+
+    def position(self, key: str) -> float:
+        return float(self._ring.hashi(key)) / _SPACE

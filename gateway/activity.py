@@ -1,0 +1,70 @@
+"""What happened in the last minutes, for the status page and `tenantgate status`: recent routing decisions,
+and per adapter and minute the requests, their time to first token and the cold loads. Bounded in memory:
+10 minutes, at most 256 TTFT samples per adapter and minute, the last 50 decisions."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+MINUTES = 10
+_SAMPLES_PER_MINUTE = 256
+
+
+@dataclass
+class _Minute:
+    at: int
+    requests: int = 0
+    cold_loads: int = 0
+    ttft_ms: list[float] = field(default_factory=list)
+
+
+class Activity:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=50)
+        self._adapters: dict[str, deque[_Minute]] = {}
+
+    def _minute(self, adapter: str) -> _Minute:
+        now = int(self._clock() // 60)
+        minutes = self._adapters.setdefault(adapter, deque(maxlen=MINUTES))
+        if not minutes or minutes[-1].at != now:
+            minutes.append(_Minute(now))
+        return minutes[-1]
+
+    def request(
+        self, tenant: str, adapter: str, replica: str, reasons: list[str], status: int, ttft_s: float | None
+    ) -> None:
+        minute = self._minute(adapter)
+        minute.requests += 1
+        if ttft_s is not None and len(minute.ttft_ms) < _SAMPLES_PER_MINUTE:
+            minute.ttft_ms.append(1000 * ttft_s)
+        self.decisions.append(
+            {"at": round(self._clock(), 3), "tenant": tenant, "adapter": adapter, "replica": replica,
+             "reasons": reasons, "status": status, "ttft_ms": None if ttft_s is None else round(1000 * ttft_s, 1)}
+        )  # fmt: skip
+
+    def cold_load(self, adapter: str) -> None:
+        self._minute(adapter).cold_loads += 1
+
+    def adapters(self) -> dict[str, list[dict[str, Any]]]:
+        """Per adapter, one entry per minute of the last ten that saw anything."""
+        oldest = int(self._clock() // 60) - MINUTES
+        return {
+            adapter: [
+                {
+                    "minute": m.at * 60,
+                    "requests": m.requests,
+                    "cold_loads": m.cold_loads,
+                    "ttft_p50_ms": round(statistics.median(m.ttft_ms), 1) if m.ttft_ms else None,
+                    "ttft_p99_ms": round(sorted(m.ttft_ms)[int(0.99 * (len(m.ttft_ms) - 1))], 1) if m.ttft_ms else None,
+                }
+                for m in minutes
+                if m.at > oldest
+            ]
+            for adapter, minutes in sorted(self._adapters.items())
+        }
