@@ -111,8 +111,10 @@ function drawAdapters(state) {
     const last = minutes[minutes.length - 1] || {};
     const cold = minutes.reduce((sum, m) => sum + m.cold_loads, 0);
     table.append(el("tr", {}, el("td", {}, adapter), el("td", {}, spark(minutes.map((m) => m.requests))),
-      el("td", {}, last.requests ?? 0), el("td", {}, last.ttft_p50_ms == null ? "-" : `${last.ttft_p50_ms} ms`),
-      el("td", {}, last.ttft_p99_ms == null ? "-" : `${last.ttft_p99_ms} ms`), el("td", {}, cold)));
+      el("td", {}, last.requests ?? 0),
+      el("td", {}, spark(minutes.map((m) => m.ttft_p50_ms || 0)), " ", last.ttft_p50_ms == null ? "-" : `${last.ttft_p50_ms} ms`),
+      el("td", {}, spark(minutes.map((m) => m.ttft_p99_ms || 0)), " ", last.ttft_p99_ms == null ? "-" : `${last.ttft_p99_ms} ms`),
+      el("td", {}, spark(minutes.map((m) => m.cold_loads)), " ", cold)));
   }
 }
 
