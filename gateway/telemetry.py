@@ -124,8 +124,10 @@ class Telemetry:
             "tenantgate.request", context=parent, kind=trace.SpanKind.SERVER, attributes={"http.route": record.path}
         ) as span:
             record.trace_id = format(span.get_span_context().trace_id, "032x")
-            yield
-            span.set_attributes(_span_attributes(record))
+            try:
+                yield
+            finally:  # errors too: the status is what the client got
+                span.set_attributes(_span_attributes(record))
 
     def span(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
         if self.tracer is None:
