@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest
 from backends.errors import (
@@ -68,6 +69,14 @@ class VllmDriver:
         )
         self._load_timeout = aiohttp.ClientTimeout(total=adapter_load_timeout_s, sock_connect=connect_timeout_s)
         self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout_s)
+        self._urls: dict[tuple[str, str], URL] = {}
+
+    def _url(self, replica: Endpoint, path: str) -> URL:
+        """Parsed once per replica and path: parsing a URL string on every request is measurable CPU."""
+        url = self._urls.get((replica.url, path))
+        if url is None:
+            url = self._urls[(replica.url, path)] = URL(replica.url + path)
+        return url
 
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
         body = json.dumps({"lora_name": adapter.engine_name, "lora_path": adapter.source}).encode()
@@ -119,7 +128,7 @@ class VllmDriver:
             if request.timeout_s is not None:
                 timeout = aiohttp.ClientTimeout(total=request.timeout_s, sock_connect=self._timeout.sock_connect)
             response = await self._session.post(
-                replica.url + request.path, data=request.body, headers=headers, timeout=timeout
+                self._url(replica, request.path), data=request.body, headers=headers, timeout=timeout
             )
         except TimeoutError as exc:
             raise EngineTimeout(f"{replica.id} did not answer in time") from exc
