@@ -1,21 +1,25 @@
-"""Admin API for tenants and keys at run time (gateway/registry.py): add or remove a tenant, add or revoke a key.
+"""Admin API for tenants, keys and adapters at run time (gateway/registry.py): add or remove a tenant, add or revoke
+a key, add or retire an adapter.
 Keys travel and are stored only as ``sha256:`` hashes; a plain key sent here is hashed at once and never kept."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
 from aiohttp import web
 
+from backends.errors import BackendError
 from gateway.admin_auth import require_admin
 from gateway.appkeys import STATE
 from gateway.config import ConfigError
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, ModelNotFound
 from gateway.residency.store import StoreUnavailable
 from gateway.tenancy import hash_key
 
+log = logging.getLogger(__name__)
 _KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -38,7 +42,7 @@ async def _change(request: web.Request, change: dict[str, Any]) -> web.Response:
     except StoreUnavailable as exc:
         raise InvalidRequest(f"The change was not made: the shared registry is unreachable ({exc}).") from exc
     state.refresh_tenants()
-    return web.json_response({"status": "ok", **{k: v for k, v in change.items() if k != "tenant"}})
+    return web.json_response({"status": "ok", **{k: v for k, v in change.items() if k not in ("tenant", "adapter")}})
 
 
 def _key_hash(body: dict[str, Any]) -> str:
@@ -85,7 +89,33 @@ async def revoke_key(request: web.Request) -> web.Response:
     return await _change(request, {"kind": "revoke_key", "key_hash": key_hash})
 
 
+async def add_adapter(request: web.Request) -> web.Response:
+    """A catalog entry (the config file's schema); tenants get it through add_tenant or a config reload."""
+    require_admin(request)
+    adapter = await _json(request)
+    return await _change(request, {"kind": "add_adapter", "adapter": adapter, "name": adapter.get("name")})
+
+
+async def retire_adapter(request: web.Request) -> web.Response:
+    """Out of the catalog and every tenant's list, then unloaded from every replica that holds it."""
+    require_admin(request)
+    name = request.match_info["name"]
+    serving = request.app[STATE].serving
+    adapter = next((a for a in serving.config.adapters if a.name == name), None)
+    if adapter is None:
+        raise ModelNotFound(f"No adapter {name!r} in the catalog.", param="name")
+    answer = await _change(request, {"kind": "retire_adapter", "name": name})
+    pool = serving.fleet.pools[adapter.pool]
+    try:
+        await pool.residency.unload_everywhere(adapter.engine_name or adapter.name)
+    except BackendError as exc:  # retired all the same; reconciliation and the eviction timer finish the job
+        log.warning("retired %s but could not unload it everywhere: %s", name, exc)
+    return answer
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_post("/admin/catalog/adapters", add_adapter)
+    app.router.add_delete("/admin/catalog/adapters/{name}", retire_adapter)
     app.router.add_post("/admin/tenants", add_tenant)
     app.router.add_delete("/admin/tenants/{tenant_id}", remove_tenant)
     app.router.add_post("/admin/tenants/{tenant_id}/keys", add_key)

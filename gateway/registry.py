@@ -1,13 +1,16 @@
-"""Tenants and keys changed at run time, on top of the config file (which stays the seed).
+"""Tenants, keys and adapters changed at run time, on top of the config file (which stays the seed).
 
-Through the admin API an operator adds or removes tenants, and adds or revokes API keys (as ``sha256:`` hashes),
-without a restart. Alone, a gateway keeps these changes in memory. With Redis they live there and every gateway
-sharing it applies each change as soon as it is published: the message carries the change itself, so applying it
-costs no Redis round trip; a resync every ``resync_s`` repairs a missed message. Redis layout:
+Through the admin API an operator adds or removes tenants, adds or revokes API keys (as ``sha256:`` hashes), and
+adds or retires adapters in the catalog, without a restart. Alone, a gateway keeps these changes in memory. With
+Redis they live there and every gateway sharing it applies each change as soon as it is published: the message
+carries the change itself, so applying it costs no Redis round trip; a resync every ``resync_s`` repairs a missed
+message. A retired adapter leaves every tenant's list (its requests get the 404 of a missing model). Redis layout:
 
 - ``{prefix}:registry:tenants``  HASH tenant id -> the tenant's config as JSON (the config file's schema);
 - ``{prefix}:registry:keys``     HASH key hash -> tenant id (keys added to config tenants);
 - ``{prefix}:registry:revoked``  SET of revoked key hashes (config keys included);
+- ``{prefix}:registry:adapters`` HASH adapter name -> its catalog entry as JSON;
+- ``{prefix}:registry:retired``  SET of retired adapter names (config adapters included);
 - ``{prefix}:registry``          the pub/sub channel of changes.
 
 Every change is validated exactly as the config file is (the merged config must load) and refused whole if not.
@@ -25,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.config import ConfigError, GatewayConfig, TenantConfig, describe_errors
+from gateway.config import AdapterConfig, ConfigError, GatewayConfig, TenantConfig, describe_errors
 from gateway.redis_client import make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 
@@ -37,10 +40,19 @@ class RegistryState:
     tenants: dict[str, TenantConfig] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     revoked: set[str] = field(default_factory=set)
+    adapters: dict[str, AdapterConfig] = field(default_factory=dict)
+    retired: set[str] = field(default_factory=set)
 
     def apply(self, change: dict[str, Any]) -> None:
         kind = change["kind"]
-        if kind == "add_tenant":
+        if kind == "add_adapter":
+            adapter = AdapterConfig.model_validate(change["adapter"])
+            self.adapters[adapter.name] = adapter
+            self.retired.discard(adapter.name)
+        elif kind == "retire_adapter":
+            self.adapters.pop(change["name"], None)
+            self.retired.add(change["name"])
+        elif kind == "add_tenant":
             tenant = TenantConfig.model_validate(change["tenant"])
             self.tenants[tenant.id] = tenant
         elif kind == "remove_tenant":
@@ -61,7 +73,7 @@ class RegistryState:
         except ConfigError:
             if not lenient:
                 raise
-        adapters = {a.name for a in base.adapters}
+        adapters = {a.name for a in base.adapters if a.name not in self.retired} | set(self.adapters)
         base_models = {p.base_model for p in base.pools}
         servable = {
             tid: t
@@ -81,9 +93,15 @@ class RegistryState:
         merged = []
         for tenant in tenants.values():
             keys = [k for k in [*tenant.api_keys, *extra.get(tenant.id, [])] if k not in self.revoked]
-            merged.append({**tenant.model_dump(), "api_keys": list(dict.fromkeys(keys))})
+            # A retired adapter leaves every tenant's list: their requests for it get the 404 of a missing model.
+            adapters = [a for a in tenant.adapters if a not in self.retired]
+            merged.append({**tenant.model_dump(), "api_keys": list(dict.fromkeys(keys)), "adapters": adapters})
+        catalog = {a.name: a for a in base.adapters if a.name not in self.retired}
+        catalog.update(self.adapters)
         try:
-            return GatewayConfig.model_validate({**base.model_dump(), "tenants": merged})
+            return GatewayConfig.model_validate(
+                {**base.model_dump(), "tenants": merged, "adapters": [a.model_dump() for a in catalog.values()]}
+            )
         except ValidationError as exc:
             raise ConfigError("tenant registry", describe_errors(exc)) from exc
 
@@ -126,7 +144,14 @@ class Registry:
 
     async def change(self, change: dict[str, Any], base: GatewayConfig) -> GatewayConfig:
         """Validate a change against the merged config, store and publish it; returns the new merged config."""
-        trial = RegistryState(dict(self.state.tenants), dict(self.state.keys), set(self.state.revoked))
+        current = self.state
+        trial = RegistryState(
+            dict(current.tenants),
+            dict(current.keys),
+            set(current.revoked),
+            dict(current.adapters),
+            set(current.retired),
+        )
         try:
             trial.apply(change)
         except ValidationError as exc:
@@ -141,7 +166,13 @@ class Registry:
     async def _store(self, change: dict[str, Any]) -> None:
         p, kind = self._prefix, change["kind"]
         async with redis_call("registry change", self._timeout_s), self._client.pipeline(transaction=True) as pipe:  # type: ignore[union-attr]
-            if kind == "add_tenant":
+            if kind == "add_adapter":
+                pipe.hset(f"{p}:registry:adapters", change["adapter"]["name"], json.dumps(change["adapter"]))
+                pipe.srem(f"{p}:registry:retired", change["adapter"]["name"])
+            elif kind == "retire_adapter":
+                pipe.hdel(f"{p}:registry:adapters", change["name"])
+                pipe.sadd(f"{p}:registry:retired", change["name"])
+            elif kind == "add_tenant":
                 pipe.hset(f"{p}:registry:tenants", change["tenant"]["id"], json.dumps(change["tenant"]))
             elif kind == "remove_tenant":
                 pipe.hdel(f"{p}:registry:tenants", change["tenant_id"])
@@ -161,9 +192,15 @@ class Registry:
             pipe.hgetall(f"{p}:registry:tenants")
             pipe.hgetall(f"{p}:registry:keys")
             pipe.smembers(f"{p}:registry:revoked")
-            tenants, keys, revoked = await pipe.execute()
+            pipe.hgetall(f"{p}:registry:adapters")
+            pipe.smembers(f"{p}:registry:retired")
+            tenants, keys, revoked, adapters, retired = await pipe.execute()
         state = RegistryState(
-            {tid: TenantConfig.model_validate_json(raw) for tid, raw in tenants.items()}, dict(keys), set(revoked)
+            {tid: TenantConfig.model_validate_json(raw) for tid, raw in tenants.items()},
+            dict(keys),
+            set(revoked),
+            {name: AdapterConfig.model_validate_json(raw) for name, raw in adapters.items()},
+            set(retired),
         )
         if state != self.state:
             self.state = state

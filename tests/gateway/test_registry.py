@@ -38,6 +38,16 @@ def test_keys_added_and_revoked_merge_over_the_config() -> None:
         directory.authenticate(f"Bearer {api_key('acme')}")
 
 
+def test_a_retired_adapter_leaves_the_catalog_and_every_tenant() -> None:
+    state = RegistryState()
+    state.apply({"kind": "add_adapter", "adapter": {"name": "support-acme-v2", "pool": "llama", "source": "/srv/v2"}})
+    state.apply({"kind": "retire_adapter", "name": "support-acme"})
+    config = state.merged(base_config())
+    assert {a.name for a in config.adapters} == {"support-acme-v2", "sql-globex"}
+    acme = next(t for t in config.tenants if t.id == "acme")
+    assert acme.adapters == []  # its only adapter retired: acme keeps its base model
+
+
 def test_a_bad_tenant_is_refused_whole() -> None:
     state = RegistryState()
     state.apply({"kind": "add_tenant", "tenant": {"id": "initech", "api_keys": [hash_key("k")], "adapters": ["nope"]}})
@@ -97,3 +107,15 @@ def test_changes_through_one_gateway_take_effect_on_the_next_request_at_another(
         assert completion(b, "initech-key", "sql-globex") == 401
         refused = httpx.delete(a + "/admin/tenants/acme", headers=ADMIN)  # from the config file
         assert refused.status_code == 400
+
+        # An adapter and a tenant for it, added through A, serve through B; retired through B, both answer 404.
+        # (A tenant left with nothing to call is refused: the retire would fail whole.)
+        adapter = {"name": "summarize-hooli", "pool": "llama", "source": adapters["sql-globex"]}
+        assert httpx.post(a + "/admin/catalog/adapters", json=adapter, headers=ADMIN).status_code == 200
+        hooli = {"id": "hooli", "api_keys": [hash_key("hooli-key")], "adapters": ["summarize-hooli"],
+                 "base_models": ["tiny-llama"]}  # fmt: skip
+        assert httpx.post(a + "/admin/tenants", json=hooli, headers=ADMIN).status_code == 200
+        assert completion(b, "hooli-key", "summarize-hooli") == 200
+        assert httpx.delete(b + "/admin/catalog/adapters/summarize-hooli", headers=ADMIN).status_code == 200
+        assert completion(a, "hooli-key", "summarize-hooli") == 404
+        assert completion(b, "hooli-key", "summarize-hooli") == 404
