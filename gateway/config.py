@@ -174,6 +174,21 @@ class AdapterConfig(_Frozen):
     pinned: bool = False
 
 
+class VariantConfig(_Frozen):
+    # A catalog adapter or a base model; the split's variants must all live in one pool.
+    model: Name
+    weight: float = Field(gt=0)
+
+
+class SplitConfig(_Frozen):
+    """An A/B experiment: a tenant-facing model name served by weighted variants. Each end user (the OpenAI
+    ``user`` field or the ``x-session-id`` header) always gets the same variant; the response names it in
+    ``x-tenantgate-variant`` and metrics label its requests with the variant's model."""
+
+    name: Name
+    variants: list[VariantConfig] = Field(min_length=2)
+
+
 class TenantLimits(_Frozen):
     """Admission limits for one tenant; None: no limit. Rates hold across gateways sharing Redis (tokens are
     leased from a shared bucket); max_concurrent holds per gateway instance."""
@@ -247,6 +262,7 @@ class GatewayConfig(_Frozen):
     routing: RoutingConfig = RoutingConfig()
     pools: list[PoolConfig] = Field(min_length=1)
     adapters: list[AdapterConfig] = Field(default_factory=list)
+    splits: list[SplitConfig] = Field(default_factory=list)
     tenants: list[TenantConfig] = Field(min_length=1)
     admin: AdminConfig = AdminConfig()
     auth: AuthConfig = AuthConfig()
@@ -281,6 +297,8 @@ class GatewayConfig(_Frozen):
         borrowed = [a for a in self.adapters if a.engine_name not in (None, a.name) and a.engine_name in catalog]
         problems += [f"adapter {a.name!r} has engine_name {a.engine_name!r}, another adapter's name" for a in borrowed]
         adapters = {a.name for a in self.adapters}
+        problems += _split_problems(self, adapters, base_models)
+        adapters |= {split.name for split in self.splits}  # a tenant may name a split like an adapter
         for tenant in self.tenants:
             problems += [
                 f"tenant {tenant.id!r} names unknown adapter {a!r}" for a in tenant.adapters if a not in adapters
@@ -297,6 +315,22 @@ class GatewayConfig(_Frozen):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _split_problems(config: GatewayConfig, adapters: set[str], base_models: set[str]) -> list[str]:
+    problems = []
+    pool_of = {a.name: a.pool for a in config.adapters} | {p.base_model: p.name for p in config.pools}
+    taken = adapters | base_models
+    for split in config.splits:
+        if split.name in taken:
+            problems.append(f"split {split.name!r} has the name of an adapter or base model")
+        unknown = [v.model for v in split.variants if v.model not in pool_of]
+        problems += [f"split {split.name!r} names unknown model {m!r}" for m in unknown]
+        pools = {pool_of[v.model] for v in split.variants if v.model in pool_of}
+        if len(pools) > 1:
+            problems.append(f"split {split.name!r} spans pools {sorted(pools)}: its variants must share one")
+    _reject_duplicates("split name", [s.name for s in config.splits])
+    return problems
 
 
 def _reject_duplicates(what: str, values: list[str]) -> None:

@@ -69,6 +69,9 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         )
         record.stream = inference.stream
         target = serving.tenants.resolve(tenant, inference.model)
+        if target.variants:  # an A/B split: this end user's variant, from now on the request's model
+            target = target.pick(tenant.id, request.headers.get("x-session-id") or inference.user)
+            record.variant = target.model
         state.admission.check_max_tokens(tenant.id, inference.max_tokens)
         estimate = estimate_tokens(inference.prompt_chars, inference.max_tokens, inference.choices)
         ticket = await state.admission.admit(tenant.id, estimate)

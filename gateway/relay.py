@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 # The engine's path for each tenant path (the same OpenAI paths on every engine today).
 _PATHS = {"/v1/completions": "/v1/completions", "/v1/chat/completions": "/v1/chat/completions"}
+VARIANT_HEADER = "x-tenantgate-variant"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
@@ -77,7 +78,10 @@ async def relay(
                     pool.report(replica_id, ok=True)
                     telemetry.first_byte(record)
                     record.read_usage(answer)
-                    return web.Response(body=answer, status=upstream.status, content_type="application/json")
+                    variant = {VARIANT_HEADER: record.variant} if record.variant else None
+                    return web.Response(
+                        body=answer, status=upstream.status, content_type="application/json", headers=variant
+                    )
                 pool.report(replica_id, ok=True)
                 return await _stream(request, pool, replica_id, upstream, record)
             finally:
@@ -142,7 +146,8 @@ async def _stream(
     request: web.Request, pool: Pool, replica_id: str, upstream: EngineResponse, record: RequestRecord
 ) -> web.StreamResponse:
     telemetry = request.app[TELEMETRY]
-    response = web.StreamResponse(status=upstream.status, headers=_SSE_HEADERS)
+    headers = {**_SSE_HEADERS, VARIANT_HEADER: record.variant} if record.variant else _SSE_HEADERS
+    response = web.StreamResponse(status=upstream.status, headers=headers)
     await response.prepare(request)
     try:
         async for chunk in upstream.chunks():

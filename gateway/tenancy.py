@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -31,12 +32,23 @@ def hash_key(api_key: str) -> str:
 
 @dataclass(frozen=True)
 class Target:
-    """What a request runs on: a pool, and the adapter in it (None for the base model)."""
+    """What a request runs on: a pool, and the adapter in it (None for the base model). A split's target has
+    ``variants`` (cumulative weight share, target) instead, and ``pick`` chooses one per end user."""
 
     model: str
     pool: str
     engine_model: str
     adapter: AdapterConfig | None
+    variants: tuple[tuple[float, Target], ...] = ()
+
+    def pick(self, tenant_id: str, user: str | None) -> Target:
+        """The variant for this end user: a hash of tenant, split and user, so the same user always gets the same
+        one; without a user, each request draws afresh."""
+        if not self.variants:
+            return self
+        key = f"{tenant_id}/{self.model}/{user if user is not None else secrets.token_hex(8)}"
+        point = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
+        return next((target for bound, target in self.variants if point < bound), self.variants[-1][1])
 
 
 @dataclass(frozen=True)
@@ -53,11 +65,27 @@ class TenantDirectory:
         pools = {pool.name: pool for pool in config.pools}
         self._by_key_hash: dict[str, Tenant] = {}
         self._by_id: dict[str, Tenant] = {}
+
+        def target(name: str) -> Target:
+            if name in adapters:
+                adapter = adapters[name]
+                return Target(name, adapter.pool, adapter.engine_name or adapter.name, adapter)
+            pool = pools_by_base[name]
+            return Target(name, pool.name, pool.base_model, None)
+
+        splits = {}
+        for split in config.splits:
+            total = sum(v.weight for v in split.variants)
+            bound, variants = 0.0, []
+            for variant in split.variants:
+                bound += variant.weight / total
+                variants.append((bound, target(variant.model)))
+            first = variants[0][1]
+            splits[split.name] = Target(split.name, first.pool, first.engine_model, first.adapter, tuple(variants))
         for tenant_config in config.tenants:
             targets: dict[str, Target] = {}
             for name in tenant_config.adapters:
-                adapter = adapters[name]
-                targets[name] = Target(name, adapter.pool, adapter.engine_name or adapter.name, adapter)
+                targets[name] = splits[name] if name in splits else target(name)
             for base in tenant_config.base_models:
                 targets[base] = Target(base, pools_by_base[base].name, pools[pools_by_base[base].name].base_model, None)
             tenant = Tenant(tenant_config.id, targets, next(iter(targets)))
