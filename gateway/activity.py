@@ -28,6 +28,8 @@ class Activity:
         self._clock = clock
         self.decisions: deque[dict[str, Any]] = deque(maxlen=50)
         self._adapters: dict[str, deque[_Minute]] = {}
+        # Per adapter, its latest requests as (time, ok, ttft ms): what a rollout judges a new version by.
+        self._outcomes: dict[str, deque[tuple[float, bool, float | None]]] = {}
 
     def _minute(self, adapter: str) -> _Minute:
         now = int(self._clock() // 60)
@@ -41,12 +43,17 @@ class Activity:
     ) -> None:
         minute = self._minute(adapter)
         minute.requests += 1
+        outcomes = self._outcomes.setdefault(adapter, deque(maxlen=4096))
+        outcomes.append((self._clock(), status < 500, None if ttft_s is None else 1000 * ttft_s))
         if ttft_s is not None and len(minute.ttft_ms) < _SAMPLES_PER_MINUTE:
             minute.ttft_ms.append(1000 * ttft_s)
         self.decisions.append(
             {"at": round(self._clock(), 3), "tenant": tenant, "adapter": adapter, "replica": replica,
              "reasons": reasons, "status": status, "ttft_ms": None if ttft_s is None else round(1000 * ttft_s, 1)}
         )  # fmt: skip
+
+    def outcomes(self, adapter: str, since: float) -> list[tuple[float, bool, float | None]]:
+        return [o for o in self._outcomes.get(adapter, ()) if o[0] >= since]
 
     def cold_load(self, adapter: str) -> None:
         self._minute(adapter).cold_loads += 1

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from backends.base import AdapterRef
 from backends.errors import BackendError
-from gateway import admin_tenants, admin_ui
+from gateway import admin_tenants, admin_ui, rollout
 from gateway.admin_auth import require_admin
 from gateway.appkeys import STATE
 from gateway.config import AdapterConfig
@@ -119,6 +119,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/admin/reload", reload_config)
     admin_tenants.add_routes(app)
     admin_ui.add_routes(app)
+    rollout.add_routes(app)
     app.router.add_get("/admin/residency", residency)
     app.router.add_post("/admin/adapters/{name}/warm", warm)
     app.router.add_delete("/admin/adapters/{name}/residency", unload)

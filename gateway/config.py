@@ -15,7 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, IPvAnyNetwork, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+# "@" for versions: support-acme@2 is version 2 of the tenant-facing name support-acme.
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
 KeyHash = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 Policy = Literal["bounded_consistent_hash", "consistent_hash", "round_robin", "least_loaded"]
 
@@ -181,12 +182,13 @@ class VariantConfig(_Frozen):
 
 
 class SplitConfig(_Frozen):
-    """An A/B experiment: a tenant-facing model name served by weighted variants. Each end user (the OpenAI
-    ``user`` field or the ``x-session-id`` header) always gets the same variant; the response names it in
+    """A tenant-facing model name served by weighted variants: an A/B experiment, or the versions of an adapter
+    (one variant: the version that serves the name; two during a rollout). Each end user (the OpenAI ``user``
+    field or the ``x-session-id`` header) always gets the same variant; the response names it in
     ``x-tenantgate-variant`` and metrics label its requests with the variant's model."""
 
     name: Name
-    variants: list[VariantConfig] = Field(min_length=2)
+    variants: list[VariantConfig] = Field(min_length=1)
 
 
 class TenantLimits(_Frozen):

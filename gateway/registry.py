@@ -11,6 +11,7 @@ message. A retired adapter leaves every tenant's list (its requests get the 404 
 - ``{prefix}:registry:revoked``  SET of revoked key hashes (config keys included);
 - ``{prefix}:registry:adapters`` HASH adapter name -> its catalog entry as JSON;
 - ``{prefix}:registry:retired``  SET of retired adapter names (config adapters included);
+- ``{prefix}:registry:splits``   HASH name -> a split (A/B variants, or an adapter's versions in a rollout) as JSON;
 - ``{prefix}:registry``          the pub/sub channel of changes.
 
 Every change is validated exactly as the config file is (the merged config must load) and refused whole if not.
@@ -28,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.config import AdapterConfig, ConfigError, GatewayConfig, TenantConfig, describe_errors
+from gateway.config import AdapterConfig, ConfigError, GatewayConfig, SplitConfig, TenantConfig, describe_errors
 from gateway.redis_client import make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 
@@ -42,10 +43,14 @@ class RegistryState:
     revoked: set[str] = field(default_factory=set)
     adapters: dict[str, AdapterConfig] = field(default_factory=dict)
     retired: set[str] = field(default_factory=set)
+    splits: dict[str, SplitConfig] = field(default_factory=dict)
 
     def apply(self, change: dict[str, Any]) -> None:
         kind = change["kind"]
-        if kind == "add_adapter":
+        if kind == "set_split":
+            split = SplitConfig.model_validate(change["split"])
+            self.splits[split.name] = split
+        elif kind == "add_adapter":
             adapter = AdapterConfig.model_validate(change["adapter"])
             self.adapters[adapter.name] = adapter
             self.retired.discard(adapter.name)
@@ -98,9 +103,16 @@ class RegistryState:
             merged.append({**tenant.model_dump(), "api_keys": list(dict.fromkeys(keys)), "adapters": adapters})
         catalog = {a.name: a for a in base.adapters if a.name not in self.retired}
         catalog.update(self.adapters)
+        splits = {split.name: split for split in base.splits}
+        splits.update(self.splits)
         try:
             return GatewayConfig.model_validate(
-                {**base.model_dump(), "tenants": merged, "adapters": [a.model_dump() for a in catalog.values()]}
+                {
+                    **base.model_dump(),
+                    "tenants": merged,
+                    "adapters": [a.model_dump() for a in catalog.values()],
+                    "splits": [s.model_dump() for s in splits.values()],
+                }
             )
         except ValidationError as exc:
             raise ConfigError("tenant registry", describe_errors(exc)) from exc
@@ -166,7 +178,9 @@ class Registry:
     async def _store(self, change: dict[str, Any]) -> None:
         p, kind = self._prefix, change["kind"]
         async with redis_call("registry change", self._timeout_s), self._client.pipeline(transaction=True) as pipe:  # type: ignore[union-attr]
-            if kind == "add_adapter":
+            if kind == "set_split":
+                pipe.hset(f"{p}:registry:splits", change["split"]["name"], json.dumps(change["split"]))
+            elif kind == "add_adapter":
                 pipe.hset(f"{p}:registry:adapters", change["adapter"]["name"], json.dumps(change["adapter"]))
                 pipe.srem(f"{p}:registry:retired", change["adapter"]["name"])
             elif kind == "retire_adapter":
@@ -194,13 +208,15 @@ class Registry:
             pipe.smembers(f"{p}:registry:revoked")
             pipe.hgetall(f"{p}:registry:adapters")
             pipe.smembers(f"{p}:registry:retired")
-            tenants, keys, revoked, adapters, retired = await pipe.execute()
+            pipe.hgetall(f"{p}:registry:splits")
+            tenants, keys, revoked, adapters, retired, splits = await pipe.execute()
         state = RegistryState(
             {tid: TenantConfig.model_validate_json(raw) for tid, raw in tenants.items()},
             dict(keys),
             set(revoked),
             {name: AdapterConfig.model_validate_json(raw) for name, raw in adapters.items()},
             set(retired),
+            {name: SplitConfig.model_validate_json(raw) for name, raw in splits.items()},
         )
         if state != self.state:
             self.state = state

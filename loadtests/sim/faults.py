@@ -6,7 +6,8 @@ never affected.
   fault is switched off;
 - ``delay_s``: every engine route answers this much later;
 - ``error_status``: inference routes answer this status with vLLM's error body (e.g. 503 when overloaded);
-- ``cut_stream_after``: a stream's connection is dropped after this many token chunks, without [DONE].
+- ``cut_stream_after``: a stream's connection is dropped after this many token chunks, without [DONE];
+- ``failing_adapters``: requests for these adapters answer 500 (a bad adapter version).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ class Faults:
     delay_s: float = 0.0
     error_status: int | None = None
     cut_stream_after: int | None = None
+    failing_adapters: frozenset[str] = frozenset()
     _released: asyncio.Event = field(default_factory=asyncio.Event)
 
     def update(self, settings: dict[str, Any]) -> None:
         """Apply ``settings`` (the keys above; null or false switches one off); raises ValueError on a bad one."""
-        unknown = set(settings) - {"hang", "delay_s", "error_status", "cut_stream_after"}
+        unknown = set(settings) - {"hang", "delay_s", "error_status", "cut_stream_after", "failing_adapters"}
         if unknown:
             raise ValueError(f"unknown faults: {sorted(unknown)}")
         hang = settings.get("hang", self.hang)
@@ -48,6 +50,10 @@ class Faults:
             raise ValueError("error_status must be an HTTP error status (400-599) or null")
         if cut is not None and (not isinstance(cut, int) or cut < 0):
             raise ValueError("cut_stream_after must be a number of chunks >= 0 or null")
+        failing = settings.get("failing_adapters", list(self.failing_adapters))
+        if not isinstance(failing, list) or not all(isinstance(name, str) for name in failing):
+            raise ValueError("failing_adapters must be a list of adapter names")
+        self.failing_adapters = frozenset(failing)
         self.hang, self.delay_s, self.error_status, self.cut_stream_after = hang, float(delay), status, cut
         if hang:
             self._released.clear()
@@ -60,6 +66,7 @@ class Faults:
             "delay_s": self.delay_s,
             "error_status": self.error_status,
             "cut_stream_after": self.cut_stream_after,
+            "failing_adapters": sorted(self.failing_adapters),
         }
 
     def middleware(self) -> Middleware:

@@ -153,6 +153,11 @@ def _check_n(body: dict[str, Any]) -> None:
 
 
 # --- handlers -----------------------------------------------------------------------------------------------
+def _fail_if_told(request: web.Request, adapter: str | None) -> None:
+    if adapter is not None and adapter in request.app[FAULTS].failing_adapters:
+        raise ApiError(f"Injected failure of adapter {adapter}", 500, "InternalServerError")
+
+
 def _note_trace(engine: SimEngine, request: web.Request) -> None:
     traceparent = request.headers.get("traceparent")
     if traceparent:
@@ -164,6 +169,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     _note_trace(engine, request)
     body = await _json_object(request)
     adapter = _adapter_for(engine, body.get("model"))
+    _fail_if_told(request, adapter)
     prompt = _completion_prompt(body)
     max_tokens = _optional_int(body, "max_tokens", 1)
     _check_n(body)
@@ -202,6 +208,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     _note_trace(engine, request)
     body = await _json_object(request)
     adapter = _adapter_for(engine, body.get("model"))
+    _fail_if_told(request, adapter)
     prompt = _chat_prompt(body)
     max_tokens = _optional_int(body, "max_completion_tokens", 1)
     if max_tokens is None:
