@@ -65,9 +65,13 @@ def create_app(
     metrics = app[METRICS] = GatewayMetrics()
     buckets = None
     if config.state.redis_url is not None:
-        buckets = RedisBuckets(config.state.redis_url, operation_timeout_s=config.state.operation_timeout_s)
+        buckets = RedisBuckets(
+            config.state.redis_url,
+            operation_timeout_s=config.state.operation_timeout_s,
+            cluster=config.state.cluster,
+        )
     redis_url, timeout_s = config.state.redis_url, config.state.operation_timeout_s
-    registry = Registry(redis_url, operation_timeout_s=timeout_s)
+    registry = Registry(redis_url, operation_timeout_s=timeout_s, cluster=config.state.cluster)
     state = app[STATE] = GatewayState(config, config_path, Admission(metrics, buckets), registry)
     app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
     telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)

@@ -125,6 +125,8 @@ class PoolConfig(_Frozen):
 class StateConfig(_Frozen):
     # Shared state for several gateways (residency record and its locks). None: in-process, one gateway.
     redis_url: Annotated[str, Field(pattern=r"^(redis|rediss|unix)://")] | None = None
+    # redis_url names one node of a Redis Cluster (keys are hash-tagged per pool and replica, tenant, registry).
+    cluster: bool = False
     # A Redis call that takes longer counts as Redis being down; requests never wait on Redis beyond this.
     operation_timeout_s: float = Field(default=0.5, gt=0, le=30)
 

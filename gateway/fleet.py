@@ -198,9 +198,10 @@ def make_driver(config: PoolConfig) -> EngineDriver:
 
 
 def make_store(config: GatewayConfig) -> ResidencyStore:
-    if config.state.redis_url is None:
+    state = config.state
+    if state.redis_url is None:
         return MemoryStore()
-    return RedisStore(config.state.redis_url, operation_timeout_s=config.state.operation_timeout_s)
+    return RedisStore(state.redis_url, operation_timeout_s=state.operation_timeout_s, cluster=state.cluster)
 
 
 def prewarm_homes(config: GatewayConfig, pool: Pool, adapter: AdapterConfig) -> set[str]:

@@ -34,9 +34,11 @@ return {tostring(granted), tostring(wait)}
 
 
 class RedisBuckets:
-    def __init__(self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5) -> None:
+    def __init__(
+        self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False
+    ) -> None:
         self._prefix, self._timeout_s = prefix, operation_timeout_s
-        self._client = make_client(url, operation_timeout_s)
+        self._client = make_client(url, operation_timeout_s, cluster=cluster)
         self._lease = self._client.register_script(_LEASE)
 
     async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:

@@ -8,15 +8,27 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.residency.store import StoreUnavailable
 
+Client = redis.asyncio.Redis | RedisCluster
 
-def make_client(url: str, operation_timeout_s: float, *, subscriber: bool = False) -> redis.asyncio.Redis:
-    """``subscriber``: for pub/sub, whose reads wait for the next message however long (no read timeout)."""
+
+def make_client(url: str, operation_timeout_s: float, *, subscriber: bool = False, cluster: bool = False) -> Client:
+    """``subscriber``: for pub/sub, whose reads wait for the next message however long (no read timeout).
+    ``cluster``: a Redis Cluster (``url`` names any node); every multi-key change the gateway makes touches one
+    slot (hash-tagged keys). The cluster client keeps its own retries: a failover needs a topology refresh."""
+    if cluster:
+        return RedisCluster.from_url(
+            url,
+            socket_timeout=None if subscriber else operation_timeout_s,
+            socket_connect_timeout=operation_timeout_s,
+            decode_responses=True,
+        )
     return redis.asyncio.Redis.from_url(
         url,
         socket_timeout=None if subscriber else operation_timeout_s,

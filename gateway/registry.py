@@ -6,13 +6,15 @@ Redis they live there and every gateway sharing it applies each change as soon a
 carries the change itself, so applying it costs no Redis round trip; a resync every ``resync_s`` repairs a missed
 message. A retired adapter leaves every tenant's list (its requests get the 404 of a missing model). Redis layout:
 
-- ``{prefix}:registry:tenants``  HASH tenant id -> the tenant's config as JSON (the config file's schema);
-- ``{prefix}:registry:keys``     HASH key hash -> tenant id (keys added to config tenants);
-- ``{prefix}:registry:revoked``  SET of revoked key hashes (config keys included);
-- ``{prefix}:registry:adapters`` HASH adapter name -> its catalog entry as JSON;
-- ``{prefix}:registry:retired``  SET of retired adapter names (config adapters included);
-- ``{prefix}:registry:splits``   HASH name -> a split (A/B variants, or an adapter's versions in a rollout) as JSON;
+- ``{prefix}:{registry}:tenants``  HASH tenant id -> the tenant's config as JSON (the config file's schema);
+- ``{prefix}:{registry}:keys``     HASH key hash -> tenant id (keys added to config tenants);
+- ``{prefix}:{registry}:revoked``  SET of revoked key hashes (config keys included);
+- ``{prefix}:{registry}:adapters`` HASH adapter name -> its catalog entry as JSON;
+- ``{prefix}:{registry}:retired``  SET of retired adapter names (config adapters included);
+- ``{prefix}:{registry}:splits``   HASH name -> a split (A/B variants, or an adapter's versions in a rollout) as JSON;
 - ``{prefix}:registry``          the pub/sub channel of changes.
+
+The braces are a Redis Cluster hash tag: every registry key lives in one slot, so a change is one MULTI.
 
 Every change is validated exactly as the config file is (the merged config must load) and refused whole if not.
 """
@@ -25,9 +27,10 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
+from redis.asyncio.cluster import RedisCluster
 
 from gateway.config import AdapterConfig, ConfigError, GatewayConfig, SplitConfig, TenantConfig, describe_errors
 from gateway.redis_client import make_client, redis_call
@@ -118,13 +121,27 @@ class RegistryState:
             raise ConfigError("tenant registry", describe_errors(exc)) from exc
 
 
+# KEYS: tenants, keys, revoked, adapters, retired, splits (hashes and sets), read together.
+_READ = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), redis.call('SMEMBERS', KEYS[3]),
+        redis.call('HGETALL', KEYS[4]), redis.call('SMEMBERS', KEYS[5]), redis.call('HGETALL', KEYS[6])}
+"""
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+
+
 class Registry:
     def __init__(self, redis_url: str | None, *, prefix: str = "tg", operation_timeout_s: float = 0.5,
-                 resync_s: float = 5.0) -> None:  # fmt: skip
+                 resync_s: float = 5.0, cluster: bool = False) -> None:  # fmt: skip
         self.state = RegistryState()
         self._prefix, self._timeout_s, self._resync_s = prefix, operation_timeout_s, resync_s
-        self._client = make_client(redis_url, operation_timeout_s) if redis_url else None
-        self._subscriber = make_client(redis_url, operation_timeout_s, subscriber=True) if redis_url else None
+        self._client = make_client(redis_url, operation_timeout_s, cluster=cluster) if redis_url else None
+        self._subscriber = (
+            make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster) if redis_url else None
+        )
+        self._read = self._client.register_script(_READ) if self._client is not None else None
         self._on_change: Callable[[], None] = lambda: None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -179,37 +196,37 @@ class Registry:
         p, kind = self._prefix, change["kind"]
         async with redis_call("registry change", self._timeout_s), self._client.pipeline(transaction=True) as pipe:  # type: ignore[union-attr]
             if kind == "set_split":
-                pipe.hset(f"{p}:registry:splits", change["split"]["name"], json.dumps(change["split"]))
+                pipe.hset(f"{p}:{{registry}}:splits", change["split"]["name"], json.dumps(change["split"]))
             elif kind == "add_adapter":
-                pipe.hset(f"{p}:registry:adapters", change["adapter"]["name"], json.dumps(change["adapter"]))
-                pipe.srem(f"{p}:registry:retired", change["adapter"]["name"])
+                pipe.hset(f"{p}:{{registry}}:adapters", change["adapter"]["name"], json.dumps(change["adapter"]))
+                pipe.srem(f"{p}:{{registry}}:retired", change["adapter"]["name"])
             elif kind == "retire_adapter":
-                pipe.hdel(f"{p}:registry:adapters", change["name"])
-                pipe.sadd(f"{p}:registry:retired", change["name"])
+                pipe.hdel(f"{p}:{{registry}}:adapters", change["name"])
+                pipe.sadd(f"{p}:{{registry}}:retired", change["name"])
             elif kind == "add_tenant":
-                pipe.hset(f"{p}:registry:tenants", change["tenant"]["id"], json.dumps(change["tenant"]))
+                pipe.hset(f"{p}:{{registry}}:tenants", change["tenant"]["id"], json.dumps(change["tenant"]))
             elif kind == "remove_tenant":
-                pipe.hdel(f"{p}:registry:tenants", change["tenant_id"])
+                pipe.hdel(f"{p}:{{registry}}:tenants", change["tenant_id"])
             elif kind == "add_key":
-                pipe.hset(f"{p}:registry:keys", change["key_hash"], change["tenant_id"])
-                pipe.srem(f"{p}:registry:revoked", change["key_hash"])
+                pipe.hset(f"{p}:{{registry}}:keys", change["key_hash"], change["tenant_id"])
+                pipe.srem(f"{p}:{{registry}}:revoked", change["key_hash"])
             elif kind == "revoke_key":
-                pipe.hdel(f"{p}:registry:keys", change["key_hash"])
-                pipe.sadd(f"{p}:registry:revoked", change["key_hash"])
-            pipe.publish(self._channel, json.dumps(change))
+                pipe.hdel(f"{p}:{{registry}}:keys", change["key_hash"])
+                pipe.sadd(f"{p}:{{registry}}:revoked", change["key_hash"])
             await pipe.execute()
+        # Apart from the MULTI: PUBLISH names no key, so on a cluster it cannot join a one-slot transaction.
+        async with redis_call("registry publish", self._timeout_s):
+            await self._client.publish(self._channel, json.dumps(change))  # type: ignore[union-attr]
 
     async def _resync(self) -> None:
-        p, client = self._prefix, self._client
-        assert client is not None
-        async with redis_call("registry read", self._timeout_s), client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(f"{p}:registry:tenants")
-            pipe.hgetall(f"{p}:registry:keys")
-            pipe.smembers(f"{p}:registry:revoked")
-            pipe.hgetall(f"{p}:registry:adapters")
-            pipe.smembers(f"{p}:registry:retired")
-            pipe.hgetall(f"{p}:registry:splits")
-            tenants, keys, revoked, adapters, retired, splits = await pipe.execute()
+        p, read = self._prefix, self._read
+        assert read is not None
+        names = ("tenants", "keys", "revoked", "adapters", "retired", "splits")
+        async with redis_call("registry read", self._timeout_s):
+            # One script: an atomic read of the six keys (one slot on a cluster: the {registry} hash tag).
+            reply = cast(list[Any], await read(keys=[f"{p}:{{registry}}:{name}" for name in names]))
+        tenants, keys, adapters, splits = (_pairs(reply[i]) for i in (0, 1, 3, 5))
+        revoked, retired = reply[2], reply[4]
         state = RegistryState(
             {tid: TenantConfig.model_validate_json(raw) for tid, raw in tenants.items()},
             dict(keys),
@@ -226,6 +243,8 @@ class Registry:
         assert self._subscriber is not None
         while True:
             try:
+                if isinstance(self._subscriber, RedisCluster):
+                    await self._subscriber.initialize()  # its pub/sub needs the slot map first
                 async with self._subscriber.pubsub() as pubsub:
                     await pubsub.subscribe(self._channel)
                     await self._resync()  # whatever changed while we were not listening

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from loadtests.processes import free_port, running, sim_command
+from tests.redis_cluster import RedisCluster
 from tests.redis_server import RedisServer
 from tests.servers import (
     BASE_MODEL,
@@ -18,6 +19,13 @@ from tests.servers import (
 )
 
 PRELOADED = ("a1", "a2")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real three-master Redis Cluster (with a replica each) for the session; tests keep to their own prefixes."""
+    with RedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -72,15 +72,24 @@ return {resident, pinned, holder}
 """
 
 
+# KEYS: resident, pinned, lock. The record in one atomic read ({member, score, ...}, {pinned...}, holder or nil).
+_RECORD = """
+return {redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('SMEMBERS', KEYS[2]), redis.call('GET', KEYS[3])}
+"""
+
+
 class RedisStore:
-    def __init__(self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5) -> None:
+    def __init__(
+        self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False
+    ) -> None:
         self._prefix = prefix
         self._timeout_s = operation_timeout_s
         # No retries: a store that does not answer must fail fast, the caller falls back to its local view.
-        self._client = make_client(url, operation_timeout_s)
+        self._client = make_client(url, operation_timeout_s, cluster=cluster)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._release = self._client.register_script(_RELEASE)
         self._reconcile = self._client.register_script(_RECONCILE)
+        self._record = self._client.register_script(_RECORD)
 
     def _keys(self, pool: str, replica: str) -> tuple[str, str, str]:
         """The replica's resident, pinned and lock keys."""
@@ -91,17 +100,10 @@ class RedisStore:
         return redis_call(what, self._timeout_s)
 
     async def record(self, pool: str, replica: str) -> ReplicaRecord:
-        resident_key, pinned_key, lock_key = self._keys(pool, replica)
-        async with self._call("record"), self._client.pipeline(transaction=True) as pipe:
-            pipe.zrange(resident_key, 0, -1, withscores=True)
-            pipe.smembers(pinned_key)
-            pipe.get(lock_key)
-            resident, pinned, holder = await pipe.execute()
-        return ReplicaRecord(
-            {str(name): float(score) for name, score in cast(list[tuple[str, float]], resident)},
-            frozenset(cast(set[str], pinned)),
-            cast(str | None, holder),
-        )
+        async with self._call("record"):
+            # A script, not MULTI: one atomic read that works the same on a Redis Cluster (one slot per replica).
+            reply = await cast(Awaitable[list[Any]], self._record(keys=list(self._keys(pool, replica))))
+        return _record_from(reply)
 
     async def acquire(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
         lock_key = self._keys(pool, replica)[2]
@@ -146,9 +148,7 @@ class RedisStore:
             reply = await cast(
                 Awaitable[list[Any]], self._reconcile(keys=list(keys), args=[now, *dict.fromkeys(on_engine)])
             )
-        flat, pinned, holder = cast(list[str], reply[0]), cast(list[str], reply[1]), cast(str | None, reply[2])
-        resident = {flat[i]: float(flat[i + 1]) for i in range(0, len(flat), 2)}
-        return ReplicaRecord(resident, frozenset(pinned), holder)
+        return _record_from(reply)
 
     async def ping(self) -> None:
         async with self._call("ping"):
@@ -157,3 +157,10 @@ class RedisStore:
     async def close(self) -> None:
         async with self._call("close"):
             await self._client.aclose()
+
+
+def _record_from(reply: list[Any]) -> ReplicaRecord:
+    """A script's {member, score, ...}, {pinned...}, holder-or-nil as a record."""
+    flat, pinned, holder = cast(list[str], reply[0]), cast(list[str], reply[1]), cast(str | None, reply[2])
+    resident = {flat[i]: float(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return ReplicaRecord(resident, frozenset(pinned), holder)

@@ -13,7 +13,6 @@ from gateway.errors import InvalidRequest, RequestRateLimited, TokenRateLimited
 from gateway.metrics import GatewayMetrics
 from gateway.rate_buckets import RedisBuckets
 from gateway.residency.store import StoreUnavailable
-from tests.redis_server import RedisServer
 
 
 class Clock:
@@ -86,9 +85,11 @@ def test_the_estimate_counts_the_prompt_and_the_answer() -> None:
     assert estimate_tokens(prompt_chars=1, max_tokens=None) == 257
 
 
-async def test_shared_buckets_hold_the_limit_across_gateways(redis_server: RedisServer) -> None:
-    """Three "gateways" leasing from one Redis bucket never admit more than the limit together."""
-    shared = RedisBuckets(redis_server.url, prefix=f"test-{uuid.uuid4().hex}")
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+async def test_shared_buckets_hold_the_limit_across_gateways(kind: str, request: pytest.FixtureRequest) -> None:
+    """Three "gateways" leasing from one Redis bucket (a server, or a cluster) never admit more than the limit."""
+    server = request.getfixturevalue("redis_cluster" if kind == "cluster" else "redis_server")
+    shared = RedisBuckets(server.url, prefix=f"test-{uuid.uuid4().hex}", cluster=kind == "cluster")
     try:
         gateways = [RateLimit("acme:requests", 60, shared) for _ in range(3)]
         admitted = 0

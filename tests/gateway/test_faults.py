@@ -231,3 +231,25 @@ def test_a_stream_cut_mid_way_ends_with_an_error_event_not_silence(tmp_path: Pat
         assert len(received) == 2 and "replica" in str(caught.value).lower()
         replicas["r0"].faults(cut_stream_after=None)
         assert client.completions.create(model="lora-t0", prompt="x", max_tokens=8).choices  # and it goes on
+
+
+def test_a_redis_cluster_master_killed_under_load(tmp_path: Path) -> None:
+    """Residency, rate limits and the registry on a three-master Redis Cluster; one master dies mid-run, its
+    replica is promoted, and no request fails because of it."""
+    from tests.redis_cluster import RedisCluster
+
+    with RedisCluster(tmp_path / "cluster") as cluster, sim_replicas(tmp_path, 2, *SIM) as replicas:
+        config = config_for(tmp_path, replicas)
+        config["state"] = {"redis_url": cluster.url, "cluster": True}
+        config["residency"] = {"sync_interval_s": 0.2}
+        config["tenants"][0]["limits"] = {"requests_per_minute": 100_000}  # leases from the cluster
+        with gateway(tmp_path, config) as gw, SteadyTraffic(gw.url, MODELS, deadline_s=10) as traffic:
+            traffic.wait_for(30)
+            victim = cluster.masters()[0]
+            cluster.kill(victim)
+            traffic.wait_for(30)
+            cluster.wait_healthy()  # the replica took over
+            traffic.wait_for(40)
+            assert victim not in cluster.masters()
+        outcomes = traffic.outcomes
+    assert set(outcomes.counts) == {"ok"}, (outcomes.counts, outcomes.lost_details)

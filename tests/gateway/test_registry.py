@@ -15,7 +15,6 @@ from gateway.registry import RegistryState
 from gateway.tenancy import TenantDirectory, hash_key
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, gateway_process, simulated_replicas, write_adapters
 from loadtests.processes import free_port
-from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,11 +74,13 @@ def completion(gateway: str, key: str, model: str) -> int:
     return httpx.post(gateway + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}).status_code
 
 
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
 def test_changes_through_one_gateway_take_effect_on_the_next_request_at_another(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:
+    server = request.getfixturevalue("redis_cluster" if kind == "cluster" else "redis_server")
     adapters = write_adapters(tmp_path, ["support-acme", "sql-globex"])
-    extra = {"state": {"redis_url": redis_server.url}}
+    extra = {"state": {"redis_url": server.url, "cluster": kind == "cluster"}}
     with simulated_replicas(tmp_path, 1, "--time-scale", "0") as urls, contextlib.ExitStack() as stack:
         a, b = (
             stack.enter_context(gateway_process(tmp_path, gateway_config(urls, TENANTS, adapters, port=free_port(),

@@ -8,19 +8,21 @@ import pytest
 from gateway.residency.memory import MemoryStore
 from gateway.residency.redis import RedisStore
 from gateway.residency.store import ResidencyStore
+from tests.redis_cluster import RedisCluster
 from tests.redis_server import RedisServer
 
 
-@pytest.fixture(params=["memory", "redis"], ids=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"], ids=["memory", "redis", "cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[ResidencyStore]:
-    """Each contract test runs against the in-process store and against a real redis-server."""
+    """Each contract test runs against the in-process store, a real redis-server and a real Redis Cluster."""
     if request.param == "memory":
         memory = MemoryStore()
         yield memory
         await memory.close()
         return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    shared = RedisStore(server.url, prefix=f"test-{uuid.uuid4().hex}")
+    cluster = request.param == "cluster"
+    server: RedisServer | RedisCluster = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
+    shared = RedisStore(server.url, prefix=f"test-{uuid.uuid4().hex}", cluster=cluster)
     try:
         yield shared
     finally:

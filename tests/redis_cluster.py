@@ -1,0 +1,105 @@
+"""A real local Redis Cluster for the tests: three masters with one replica each (six redis-server processes),
+created with `redis-cli --cluster create`; a master can be killed to see its replica promoted."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from loadtests.processes import free_port
+from tests.redis_server import answers_ping, redis_server_binary
+
+
+def _port_with_room_for_its_bus() -> int:
+    """A free port below 55536: each node also listens on port + 10000 (the cluster bus)."""
+    for _ in range(1000):
+        port = free_port()
+        if port < 55536:
+            return port
+    raise RuntimeError("no free port below 55536")
+
+
+class RedisCluster:
+    def __init__(self, root: Path, node_timeout_ms: int = 1000) -> None:
+        self.root, self.node_timeout_ms = root, node_timeout_ms
+        self.ports = [_port_with_room_for_its_bus() for _ in range(6)]
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def start(self) -> RedisCluster:
+        binary = redis_server_binary()
+        for port in self.ports:
+            node = self.root / f"node-{port}"
+            node.mkdir(parents=True, exist_ok=True)
+            cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                   "--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf"),
+                   "--cluster-node-timeout", str(self.node_timeout_ms), "--dir", str(node)]  # fmt: skip
+            with (node / "log").open("ab") as log:
+                self.processes[port] = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+        for port in self.ports:
+            self._until(lambda p=port: answers_ping(p), f"node {port} answers")  # type: ignore[misc]
+        cli = shutil.which("redis-cli") or "redis-cli"
+        create = [
+            cli,
+            "--cluster",
+            "create",
+            *(f"127.0.0.1:{p}" for p in self.ports),
+            "--cluster-replicas",
+            "1",
+            "--cluster-yes",
+        ]
+        subprocess.run(create, check=True, capture_output=True, timeout=60)
+        self._until(self.healthy, "the cluster is ok")
+        return self
+
+    def info(self, port: int, *command: str) -> str:
+        cli = shutil.which("redis-cli") or "redis-cli"
+        result = subprocess.run([cli, "-p", str(port), *command], capture_output=True, text=True, timeout=10)
+        return result.stdout
+
+    def healthy(self) -> bool:
+        alive = [p for p, proc in self.processes.items() if proc.poll() is None]
+        return bool(alive) and all("cluster_state:ok" in self.info(p, "cluster", "info") for p in alive)
+
+    def masters(self) -> list[int]:
+        return [
+            p
+            for p, proc in self.processes.items()
+            if proc.poll() is None and "role:master" in self.info(p, "info", "replication")
+        ]
+
+    def kill(self, port: int) -> None:
+        process = self.processes[port]
+        process.kill()
+        process.wait(timeout=10)
+
+    def wait_healthy(self) -> None:
+        self._until(self.healthy, "the cluster is ok again")
+
+    @staticmethod
+    def _until(condition: object, what: str, attempts: int = 300) -> None:
+        for _ in range(attempts):
+            if condition():  # type: ignore[operator]
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis cluster: never {what}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+    def __enter__(self) -> RedisCluster:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
