@@ -128,3 +128,21 @@ def test_a_step_is_judged_by_error_rate_and_ttft_against_the_old_version() -> No
         fine.request("acme", "support@1", "r0", [], 200, 0.010)
         fine.request("acme", "support@2", "r0", [], 200, 0.011)
     assert judge(fine, rollout, now - 1) is None
+
+
+def test_a_rollback_returns_everyone_to_the_old_version_at_once(tmp_path: Path) -> None:
+    tenants = {"acme": ["support@1", "support@2"]}
+    split = {"splits": [{"name": "support", "variants": [{"model": "support@1", "weight": 1}]}]}
+    with fleet_with_gateway(tmp_path, tenants, 1, ["--time-scale", "0.01"], extra=split,
+                            tenant_options={"acme": {"adapters": ["support"]}}) as fleet:  # fmt: skip
+        started = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
+                             json={"version": 2, "steps": [0.5, 1.0], "step_s": 60})  # fmt: skip
+        assert started.status_code == 202
+        wait_for(fleet.gateway_url, {"running"})
+        back = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollback", headers=ADMIN)
+        assert back.status_code == 200 and back.json()["status"] == "rolled_back"
+        headers = {"Authorization": f"Bearer {api_key('acme')}"}
+        url = fleet.gateway_url + "/v1/completions"
+        bodies = [{"model": "support", "prompt": "x", "max_tokens": 2, "user": user} for user in USERS]
+        variants = {httpx.post(url, headers=headers, json=body).headers["x-tenantgate-variant"] for body in bodies}
+    assert variants == {"support@1"}
