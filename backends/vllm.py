@@ -79,34 +79,30 @@ class VllmDriver:
         return url
 
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
-        body = json.dumps({"lora_name": adapter.engine_name, "lora_path": adapter.source}).encode()
-        try:
-            async with self._session.post(
-                replica.url + "/v1/load_lora_adapter", data=body, headers=_JSON, timeout=self._load_timeout
-            ) as response:
-                text = await response.text()
-        except TimeoutError as exc:
-            raise EngineTimeout(f"loading {adapter.engine_name} on {replica.id} timed out") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"{replica.id} unreachable: {exc!r}") from exc
-        if response.status == 200 or (response.status == 400 and "has already been loaded" in text):
+        body = {"lora_name": adapter.engine_name, "lora_path": adapter.source}
+        status, text = await self._lora_api(replica, "/v1/load_lora_adapter", body, f"loading {adapter.engine_name}")
+        if status == 200 or (status == 400 and "has already been loaded" in text):
             return
-        raise AdapterLoadFailed(adapter.engine_name, response.status, _error_message(text))
+        raise AdapterLoadFailed(adapter.engine_name, status, _error_message(text))
 
     async def unload_adapter(self, replica: Endpoint, engine_name: str) -> None:
-        body = json.dumps({"lora_name": engine_name}).encode()
+        body = {"lora_name": engine_name}
+        status, text = await self._lora_api(replica, "/v1/unload_lora_adapter", body, f"unloading {engine_name}")
+        # vLLM answers 404 for a name it does not know: already gone, which is what we wanted.
+        if status not in (200, 404):
+            raise EngineRejected(status, _error_message(text))
+
+    async def _lora_api(self, replica: Endpoint, path: str, body: dict[str, str], what: str) -> tuple[int, str]:
+        """POST to vLLM's runtime LoRA API: (status, text), or the driver's errors when there is no answer."""
         try:
             async with self._session.post(
-                replica.url + "/v1/unload_lora_adapter", data=body, headers=_JSON, timeout=self._load_timeout
+                replica.url + path, data=json.dumps(body).encode(), headers=_JSON, timeout=self._load_timeout
             ) as response:
-                text = await response.text()
+                return response.status, await response.text()
         except TimeoutError as exc:
-            raise EngineTimeout(f"unloading {engine_name} on {replica.id} timed out") from exc
+            raise EngineTimeout(f"{what} on {replica.id} timed out") from exc
         except aiohttp.ClientError as exc:
             raise EngineUnavailable(f"{replica.id} unreachable: {exc!r}") from exc
-        # vLLM answers 404 for a name it does not know: already gone, which is what we wanted.
-        if response.status not in (200, 404):
-            raise EngineRejected(response.status, _error_message(text))
 
     async def list_adapters(self, replica: Endpoint) -> set[str]:
         """vLLM's /v1/models lists the base model and every registered adapter; adapters carry a ``parent``."""
