@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -10,21 +9,12 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import pytest
-
 from loadtests.processes import free_port
-from tests.servers import engines_required
+from tests.servers import debian_tool
 
 
 def redis_server_binary() -> str:
-    """The redis-server on PATH; a failure under `make test` (which installs it), a skip elsewhere."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        message = "redis-server is not on PATH: run `make redis` (make test does), or apt-get install redis-server"
-        if engines_required():
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
+    return debian_tool("redis-server", "redis")
 
 
 def answers_ping(port: int, timeout_s: float = 0.5) -> bool:

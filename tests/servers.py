@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINES_DIR = Path(os.environ.get("TENANTGATE_ENGINES_DIR", REPO / ".engines"))
@@ -17,6 +20,17 @@ BASE_MODEL = "tiny-llama"
 def engines_required() -> bool:
     """`make test` sets this: a missing engine is then a failure, not a skip."""
     return os.environ.get("TENANTGATE_REQUIRE_ENGINES") == "1"
+
+
+def debian_tool(binary: str, make_target: str) -> str:
+    """A tool `make test` installs from Debian: its path, else a failure under `make test` and a skip elsewhere."""
+    path = shutil.which(binary)
+    if path is None:
+        message = f"{binary} is not on PATH: run `make {make_target}` (make test does), or apt-get install it"
+        if engines_required():
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
 
 
 def write_adapter(directory: Path, rank: int) -> Path:

@@ -4,7 +4,6 @@ against a gateway in front of a simulated fleet. Screenshots go to test-artifact
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from loadtests.fleet import ADMIN_TOKEN, RunningFleet, fleet_with_gateway
-from tests.servers import engines_required
+from tests.servers import debian_tool
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,12 +33,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
 
 @pytest.fixture(scope="module")
 def browser_page() -> Iterator[Page]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        message = "chromium is not installed: run `make browser` (make test does), or apt-get install chromium"
-        if engines_required():
-            pytest.fail(message)
-        pytest.skip(message)
+    chromium = debian_tool("chromium", "browser")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
