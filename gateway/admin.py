@@ -7,16 +7,13 @@ from dataclasses import asdict
 
 from aiohttp import web
 
-from backends.base import AdapterRef
-from backends.errors import BackendError
 from gateway import admin_tenants, admin_ui, rollout
+from gateway.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin_auth import require_admin
 from gateway.appkeys import STATE
 from gateway.config import AdapterConfig
 from gateway.errors import InvalidRequest, ModelNotFound
-from gateway.fleet import prewarm_homes
 from gateway.ingress import affinity_key
-from gateway.relay import to_gateway_error
 from gateway.reload import admin_reload
 
 
@@ -54,28 +51,16 @@ async def warm(request: web.Request) -> web.Response:
     """Load an adapter on its home replicas and warm it with a one-token request, as pre-warm does at start."""
     require_admin(request)
     adapter = _adapter(request)
-    serving = request.app[STATE].serving
-    pool = serving.fleet.pools[adapter.pool]
-    ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
-    homes = sorted(prewarm_homes(serving.config, pool, adapter))
-    try:
-        for replica_id in homes:
-            await pool.residency.warm(replica_id, ref, pinned=adapter.pinned)
-    except BackendError as exc:
-        raise to_gateway_error(exc) from exc
-    return web.json_response({"adapter": adapter.name, "pool": pool.name, "warmed_on": homes})
+    homes = await warm_adapter(request.app[STATE].serving, adapter)
+    return web.json_response({"adapter": adapter.name, "pool": adapter.pool, "warmed_on": homes})
 
 
 async def unload(request: web.Request) -> web.Response:
     """Unload an adapter from every replica of its pool (pinned or not) and forget it in the record."""
     require_admin(request)
     adapter = _adapter(request)
-    pool = request.app[STATE].serving.fleet.pools[adapter.pool]
-    try:
-        unloaded = await pool.residency.unload_everywhere(adapter.engine_name or adapter.name)
-    except BackendError as exc:
-        raise to_gateway_error(exc) from exc
-    return web.json_response({"adapter": adapter.name, "pool": pool.name, "unloaded_from": unloaded})
+    unloaded = await unload_adapter(request.app[STATE].serving, adapter)
+    return web.json_response({"adapter": adapter.name, "pool": adapter.pool, "unloaded_from": unloaded})
 
 
 async def residency(request: web.Request) -> web.Response:

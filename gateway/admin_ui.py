@@ -18,13 +18,10 @@ from typing import Any
 
 from aiohttp import web
 
-from backends.base import AdapterRef
-from backends.errors import BackendError
+from gateway.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin_auth import require_admin
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound
-from gateway.fleet import prewarm_homes
-from gateway.relay import to_gateway_error
 from gateway.status import snapshot
 
 _UI = Path(__file__).with_name("ui")
@@ -137,18 +134,10 @@ async def _act(request: web.Request, action: str, body: dict[str, Any]) -> dict[
     adapter = next((a for a in serving.config.adapters if a.name == body.get("adapter")), None)
     if adapter is None:
         raise ModelNotFound("No such adapter in the catalog.", param="adapter")
-    pool = serving.fleet.pools[adapter.pool]
-    ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
-    try:
-        if action == "warm":
-            homes = sorted(prewarm_homes(serving.config, pool, adapter))
-            for replica_id in homes:
-                await pool.residency.warm(replica_id, ref, pinned=adapter.pinned)
-            return {"adapter": adapter.name, "warmed_on": homes}
-        if action == "unload":
-            return {"adapter": adapter.name, "unloaded_from": await pool.residency.unload_everywhere(ref.engine_name)}
-    except BackendError as exc:
-        raise to_gateway_error(exc) from exc
+    if action == "warm":
+        return {"adapter": adapter.name, "warmed_on": await warm_adapter(serving, adapter)}
+    if action == "unload":
+        return {"adapter": adapter.name, "unloaded_from": await unload_adapter(serving, adapter)}
     raise InvalidRequest(f"Unknown action {action!r}.")
 
 

@@ -12,7 +12,7 @@ from functools import partial
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
 from backends.errors import BackendError
 from backends.vllm import VllmDriver
-from gateway.config import AdapterConfig, GatewayConfig, PoolConfig, RoutingConfig
+from gateway.config import GatewayConfig, PoolConfig, RoutingConfig
 from gateway.errors import GatewayError
 from gateway.health import ReplicaHealth
 from gateway.metrics import GatewayMetrics
@@ -204,13 +204,14 @@ def make_store(config: GatewayConfig) -> ResidencyStore:
     return RedisStore(state.redis_url, operation_timeout_s=state.operation_timeout_s, cluster=state.cluster)
 
 
-def prewarm_homes(config: GatewayConfig, pool: Pool, adapter: AdapterConfig) -> set[str]:
-    """Where an adapter's traffic starts: its own ring home under adapter affinity, else its tenants' homes."""
+def prewarm_homes(config: GatewayConfig, pool: Pool, name: str) -> set[str]:
+    """Where a tenant-facing model's traffic starts (an adapter, or a split such as a versioned name): its own ring
+    home under adapter affinity, else the homes of the tenants that call it."""
     if config.routing.affinity != "adapter":
-        homes = {pool.ring.home(t.id) for t in config.tenants if adapter.name in t.adapters}
+        homes = {pool.ring.home(t.id) for t in config.tenants if name in t.adapters}
         if homes:
             return homes
-    return {pool.ring.home(adapter.name)}
+    return {pool.ring.home(name)}
 
 
 class Fleet:
@@ -245,7 +246,7 @@ class Fleet:
             if adapter.prewarm or adapter.pinned:
                 pool = self.pools[adapter.pool]
                 ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
-                for replica_id in sorted(prewarm_homes(config, pool, adapter)):
+                for replica_id in sorted(prewarm_homes(config, pool, adapter.name)):
                     pool.prewarm[replica_id].append((ref, adapter.pinned))
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []

@@ -34,6 +34,7 @@ from gateway.admin_auth import require_admin
 from gateway.appkeys import METRICS, STATE
 from gateway.config import ConfigError, SplitConfig
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from gateway.fleet import prewarm_homes
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ async def _run(app: web.Application, rollout: Rollout) -> None:
         serving = state.serving
         adapter = next(a for a in serving.config.adapters if a.name == rollout.new)
         pool = serving.fleet.pools[adapter.pool]
-        homes = sorted({pool.ring.home(t.id) for t in serving.config.tenants if rollout.name in t.adapters})
+        homes = sorted(prewarm_homes(serving.config, pool, rollout.name))
         ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
         try:
             for replica_id in homes:

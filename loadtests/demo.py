@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -34,6 +35,12 @@ def zipf_traffic(seed: int = 7, exponent: float = 1.1) -> list[str]:
     return random.Random(seed).choices(tenants, weights, k=REQUESTS)
 
 
+def progress(completed: int, total: int, *, done: bool = False) -> None:
+    """A progress line on a terminal (rewritten in place); nothing in a log."""
+    if sys.stdout.isatty() and (done or completed % 24 == 0):
+        print(f"\r  {completed}/{total} requests", end="\n" if done else "", flush=True)
+
+
 async def _drive(fleet: RunningFleet, traffic: list[str]) -> dict[str, list[float]]:
     """Send every request (streaming), CONCURRENCY at a time; return each tenant's times to first token."""
     ttft: dict[str, list[float]] = defaultdict(list)
@@ -53,8 +60,10 @@ async def _drive(fleet: RunningFleet, traffic: list[str]) -> dict[str, list[floa
             async for _ in stream:
                 first = first or time.monotonic()
             ttft[tenant].append((first or time.monotonic()) - started)
+            progress(sum(len(times) for times in ttft.values()), len(traffic))
 
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    progress(len(traffic), len(traffic), done=True)
     for client in clients.values():
         await client.close()
     return ttft

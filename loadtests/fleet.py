@@ -36,9 +36,6 @@ class RunningFleet:
     gateway_pid: int = 0
     adapters: dict[str, str] = field(default_factory=dict)
 
-    def gateway_cpu_s(self) -> float:
-        return process_cpu_s(self.gateway_pid)
-
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds a process has used so far (user + system), from /proc."""
