@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+
+import pytest
 
 from gateway.cli import _build_parser
 
@@ -14,3 +18,11 @@ def test_every_sim_flag_is_documented() -> None:
         "--lora-modules", "--time-scale", "--seed",
     }  # fmt: skip
     assert all(flag.help for flag in flags)
+
+
+@pytest.mark.parametrize("command", ["serve", "check-config", "hash-key", "plan", "status", "sim", "demo"])
+def test_every_subcommand_help_has_an_example(command: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", command, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "Example" in result.stdout, result.stdout
