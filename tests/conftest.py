@@ -13,6 +13,7 @@ from tests.servers import (
     TINY_MODEL_DIR,
     VLLM_PYTHON,
     EngineProcess,
+    TritonProcess,
     engines_required,
     vllm_command,
     write_adapter,
@@ -81,4 +82,30 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc
 def engine(request: pytest.FixtureRequest) -> EngineProcess:
     """Each conformance test runs against the simulator and against a real vLLM server."""
     fixture: EngineProcess = request.getfixturevalue(f"{request.param}_engine")
+    return fixture
+
+
+@pytest.fixture(scope="session")
+def sim_triton_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
+    """The simulator in Triton mode (KServe v2 gRPC + HTTP, the TensorRT-LLM LoRA contract of docs/triton.md)."""
+    from tests.engines.triton_sim import running_sim_triton
+
+    with running_sim_triton(tmp_path_factory.mktemp("sim-triton")) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def triton_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
+    """A real Triton Inference Server (from the nvidia-pytriton wheel, native mode) with this repo's Python-backend
+    model that follows the TensorRT-LLM I/O and LoRA contract."""
+    from tests.engines.triton_real import running_triton
+
+    with running_triton(tmp_path_factory.mktemp("triton")) as engine:
+        yield engine
+
+
+@pytest.fixture(params=["sim_triton", pytest.param("triton", marks=pytest.mark.engine)])
+def triton_lane(request: pytest.FixtureRequest) -> TritonProcess:
+    """Each Triton conformance test runs against the simulator's Triton mode and against a real Triton server."""
+    fixture: TritonProcess = request.getfixturevalue(f"{request.param}_engine")
     return fixture

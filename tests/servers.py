@@ -49,6 +49,19 @@ class EngineProcess:
     log_path: Path | None = None
 
 
+@dataclass
+class TritonProcess:
+    """A Triton-protocol replica under test: a real Triton server or the simulator's Triton mode."""
+
+    name: str
+    http_url: str
+    grpc_address: str  # host:port
+    metrics_url: str
+    model: str  # the Triton model serving the TensorRT-LLM contract (docs/triton.md)
+    adapters: dict[str, str] = field(default_factory=dict)  # name -> PEFT directory with real weights
+    log_path: Path | None = None
+
+
 def vllm_command(port: int, lora_modules: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The real vLLM CPU server on the tiny model, with the flags shared/notes/vllm-on-cpu.md checked."""
     cmd = [
