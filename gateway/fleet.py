@@ -11,8 +11,9 @@ from functools import partial
 
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
 from backends.errors import BackendError
+from backends.triton import TritonDriver
 from backends.vllm import VllmDriver
-from gateway.config import GatewayConfig, PoolConfig, RoutingConfig
+from gateway.config import GatewayConfig, PoolConfig, ReplicaConfig, RoutingConfig
 from gateway.errors import GatewayError
 from gateway.health import ReplicaHealth
 from gateway.metrics import GatewayMetrics
@@ -187,7 +188,24 @@ class Pool:
                 log.error("pre-warming %s on %s/%s failed: %s", adapter.engine_name, self.name, replica_id, exc)
 
 
-def make_driver(config: PoolConfig) -> EngineDriver:
+def make_driver(config: PoolConfig, metrics: GatewayMetrics) -> EngineDriver:
+    if config.backend == "triton":
+        events = metrics.engine_adapter_events
+
+        def on_event(replica_id: str, adapter: str, event: str) -> None:
+            log.warning("%s/%s: engine reports %s for adapter %s", config.name, replica_id, event, adapter)
+            events.labels(config.name, replica_id, event).inc()
+
+        return TritonDriver(
+            model=config.triton.model,
+            lora_dtype=config.triton.lora_dtype,
+            default_max_tokens=config.triton.default_max_tokens,
+            chat_template=config.triton.chat_template,
+            request_timeout_s=config.request_timeout_s,
+            adapter_load_timeout_s=config.adapter_load_timeout_s,
+            probe_timeout_s=config.health.timeout_s,
+            on_event=on_event,
+        )
     return VllmDriver(
         connect_timeout_s=config.connect_timeout_s,
         request_timeout_s=config.request_timeout_s,
@@ -195,6 +213,20 @@ def make_driver(config: PoolConfig) -> EngineDriver:
         max_connections_per_replica=config.max_connections_per_replica,
         probe_timeout_s=config.health.timeout_s,
     )
+
+
+def endpoint(pool: PoolConfig, replica: ReplicaConfig) -> Endpoint:
+    """A replica's addresses; a Triton replica's gRPC and metrics ports default to the pool's on the url's host."""
+    url = str(replica.url).rstrip("/")
+    if pool.backend != "triton":
+        return Endpoint(replica.id, url)
+    host = replica.url.host or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    grpc_address = replica.grpc or f"{host}:{pool.triton.grpc_port}"
+    metrics_url = (
+        str(replica.metrics_url) if replica.metrics_url else f"http://{host}:{pool.triton.metrics_port}/metrics"
+    )
+    return Endpoint(replica.id, url, grpc_address, metrics_url)
 
 
 def make_store(config: GatewayConfig) -> ResidencyStore:
@@ -226,8 +258,8 @@ class Fleet:
         self.store = store if store is not None else TimedStore(make_store(config), self.metrics)
         self.pools: dict[str, Pool] = {}
         for pool_config in config.pools:
-            driver = make_driver(pool_config)
-            endpoints = [Endpoint(r.id, str(r.url).rstrip("/")) for r in pool_config.replicas]
+            driver = make_driver(pool_config, self.metrics)
+            endpoints = [endpoint(pool_config, r) for r in pool_config.replicas]
             residency = PoolResidency(
                 pool_config.name,
                 endpoints,

@@ -69,6 +69,11 @@ class GatewayMetrics:
             "tenantgate_adapter_evictions", "Adapters unloaded by the gateway: on the request path or by the timer",
             ["pool", "replica", "trigger"], registry=r,
         )  # fmt: skip
+        self.engine_adapter_events = Counter(
+            "tenantgate_engine_adapter_events", "What an engine's own adapter cache answered: an adapter it had "
+            "evicted (cache_miss, resent with weights) or no room for one (cache_full)", ["pool", "replica", "event"],
+            registry=r,
+        )  # fmt: skip
         self.residency_lookups = Counter(
             "tenantgate_residency_lookups", "Requests whose adapter was resident on their replica (hit) or not (miss)",
             ["pool", "result"], registry=r,

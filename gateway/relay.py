@@ -60,9 +60,9 @@ async def relay(
     raises (``RetryableFailure`` when another replica may succeed); after it, it ends the stream with an OpenAI
     error event. Every outcome is reported to the pool's outlier detection."""
     telemetry, replica_id = request.app[TELEMETRY], replica.endpoint.id
+    adapter = AdapterRef(target.engine_model, target.adapter.source) if target.adapter is not None else None
     try:
-        if target.adapter is not None:
-            adapter = AdapterRef(target.engine_model, target.adapter.source)
+        if adapter is not None:
             if pool.residency.is_resident(replica_id, adapter.engine_name):
                 pool.residency.count_hit()  # the common case: no load, no timer, no task
             else:
@@ -70,7 +70,7 @@ async def relay(
         with telemetry.span("upstream", **{"server.address": replica_id}):
             remaining = _remaining(deadline)
             headers = telemetry.upstream_headers()
-            engine_request = EngineRequest(_PATHS[record.path], body, record.stream, headers, remaining)
+            engine_request = EngineRequest(_PATHS[record.path], body, record.stream, headers, remaining, adapter)
             upstream = await _send(pool, replica, target, engine_request)
             try:
                 if not record.stream:

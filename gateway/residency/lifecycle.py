@@ -300,6 +300,8 @@ class PoolResidency:
 
     async def _reconcile_one(self, replica_id: str) -> None:
         on_engine = await self.driver.list_adapters(self.endpoints[replica_id])
+        if on_engine is None:
+            return  # the engine does not say (TensorRT-LLM): the record is kept from what was sent and answered
         now = self._now()
         view = self.views[replica_id]
         before = ReplicaRecord(dict(view.resident), frozenset(view.pinned))
@@ -344,7 +346,8 @@ class PoolResidency:
         """Load the adapter and run a one-token request through it, so its first real request finds it hot."""
         await self.ensure(replica_id, adapter, pinned=pinned)
         body = json.dumps({"model": adapter.engine_name, "prompt": "warm-up", "max_tokens": 1}).encode()
-        response = await self.driver.send(self.endpoints[replica_id], EngineRequest("/v1/completions", body, False))
+        request = EngineRequest("/v1/completions", body, False, adapter=adapter)
+        response = await self.driver.send(self.endpoints[replica_id], request)
         try:
             await response.read()
         finally:

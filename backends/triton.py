@@ -1,0 +1,381 @@
+"""The Triton / TensorRT-LLM driver: OpenAI requests as calls to a TensorRT-LLM model over gRPC streaming
+(tritonclient ``grpc.aio``), LoRA per TensorRT-LLM's contract, health and load from Triton's HTTP endpoints.
+
+Every call is one request on its own ``ModelStreamInfer`` stream, streaming or not: decoupled models (the only
+ones that stream) refuse unary calls, and the end of the stream is the end of the answer whether or not the
+model sends an empty final response. docs/triton.md has the model contract and how adapters are handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import grpc
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
+from tritonclient.grpc.aio import InferenceServerClient
+from tritonclient.utils import InferenceServerException
+
+from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest
+from backends.errors import (
+    AdapterCacheFull,
+    AdapterLoadFailed,
+    AdapterNotLoaded,
+    BackendError,
+    EngineRejected,
+    EngineTimeout,
+    EngineUnavailable,
+    StreamBroken,
+)
+from backends.lora_weights import AdapterFormatError, TrtLoraWeights, convert_peft, task_id
+from backends.triton_openai import AnswerWriter, ChatTemplate, TritonCall, parse_request, usage
+
+log = logging.getLogger(__name__)
+
+# TensorRT-LLM's texts (a substring: Triton and ensembles wrap them in their own words).
+CACHE_MISS = "not found in cache"
+CACHE_FULL = "Cache is full"
+# The adapter-related events a driver reports: the engine had dropped an adapter (miss), or could not take one.
+EngineEvent = Callable[[str, str, str], None]  # (replica id, adapter engine name, "cache_miss" | "cache_full")
+_WEIGHTS_KEPT = 64
+_OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
+
+
+class TritonResponse:
+    """An answer whose first model response has arrived; the rest is read or streamed once, as OpenAI bytes."""
+
+    status = 200
+
+    def __init__(self, call: TritonCall, stream: Any, first: InferResult, replica_id: str) -> None:
+        self._call, self._stream, self._first, self._replica_id = call, stream, first, replica_id
+        self._writer = AnswerWriter(call)
+        self._counts: tuple[int | None, int | None] = (None, None)
+        self._done = False
+        self.content_type = "text/event-stream" if call.stream else "application/json"
+
+    async def read(self) -> bytes:
+        text = "".join([piece async for piece in self._pieces()])
+        return self._writer.whole(text, usage(*self._counts))
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        first = True
+        async for piece in self._pieces():
+            if piece or first:
+                yield self._writer.chunk(piece, first=first)
+                first = False
+        yield self._writer.ending(usage(*self._counts))
+
+    async def _pieces(self) -> AsyncIterator[str]:
+        result: InferResult | None = self._first
+        while result is not None:
+            yield self._read(result)
+            result = await self._next()
+        self._done = True
+
+    async def _next(self) -> InferResult | None:
+        try:
+            result, error = await self._stream.__anext__()
+        except StopAsyncIteration:
+            return None
+        except grpc.aio.AioRpcError as exc:
+            raise StreamBroken(f"{self._replica_id} broke off the stream: {exc.code().name} {exc.details()}") from exc
+        if error is not None:
+            raise StreamBroken(f"{self._replica_id} failed mid-answer: {error.message()}")
+        return result
+
+    def _read(self, result: InferResult) -> str:
+        text = result.as_numpy("text_output")
+        prompt_tokens, completion_tokens = (_scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
+        if completion_tokens is not None:  # cumulative in streaming (docs/triton.md): the last one counts
+            self._counts = (prompt_tokens, completion_tokens)
+        if text is None or text.size == 0:
+            return ""
+        value = text.reshape(-1)[0]
+        return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+    def release(self) -> None:
+        if not self._done:
+            self._stream.cancel()  # the engine stops generating for a client that left
+
+
+class TritonDriver:
+    def __init__(
+        self,
+        *,
+        model: str,
+        lora_dtype: str,
+        default_max_tokens: int,
+        chat_template: str | None,
+        request_timeout_s: float,
+        adapter_load_timeout_s: float,
+        probe_timeout_s: float,
+        on_event: EngineEvent | None = None,
+    ) -> None:
+        self._model = model
+        self._lora_dtype = lora_dtype
+        self._default_max_tokens = default_max_tokens
+        self._template = ChatTemplate(chat_template)
+        self._request_timeout_s = request_timeout_s
+        self._load_timeout_s = adapter_load_timeout_s
+        self._on_event = on_event or (lambda replica, adapter, event: None)
+        self._clients: dict[str, InferenceServerClient] = {}
+        self._inputs: dict[str, dict[str, str]] = {}  # replica id -> the model's inputs (name -> datatype)
+        self._outputs: dict[str, set[str]] = {}
+        self._weights: OrderedDict[str, TrtLoraWeights] = OrderedDict()
+        self._converting: dict[str, asyncio.Task[TrtLoraWeights]] = {}
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=probe_timeout_s))
+
+    # --- adapters ------------------------------------------------------------------------------------------
+
+    async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
+        """Put the adapter in the engine's PEFT cache: a one-token request carrying its weights."""
+        weights = await self._adapter_weights(adapter)
+        call = TritonCall(chat=False, model=adapter.engine_name, prompt="warm-up", max_tokens=1, stream=False)
+        try:
+            stream, first, error = await self._start(replica, call, adapter, weights, {}, self._load_timeout_s)
+        except EngineRejected as exc:
+            raise AdapterLoadFailed(adapter.engine_name, exc.status, exc.message) from exc
+        if error is not None:
+            self._raise_engine_error(replica, adapter, error, weights_sent=True, loading=True)
+        response = TritonResponse(call, stream, first, replica.id)
+        try:
+            await response.read()
+        finally:
+            response.release()
+
+    async def unload_adapter(self, replica: Endpoint, engine_name: str) -> None:
+        """TensorRT-LLM has no unload: its PEFT cache drops least recently used adapters itself when full. The
+        gateway's record stops routing by the adapter; nothing to tell the engine."""
+
+    async def list_adapters(self, replica: Endpoint) -> set[str] | None:
+        return None  # TensorRT-LLM does not say what its PEFT cache holds
+
+    async def _adapter_weights(self, adapter: AdapterRef) -> TrtLoraWeights:
+        """Converted once per adapter (off the event loop), kept for the most recently used ones."""
+        weights = self._weights.get(adapter.engine_name)
+        if weights is not None:
+            self._weights.move_to_end(adapter.engine_name)
+            return weights
+        task = self._converting.get(adapter.engine_name)
+        if task is None:
+            task = asyncio.create_task(asyncio.to_thread(convert_peft, adapter.source, self._lora_dtype))
+            self._converting[adapter.engine_name] = task
+            task.add_done_callback(lambda _: self._converting.pop(adapter.engine_name, None))
+        try:
+            weights = await asyncio.shield(task)
+        except AdapterFormatError as exc:
+            raise AdapterLoadFailed(adapter.engine_name, 400, str(exc)) from exc
+        self._weights[adapter.engine_name] = weights
+        while len(self._weights) > _WEIGHTS_KEPT:
+            self._weights.popitem(last=False)
+        return weights
+
+    # --- requests ------------------------------------------------------------------------------------------
+
+    async def send(self, replica: Endpoint, request: EngineRequest) -> TritonResponse:
+        chat = request.path.endswith("/chat/completions")
+        call = parse_request(chat, request.body, self._template, self._default_max_tokens)
+        timeout = request.timeout_s if request.timeout_s is not None else self._request_timeout_s
+        adapter, headers = request.adapter, dict(request.headers)
+        stream, first, error = await self._start(replica, call, adapter, None, headers, timeout)
+        if error is not None and adapter is not None and CACHE_MISS in error:
+            # The engine evicted it (or restarted): send this request again, once, with the weights.
+            self._on_event(replica.id, adapter.engine_name, "cache_miss")
+            weights = await self._adapter_weights(adapter)
+            stream, first, error = await self._start(replica, call, adapter, weights, headers, timeout)
+            if error is not None:
+                self._raise_engine_error(replica, adapter, error, weights_sent=True)
+        elif error is not None:
+            self._raise_engine_error(replica, adapter, error, weights_sent=False)
+        return TritonResponse(call, stream, first, replica.id)
+
+    async def _start(
+        self,
+        replica: Endpoint,
+        call: TritonCall,
+        adapter: AdapterRef | None,
+        weights: TrtLoraWeights | None,
+        headers: dict[str, str],
+        timeout_s: float,
+    ) -> tuple[Any, InferResult, str | None]:
+        """Open the call's stream and wait for its first response: (stream, first result, in-stream error)."""
+        model_inputs = await self._model_inputs(replica)
+        inputs = _inputs(call, model_inputs, adapter, weights)
+        outputs = [InferRequestedOutput(name) for name in _OUTPUTS if name in self._outputs_of(replica)]
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": self._model, "inputs": inputs, "outputs": outputs}
+
+        client = self._client(replica)
+        try:
+            stream = client.stream_infer(one_request(), stream_timeout=timeout_s, headers=headers or None)
+            result, error = await stream.__anext__()
+        except StopAsyncIteration as exc:
+            raise StreamBroken(f"{replica.id} ended the stream without an answer") from exc
+        except grpc.aio.AioRpcError as exc:
+            raise _rpc_error(replica, exc) from exc
+        except InferenceServerException as exc:
+            raise EngineRejected(500, f"{replica.id}: {exc.message()}") from exc
+        return stream, result, (error.message() if error is not None else None)
+
+    def _raise_engine_error(
+        self, replica: Endpoint, adapter: AdapterRef | None, message: str, *, weights_sent: bool, loading: bool = False
+    ) -> None:
+        if adapter is not None and CACHE_FULL in message:
+            self._on_event(replica.id, adapter.engine_name, "cache_full")
+            raise AdapterCacheFull(503, f"{replica.id} has no room for another adapter now: {message}")
+        if adapter is not None and CACHE_MISS in message:
+            raise AdapterNotLoaded(404, message)
+        if adapter is not None and (loading or (weights_sent and "lora" in message.lower())):
+            raise AdapterLoadFailed(adapter.engine_name, 400, message)
+        raise EngineRejected(400 if _client_fault(message) else 500, message)
+
+    # --- model metadata, clients ---------------------------------------------------------------------------
+
+    async def _model_inputs(self, replica: Endpoint) -> dict[str, str]:
+        """The model's declared inputs, read once per replica: only those are sent (older models lack some)."""
+        known = self._inputs.get(replica.id)
+        if known is not None:
+            return known
+        try:
+            metadata = await self._client(replica).get_model_metadata(self._model, as_json=True)
+        except InferenceServerException as exc:
+            status = exc.status() or ""
+            if "UNAVAILABLE" in status:
+                raise EngineUnavailable(f"{replica.id} unreachable: {exc.message()}") from exc
+            if "DEADLINE" in status:
+                raise EngineTimeout(f"{replica.id} did not describe its model in time") from exc
+            raise EngineRejected(502, f"{replica.id} does not serve model {self._model!r}: {exc.message()}") from exc
+        inputs = {str(i["name"]): str(i["datatype"]) for i in metadata.get("inputs", [])}
+        outputs = {str(o["name"]) for o in metadata.get("outputs", [])}
+        self._inputs[replica.id] = inputs
+        self._outputs[replica.id] = outputs
+        return inputs
+
+    def _outputs_of(self, replica: Endpoint) -> set[str]:
+        return self._outputs.get(replica.id, {"text_output"})
+
+    def _client(self, replica: Endpoint) -> InferenceServerClient:
+        client = self._clients.get(replica.id)
+        if client is None:
+            client = self._clients[replica.id] = InferenceServerClient(url=replica.grpc_address)
+        return client
+
+    # --- health and load -----------------------------------------------------------------------------------
+
+    async def healthy(self, replica: Endpoint) -> bool:
+        try:
+            async with self._http.get(replica.url + "/v2/health/ready") as response:
+                ready = response.status == 200
+        except (TimeoutError, aiohttp.ClientError):
+            ready = False
+        if not ready:
+            self._inputs.pop(replica.id, None)  # it may come back with another model version: read it again
+        return ready
+
+    async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
+        """TensorRT-LLM's request and KV-cache gauges where the model reports them, else Triton's queue depth."""
+        try:
+            async with self._http.get(replica.metrics_url) as response:
+                if response.status != 200:
+                    return None
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+        families = ("nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics", "nv_inference_pending")
+        lines = [line for line in text.splitlines() if any(name in line for name in families)]
+        gauges: dict[tuple[str, str], float] = {}
+        try:
+            for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+                for sample in family.samples:
+                    kind = sample.labels.get("request_type") or sample.labels.get("kv_cache_block_type") or ""
+                    key = (family.name, kind)
+                    gauges[key] = gauges.get(key, 0.0) + sample.value
+        except ValueError:
+            return None
+        pending = gauges.get(("nv_inference_pending_request_count", ""), 0.0)
+        return EngineLoad(
+            running=gauges.get(("nv_trt_llm_request_metrics", "active"), 0.0),
+            waiting=gauges.get(("nv_trt_llm_request_metrics", "waiting"), pending),
+            kv_cache_usage=gauges.get(("nv_trt_llm_kv_cache_block_metrics", "fraction"), 0.0),
+        )
+
+    async def close(self) -> None:
+        await asyncio.gather(*(client.close() for client in self._clients.values()))
+        self._clients.clear()
+        await self._http.close()
+
+
+def _inputs(
+    call: TritonCall, model_inputs: dict[str, str], adapter: AdapterRef | None, weights: TrtLoraWeights | None
+) -> list[InferInput]:
+    """The call as the model's input tensors (batch of one), sending only what the model declares."""
+    tensors: list[InferInput] = []
+
+    def add(name: str, datatype: str, value: np.ndarray) -> None:
+        tensor = InferInput(name, list(value.shape), datatype)
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+
+    add("text_input", "BYTES", np.array([[call.prompt.encode()]], dtype=object))
+    add("max_tokens", "INT32", np.array([[call.max_tokens]], dtype=np.int32))
+    if "stream" in model_inputs:
+        add("stream", "BOOL", np.array([[call.stream]], dtype=bool))
+    elif call.stream:
+        raise EngineRejected(400, "this model's engine does not stream")
+    for name, value in call.sampling.items():
+        wire = "random_seed" if name == "seed" and "seed" not in model_inputs else name
+        if wire not in model_inputs:
+            raise EngineRejected(400, f"'{name}' is not supported by this model's engine")
+        dtype = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}[model_inputs[wire]]
+        add(wire, model_inputs[wire], np.array([[value]], dtype=dtype))
+    if call.stop:
+        if "stop_words" not in model_inputs:
+            raise EngineRejected(400, "'stop' is not supported by this model's engine")
+        add("stop_words", "BYTES", np.array([[word.encode() for word in call.stop]], dtype=object))
+    if "exclude_input_in_output" in model_inputs:
+        add("exclude_input_in_output", "BOOL", np.array([[not call.echo]], dtype=bool))
+    elif call.echo:
+        raise EngineRejected(400, "'echo' is not supported by this model's engine")
+    for flag in ("return_num_input_tokens", "return_num_output_tokens"):
+        if flag in model_inputs:
+            add(flag, "BOOL", np.array([[True]], dtype=bool))
+    if adapter is not None:
+        if "lora_task_id" not in model_inputs:
+            raise EngineRejected(400, "this model's engine serves no adapters (it has no lora_task_id input)")
+        add("lora_task_id", "UINT64", np.array([[task_id(adapter.engine_name)]], dtype=np.uint64))
+        if weights is not None:
+            add("lora_weights", weights.weights_datatype, weights.weights)
+            add("lora_config", "INT32", weights.config)
+    return tensors
+
+
+def _scalar(result: InferResult, name: str) -> int | None:
+    try:
+        value = result.as_numpy(name)
+    except InferenceServerException:
+        return None
+    return None if value is None or value.size == 0 else int(value.reshape(-1)[0])
+
+
+def _rpc_error(replica: Endpoint, exc: grpc.aio.AioRpcError) -> BackendError:
+    code, details = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return EngineUnavailable(f"{replica.id} unreachable: {details}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return EngineTimeout(f"{replica.id} did not answer in time")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return EngineRejected(400, details)
+    return EngineRejected(502 if code == grpc.StatusCode.NOT_FOUND else 500, f"{replica.id}: {code.name} {details}")
+
+
+def _client_fault(message: str) -> bool:
+    """TensorRT-LLM's refusals of the request itself (too long, bad parameter), as opposed to engine failures."""
+    lowered = message.lower()
+    return any(word in lowered for word in ("exceeds", "invalid", "must be", "expected"))

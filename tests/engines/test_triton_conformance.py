@@ -1,0 +1,201 @@
+"""The Triton driver against a Triton-protocol engine: every test runs against the simulator's Triton mode and a
+real Triton server with this repo's TensorRT-LLM stand-in model (docs/triton.md), parametrized by ``triton_lane``.
+
+Each test uses adapter names of its own: the engines live for the session and their PEFT caches (two adapters
+each) carry state from test to test. Texts are compared within one engine, never across the two.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backends.base import AdapterRef, Endpoint, EngineRequest
+from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable
+from backends.triton import TritonDriver
+from loadtests.processes import free_port
+from tests.servers import TritonProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def __call__(self, replica: str, adapter: str, event: str) -> None:
+        self.seen.append((replica, adapter, event))
+
+
+@pytest.fixture
+def events() -> Events:
+    return Events()
+
+
+@pytest.fixture
+async def driver(triton_lane: TritonProcess, events: Events) -> AsyncIterator[TritonDriver]:
+    driver = TritonDriver(
+        model=triton_lane.model,
+        lora_dtype="float16",
+        default_max_tokens=8,
+        chat_template=None,
+        request_timeout_s=60,
+        adapter_load_timeout_s=60,
+        probe_timeout_s=5,
+        on_event=events,
+    )
+    yield driver
+    await driver.close()
+
+
+@pytest.fixture
+def replica(triton_lane: TritonProcess) -> Endpoint:
+    return Endpoint("r0", triton_lane.http_url, triton_lane.grpc_address, triton_lane.metrics_url)
+
+
+def _adapter(lane: TritonProcess, source: str) -> AdapterRef:
+    """The lane's adapter ``source`` under a name (so a task id) no other test uses."""
+    return AdapterRef(f"{source}-{uuid.uuid4().hex[:8]}", lane.adapters[source])
+
+
+def _completion(prompt: str = "hello world", **fields: object) -> EngineRequest:
+    body = {"model": "m", "prompt": prompt, "max_tokens": 6, **fields}
+    return EngineRequest("/v1/completions", json.dumps(body).encode(), bool(fields.get("stream")))
+
+
+async def _text(driver: TritonDriver, replica: Endpoint, request: EngineRequest) -> str:
+    response = await driver.send(replica, request)
+    try:
+        answer = json.loads(await response.read())
+    finally:
+        response.release()
+    return str(answer["choices"][0]["text"])
+
+
+async def test_health_and_load_signals(driver: TritonDriver, replica: Endpoint) -> None:
+    assert await driver.healthy(replica)
+    assert await driver.healthy(Endpoint("gone", f"http://127.0.0.1:{free_port()}")) is False
+    assert await driver.load_signals(replica) is not None
+
+
+async def test_completion_has_openai_shape_and_usage(driver: TritonDriver, replica: Endpoint) -> None:
+    response = await driver.send(replica, _completion())
+    assert response.content_type == "application/json"
+    answer = json.loads(await response.read())
+    response.release()
+    assert answer["object"] == "text_completion" and answer["id"].startswith("cmpl-")
+    assert answer["model"] == "m"
+    choice = answer["choices"][0]
+    assert isinstance(choice["text"], str) and choice["text"]
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = answer["usage"]
+    assert usage["prompt_tokens"] >= 1 and 1 <= usage["completion_tokens"] <= 6
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+async def test_chat_streams_openai_chunks_ending_in_done(driver: TritonDriver, replica: Endpoint) -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    response = await driver.send(replica, EngineRequest("/v1/chat/completions", json.dumps(body).encode(), True))
+    assert response.content_type == "text/event-stream"
+    raw = b"".join([chunk async for chunk in response.chunks()])
+    response.release()
+    events = [line.removeprefix(b"data: ") for line in raw.split(b"\n\n") if line]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert content
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finishes[-1] in ("stop", "length") and not any(finishes[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] >= 1
+
+
+async def test_loaded_adapter_is_sent_by_id_only_and_changes_the_answer(
+    driver: TritonDriver, replica: Endpoint, triton_lane: TritonProcess, events: Events
+) -> None:
+    first, second = _adapter(triton_lane, "a1"), _adapter(triton_lane, "a2")
+    await driver.load_adapter(replica, first)
+    request = _completion(temperature=0)
+    with_first = await _text(driver, replica, EngineRequest(request.path, request.body, False, adapter=first))
+    assert events.seen == []  # found in the engine's cache by its id: no miss, no resend
+    await driver.load_adapter(replica, second)
+    with_second = await _text(driver, replica, EngineRequest(request.path, request.body, False, adapter=second))
+    base = await _text(driver, replica, request)
+    assert len({with_first, with_second, base}) == 3
+
+
+async def test_an_evicted_adapter_is_resent_once_with_its_weights(
+    driver: TritonDriver, replica: Endpoint, triton_lane: TritonProcess, events: Events
+) -> None:
+    evicted = _adapter(triton_lane, "a1")
+    await driver.load_adapter(replica, evicted)
+    request = EngineRequest("/v1/completions", _completion(temperature=0).body, False, adapter=evicted)
+    before = await _text(driver, replica, request)
+    for source in ("a2", "a3"):  # a two-adapter cache: these push the first out
+        await driver.load_adapter(replica, _adapter(triton_lane, source))
+    assert await _text(driver, replica, request) == before
+    assert events.seen == [("r0", evicted.engine_name, "cache_miss")]
+
+
+async def test_an_adapter_never_loaded_here_is_sent_with_weights_on_the_miss(
+    driver: TritonDriver, replica: Endpoint, triton_lane: TritonProcess, events: Events
+) -> None:
+    adapter = _adapter(triton_lane, "a4")  # as if another gateway's record said it was resident
+    request = EngineRequest("/v1/completions", _completion(stream=True).body, True, adapter=adapter)
+    response = await driver.send(replica, request)
+    raw = b"".join([chunk async for chunk in response.chunks()])
+    response.release()
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert events.seen == [("r0", adapter.engine_name, "cache_miss")]
+
+
+async def test_an_adapter_over_the_engines_rank_limit_fails_to_load(
+    driver: TritonDriver, replica: Endpoint, triton_lane: TritonProcess
+) -> None:
+    with pytest.raises(AdapterLoadFailed, match="low_rank"):
+        await driver.load_adapter(replica, _adapter(triton_lane, "big-rank"))
+
+
+async def test_a_missing_adapter_directory_fails_to_load_with_its_path(driver: TritonDriver, replica: Endpoint) -> None:
+    with pytest.raises(AdapterLoadFailed, match=r"no adapter_config\.json"):
+        await driver.load_adapter(replica, AdapterRef("nowhere", "/nonexistent/adapter"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"logprobs": 2}, "'logprobs' is not supported"), ({"n": 2}, "'n' must be 1"), ({"max_tokens": 0}, "at least 1")],
+)
+async def test_what_the_engine_cannot_do_is_a_400_naming_it(
+    driver: TritonDriver, replica: Endpoint, fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(EngineRejected, match=message) as caught:
+        await driver.send(replica, _completion(**fields))
+    assert caught.value.status == 400
+
+
+async def test_a_client_that_leaves_mid_stream_frees_the_engine(driver: TritonDriver, replica: Endpoint) -> None:
+    response = await driver.send(replica, _completion(stream=True, max_tokens=200))
+    async for _chunk in response.chunks():
+        break
+    response.release()
+    # The engine serves the next request normally (the cancelled one no longer holds it).
+    assert await _text(driver, replica, _completion())
+
+
+async def test_an_unreachable_replica_is_unavailable(driver: TritonDriver) -> None:
+    port = free_port()
+    gone = Endpoint("gone", f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
+    with pytest.raises(EngineUnavailable):
+        await driver.send(gone, _completion())
+    assert await driver.load_signals(gone) is None
