@@ -44,6 +44,10 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="Example: tenantgate check-config deploy/examples/gateway.yaml",
     )  # fmt: skip
     check.add_argument("file")
+    check.add_argument(
+        "--read-adapters", action="store_true",
+        help="also read every Triton pool's adapter weights (the gateway sends them) and convert them, as serving would",
+    )  # fmt: skip
     check.set_defaults(run=_check_config)
     hash_key = commands.add_parser(
         "hash-key", help="print the stored form (sha256:<hex>) of an API key read from stdin",
@@ -107,12 +111,32 @@ def _check_config(args: argparse.Namespace) -> int:
     config = _load_or_report(args.file)
     if config is None:
         return 1
+    if args.read_adapters and not _adapters_readable(config):
+        return 1
     replicas = sum(len(pool.replicas) for pool in config.pools)
     print(
         f"{args.file}: ok ({len(config.pools)} pools, {replicas} replicas, {len(config.adapters)} adapters, "
         f"{len(config.tenants)} tenants)"
     )
     return 0
+
+
+def _adapters_readable(config: GatewayConfig) -> bool:
+    """Whether every adapter of a Triton pool converts to TensorRT-LLM's layout; prints each that does not."""
+    from backends.lora_weights import AdapterFormatError, convert_peft
+
+    pools = config.pools_by_name
+    ok = True
+    for adapter in config.adapters:
+        pool = pools[adapter.pool]
+        if pool.backend != "triton":
+            continue  # vLLM reads its adapters itself, from its own disk
+        try:
+            convert_peft(adapter.source, pool.triton.lora_dtype)
+        except AdapterFormatError as exc:
+            print(f"adapter {adapter.name!r}: {exc}", file=sys.stderr)
+            ok = False
+    return ok
 
 
 def _hash_key(args: argparse.Namespace) -> int:

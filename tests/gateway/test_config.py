@@ -74,3 +74,80 @@ def test_config_is_frozen() -> None:
     config = load_config(EXAMPLE)
     with pytest.raises(ValueError):
         config.routing.vnodes = 3  # type: ignore[misc]
+
+
+TRITON_POOL = """
+  - name: trt
+    backend: triton
+    base_model: trt-base
+    triton: {model: tensorrt_llm_bls, lora_dtype: bfloat16}
+    replicas:
+      - {id: t0, url: "http://10.0.0.5:8000"}
+      - {id: t1, url: "http://10.0.0.6:9000", grpc: "10.0.0.6:9001", metrics_url: "http://10.0.0.6:9002/metrics"}
+"""
+
+
+def _with_triton_pool(extra_adapters: str = "") -> str:
+    text = _with("pools:\n", "pools:" + TRITON_POOL)
+    return text.replace("adapters:\n", "adapters:\n" + extra_adapters, 1) if extra_adapters else text
+
+
+def test_a_triton_pool_beside_a_vllm_pool() -> None:
+    from gateway.fleet import endpoint
+
+    config = parse_config(_with_triton_pool())
+    pool = config.pools_by_name["trt"]
+    assert pool.backend == "triton" and pool.triton.model == "tensorrt_llm_bls"
+    assert pool.triton.lora_dtype == "bfloat16" and pool.triton.default_max_tokens == 16
+    derived, explicit = (endpoint(pool, replica) for replica in pool.replicas)
+    assert (derived.grpc_address, derived.metrics_url) == ("10.0.0.5:8001", "http://10.0.0.5:8002/metrics")
+    assert (explicit.grpc_address, explicit.metrics_url) == ("10.0.0.6:9001", "http://10.0.0.6:9002/metrics")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(_with("backend: vllm", "backend: vllm\n    triton: {model: x}"), "`triton` settings on a vllm",
+                     id="triton-settings-on-vllm"),
+        pytest.param(_with('url: "http://127.0.0.1:9002"', 'url: "http://127.0.0.1:9002", grpc: "127.0.0.1:1"'),
+                     "are for Triton pools", id="grpc-on-vllm"),
+        pytest.param(_with_triton_pool().replace("lora_dtype: bfloat16", "lora_dtype: int4"), "lora_dtype",
+                     id="bad-dtype"),
+        pytest.param(_with_triton_pool().replace("lora_dtype: bfloat16", 'chat_template: "{% for %}"'),
+                     "chat_template is not valid Jinja", id="bad-template"),
+        pytest.param(_with_triton_pool().replace('grpc: "10.0.0.6:9001"', 'grpc: "10.0.0.6"'), "grpc",
+                     id="grpc-without-port"),
+    ],
+)  # fmt: skip
+def test_triton_settings_are_validated(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert any(expected in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_adapters_whose_task_ids_collide_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.config
+
+    monkeypatch.setattr(gateway.config, "task_id", lambda name: 42)  # a 63-bit collision, made to happen
+    text = _with_triton_pool("  - {name: t-a, pool: trt, source: /a}\n  - {name: t-b, pool: trt, source: /b}\n")
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert any("['t-a', 't-b'] of pool 'trt' share lora_task_id 42" in p for p in caught.value.problems)
+
+
+def test_check_config_reads_triton_adapters_when_asked(tmp_path: Path) -> None:
+    from tests.peft_files import write_peft_adapter
+
+    good = write_peft_adapter(tmp_path / "good", 4)
+    config = tmp_path / "mixed.yaml"
+    config.write_text(
+        _with_triton_pool(
+            f"  - {{name: t-good, pool: trt, source: {good}}}\n  - {{name: t-bad, pool: trt, source: /nope}}\n"
+        )
+    )
+    command = [sys.executable, "-m", "gateway.cli", "check-config", str(config)]
+    assert subprocess.run(command, capture_output=True, text=True).returncode == 0
+    result = subprocess.run([*command, "--read-adapters"], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "adapter 't-bad': no adapter_config.json in /nope" in result.stderr
+    assert "t-good" not in result.stderr
