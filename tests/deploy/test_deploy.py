@@ -48,9 +48,17 @@ def test_the_config_in_the_configmap_passes_check_config(overlay: Path) -> None:
     ]
     config = parse_config(config_map["data"]["gateway.yaml"], f"{overlay.name} ConfigMap")
     deployment = next(o for o in render(overlay) if o["kind"] == "Deployment" and o["metadata"]["name"] == "tenantgate")
-    volume = deployment["spec"]["template"]["spec"]["volumes"][0]
+    pod = deployment["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if "configMap" in v]
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]  # the generator's hashed name is wired
     assert config.state.redis_url is not None
+    # A Triton pool's adapters are read by the gateway itself (it sends the weights): they must be mounted there.
+    [container] = pod["containers"]
+    mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+    triton_pools = {p.name for p in config.pools if p.backend == "triton"}
+    for adapter in config.adapters:
+        if adapter.pool in triton_pools:
+            assert any(adapter.source.startswith(path + "/") for path in mounts), (adapter.source, mounts)
 
 
 def test_the_dockerfile_passes_hadolint_and_runs_the_documented_command() -> None:
