@@ -64,12 +64,12 @@ class TritonResponse:
         return self._writer.whole(text, usage(*self._counts))
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        first = True
+        opening = self._writer.opening()
         async for piece in self._pieces():
-            if piece or first:
-                yield self._writer.chunk(piece, first=first)
-                first = False
-        yield self._writer.ending(usage(*self._counts))
+            if piece:
+                yield opening + self._writer.chunk(piece)
+                opening = b""
+        yield opening + self._writer.ending(usage(*self._counts))
 
     async def _pieces(self) -> AsyncIterator[str]:
         result: InferResult | None = self._first

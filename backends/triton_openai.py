@@ -175,30 +175,34 @@ class AnswerWriter:
     def whole(self, text: str, usage: dict[str, int] | None) -> bytes:
         finish = self.finish_reason(usage["completion_tokens"] if usage else None)
         if self.call.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
+            message = {"role": "assistant", "content": text}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice["stop_reason"] = None
         answer = {"id": self.id, "object": self._object, "created": self.created, "model": self.call.model}
         answer["choices"] = [choice]
         if usage is not None:
             answer["usage"] = usage
         return json.dumps(answer).encode()
 
-    def chunk(self, text: str, *, first: bool = False, finish: str | None = None) -> bytes:
+    def opening(self) -> bytes:
+        """Chat streams open with the assistant's role, as vLLM's do; completions need no opening."""
+        if not self.call.chat:
+            return b""
+        delta = {"role": "assistant", "content": ""}
+        return self._event({"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]})
+
+    def chunk(self, text: str, finish: str | None = None) -> bytes:
         if self.call.chat:
-            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
         return self._event({"choices": [choice]})
 
     def ending(self, usage: dict[str, int] | None) -> bytes:
-        """The chunk with the finish reason, the usage chunk when asked for, and ``[DONE]``."""
+        """The chunk with the finish reason (the engine's stream says it ended only by ending), the usage chunk
+        when asked for, and ``[DONE]``."""
         finish = self.finish_reason(usage["completion_tokens"] if usage else None)
         events = self.chunk("", finish=finish)
         if self.call.include_usage and usage is not None:

@@ -46,7 +46,7 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.add_argument(
         "--read-adapters", action="store_true",
-        help="also read every Triton pool's adapter weights (the gateway sends them) and convert them, as serving would",
+        help="also read and convert every Triton pool's adapter (the gateway sends their weights), as serving would",
     )  # fmt: skip
     check.set_defaults(run=_check_config)
     hash_key = commands.add_parser(

@@ -79,7 +79,9 @@ def test_not_json_is_a_400() -> None:
 def test_whole_answers_have_vllms_shapes() -> None:
     completion = json.loads(AnswerWriter(_parse(model="m", prompt="x", max_tokens=2)).whole("ab", usage(3, 2)))
     assert completion["object"] == "text_completion" and completion["id"].startswith("cmpl-")
-    assert completion["choices"] == [{"index": 0, "text": "ab", "logprobs": None, "finish_reason": "length"}]
+    assert completion["choices"] == [
+        {"index": 0, "text": "ab", "logprobs": None, "finish_reason": "length", "stop_reason": None}
+    ]
     assert completion["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     chat_call = _parse(True, model="m", messages=[{"role": "user", "content": "x"}], max_tokens=5)
     chat = json.loads(AnswerWriter(chat_call).whole("ab", usage(3, 2)))
@@ -94,15 +96,12 @@ def test_stream_chunks_end_with_finish_usage_and_done() -> None:
         _parse(True, model="m", messages=[{"role": "user", "content": "x"}], stream=True,
                stream_options={"include_usage": True}, max_tokens=2)
     )  # fmt: skip
-    raw = writer.chunk("a", first=True) + writer.chunk("b") + writer.ending(usage(1, 2))
+    raw = writer.opening() + writer.chunk("a") + writer.chunk("b") + writer.ending(usage(1, 2))
     events = [event.removeprefix(b"data: ") for event in raw.split(b"\n\n") if event]
     assert events[-1] == b"[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
-    assert [c["choices"][0]["delta"] for c in chunks[:3]] == [
-        {"role": "assistant", "content": "a"},
-        {"content": "b"},
-        {},
-    ]
-    assert chunks[2]["choices"][0]["finish_reason"] == "length"
-    assert chunks[3]["choices"] == [] and chunks[3]["usage"]["total_tokens"] == 3
+    deltas = [c["choices"][0]["delta"] for c in chunks[:4]]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": "a"}, {"content": "b"}, {"content": ""}]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:4]] == [None, None, None, "length"]
+    assert chunks[4]["choices"] == [] and chunks[4]["usage"]["total_tokens"] == 3
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}

@@ -1,0 +1,213 @@
+"""A mixed fleet end to end through the `openai` SDK: one vLLM pool and one Triton pool (both simulated, each in
+its own engine protocol), tenants of both, the same answer shapes, and the Triton path's LoRA weights discipline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from backends.base import AdapterRef, Endpoint
+from backends.lora_weights import task_id
+from backends.triton import TritonDriver
+from loadtests.fleet import ADMIN_TOKEN, BASE_MODEL, api_key, gateway_config, gateway_process, sim_stats
+from loadtests.processes import free_port, running, sim_command
+from tests.peft_files import write_peft_adapter
+
+pytestmark = pytest.mark.timeout(180)
+TRITON_BASE = "trt-base"
+MODEL = "tensorrt_llm_bls"
+FAST = ("--time-scale", "0.01", "--max-loras", "2", "--max-cpu-loras", "2")
+
+
+@dataclass
+class TritonSim:
+    id: str
+    http_url: str
+    grpc_address: str
+
+    def replica(self) -> dict[str, str]:
+        return {
+            "id": self.id,
+            "url": self.http_url,
+            "grpc": self.grpc_address,
+            "metrics_url": self.http_url + "/metrics",
+        }
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.id, self.http_url, self.grpc_address, self.http_url + "/metrics")
+
+
+@contextlib.contextmanager
+def triton_sims(root: Path, count: int) -> Iterator[list[TritonSim]]:
+    with contextlib.ExitStack() as stack:
+        sims = []
+        for index in range(count):
+            port, grpc_port = free_port(), free_port()
+            cmd = sim_command(port, "--backend", "triton", "--grpc-port", str(grpc_port), "--model", MODEL, *FAST)
+            url = f"http://127.0.0.1:{port}"
+            stack.enter_context(running(cmd, url, root / f"triton-{index}.log", health_path="/v2/health/ready"))
+            sims.append(TritonSim(f"t{index}", url, f"127.0.0.1:{grpc_port}"))
+        yield sims
+
+
+@contextlib.contextmanager
+def vllm_sim(root: Path) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with running(sim_command(port, "--model", BASE_MODEL, *FAST), url, root / "vllm.log", start_timeout_s=30):
+        yield url
+
+
+def triton_pool(sims: list[TritonSim], base_model: str = TRITON_BASE, name: str = "trt") -> dict[str, Any]:
+    return {
+        "name": name,
+        "backend": "triton",
+        "base_model": base_model,
+        "max_adapters": 2,
+        "triton": {"model": MODEL},
+        "health": {"interval_s": 0.5, "timeout_s": 1.0},
+        "replicas": [sim.replica() for sim in sims],
+    }
+
+
+@dataclass
+class MixedFleet:
+    url: str
+    sims: list[TritonSim]
+    adapters: dict[str, str]
+
+    def client(self, tenant: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key(tenant), max_retries=0, timeout=60)
+
+    def home(self, tenant: str) -> TritonSim:
+        answer = httpx.get(
+            self.url + f"/admin/route?tenant={tenant}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ).json()
+        return next(sim for sim in self.sims if sim.id == answer["home"])
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MixedFleet]:
+    root = tmp_path_factory.mktemp("mixed")
+    adapters = {name: str(write_peft_adapter(root / name, 8, seed=i)) for i, name in enumerate(("v-a", "t-a", "t-b"))}
+    with vllm_sim(root) as vllm_url, triton_sims(root, 2) as sims:
+        tenants = {"vt": ["v-a"], "tt": ["t-a"], "tt2": ["t-b"]}
+        config = gateway_config({"v0": vllm_url}, tenants, {"v-a": adapters["v-a"]}, port=free_port())
+        config["pools"].append(triton_pool(sims))
+        config["adapters"] += [{"name": name, "pool": "trt", "source": adapters[name]} for name in ("t-a", "t-b")]
+        for tenant in config["tenants"]:
+            tenant["base_models"] = [BASE_MODEL if tenant["id"] == "vt" else TRITON_BASE]
+        with gateway_process(root, config) as (url, _):
+            yield MixedFleet(url, sims, adapters)
+
+
+def _shape(value: Any) -> Any:
+    """The structure of an answer without its values: keys and the types of leaves."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(item) for item in value[:1]]
+    return type(value).__name__ if value is not None else None
+
+
+def _streamed(stream: Any) -> list[dict[str, Any]]:
+    return [chunk.model_dump() for chunk in stream]
+
+
+@pytest.mark.parametrize("model_of", [{"vt": "v-a", "tt": "t-a"}, {"vt": BASE_MODEL, "tt": TRITON_BASE}],
+                         ids=["adapter", "base"])  # fmt: skip
+def test_tenants_of_both_engines_get_the_same_answer_shapes(fleet: MixedFleet, model_of: dict[str, str]) -> None:
+    shapes: dict[str, list[Any]] = {}
+    for tenant, model in model_of.items():
+        client = fleet.client(tenant)
+        chat = [{"role": "user", "content": "hello there"}]
+        completion = client.completions.create(model=model, prompt="hello world", max_tokens=4).model_dump()
+        answer = client.chat.completions.create(model=model, messages=chat, max_tokens=4).model_dump()  # type: ignore[arg-type]
+        usage = {"include_usage": True}
+        chunks = _streamed(client.completions.create(model=model, prompt="hi", max_tokens=4, stream=True,
+                                                     stream_options=usage))  # type: ignore[arg-type]  # fmt: skip
+        chat_chunks = _streamed(client.chat.completions.create(model=model, messages=chat, max_tokens=4, stream=True,
+                                                               stream_options=usage))  # type: ignore[arg-type]  # fmt: skip
+        assert completion["model"] == model and completion["usage"]["completion_tokens"] >= 1
+        assert chunks[-1]["usage"]["completion_tokens"] >= 1 and chunks[-1]["choices"] == []
+        assert chat_chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(c["choices"][0]["delta"]["content"] or "" for c in chat_chunks if c["choices"])
+        assert text, tenant
+        shapes[tenant] = [
+            _shape(completion), _shape(answer), [_shape(c) for c in chunks[-2:]], [_shape(c) for c in chat_chunks[-2:]]
+        ]  # fmt: skip
+    assert shapes["vt"] == shapes["tt"]
+
+
+def test_triton_weights_go_once_per_replica_and_task(fleet: MixedFleet) -> None:
+    home = fleet.home("tt2")
+    others = [sim for sim in fleet.sims if sim is not home]
+    client = fleet.client("tt2")
+    for index in range(6):
+        stream = index % 2 == 1
+        answer = client.completions.create(model="t-b", prompt=f"request {index}", max_tokens=3, stream=stream)
+        if stream:
+            assert _streamed(answer)  # type: ignore[arg-type]
+    task = str(task_id("t-b"))
+    stats = sim_stats(home.http_url)
+    assert stats["weights_received"].get(task) == 1
+    assert stats["cache_misses"].get(task, 0) == 0
+    assert all(sim_stats(sim.http_url)["weights_received"].get(task, 0) == 0 for sim in others)
+
+
+async def test_a_forced_eviction_costs_one_resend_with_the_weights(fleet: MixedFleet) -> None:
+    client = fleet.client("tt")
+    assert client.completions.create(model="t-a", prompt="warm", max_tokens=2).choices
+    home = fleet.home("tt")
+    task = str(task_id("t-a"))
+    before = sim_stats(home.http_url)
+    # Another client fills the engine's two-adapter PEFT cache: t-a is evicted behind the gateway's back.
+    intruder = TritonDriver(
+        model=MODEL, lora_dtype="float16", default_max_tokens=4, chat_template=None, request_timeout_s=30,
+        adapter_load_timeout_s=30, probe_timeout_s=5,
+    )  # fmt: skip
+    try:
+        for name in ("intruder-1", "intruder-2"):
+            await intruder.load_adapter(home.endpoint(), AdapterRef(name, fleet.adapters["v-a"]))
+    finally:
+        await intruder.close()
+    assert client.completions.create(model="t-a", prompt="after eviction", max_tokens=2).choices[0].text
+    after = sim_stats(home.http_url)
+    assert after["cache_misses"].get(task, 0) == before["cache_misses"].get(task, 0) + 1
+    assert after["weights_received"][task] == before["weights_received"][task] + 1
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(fleet.url + "/metrics")).text
+    pattern = rf'tenantgate_engine_adapter_events_total{{event="cache_miss",pool="trt",replica="{home.id}"}} (\S+)'
+    assert [float(v) for v in re.findall(pattern, metrics)] == [1.0]
+
+
+def test_changing_a_pools_backend_and_reloading_moves_its_traffic(tmp_path: Path) -> None:
+    adapter = str(write_peft_adapter(tmp_path / "x", 8))
+    with vllm_sim(tmp_path) as vllm_url, triton_sims(tmp_path, 1) as sims:
+        config = gateway_config({"r0": vllm_url}, {"acme": ["x"]}, {"x": adapter}, port=free_port())
+        with gateway_process(tmp_path, config) as (url, _):
+            client = openai.OpenAI(base_url=url + "/v1", api_key=api_key("acme"), max_retries=0, timeout=60)
+            assert client.completions.create(model="x", prompt="on vllm", max_tokens=2).choices
+            assert sim_stats(vllm_url)["requests"] >= 1
+            # The same pool, tenants and adapter names, now on Triton replicas.
+            config["pools"] = [triton_pool(sims, BASE_MODEL, "llama")]
+            (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            reload = httpx.post(url + "/admin/reload", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
+            assert reload.status_code == 200, reload.text
+            served_by_vllm = sim_stats(vllm_url)["requests"]
+            for model in ("x", BASE_MODEL):
+                assert client.completions.create(model=model, prompt="on triton", max_tokens=2).choices[0].text
+            assert sim_stats(vllm_url)["requests"] == served_by_vllm
+            triton = sim_stats(sims[0].http_url)
+            assert triton["weights_received"] == {str(task_id("x")): 1}
+            assert triton["requests"] >= 2
