@@ -175,7 +175,7 @@ def test_dashboard_and_alerts_use_only_metrics_that_exist(fleet: RunningFleet) -
     # Families that have not been incremented in this module's traffic still exist once touched; count those
     # by their declared names too.
     names |= {"tenantgate_admission_rejections_total", "tenantgate_upstream_errors_total"}
-    names |= {"tenantgate_adapter_evictions_total"}
+    names |= {"tenantgate_adapter_evictions_total", "tenantgate_engine_adapter_events_total"}
     dashboard = json.loads((REPO / "deploy/observability/grafana-dashboard.json").read_text())
     alerts = yaml.safe_load((REPO / "deploy/observability/alerts.yaml").read_text())
     expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
