@@ -142,6 +142,7 @@ class TritonDriver:
         except EngineRejected as exc:
             raise AdapterLoadFailed(adapter.engine_name, exc.status, exc.message) from exc
         if error is not None:
+            stream.cancel()
             self._raise_engine_error(replica, adapter, error, weights_sent=True, loading=True)
         response = TritonResponse(call, stream, first, replica.id)
         try:
@@ -184,12 +185,15 @@ class TritonDriver:
         timeout = request.timeout_s if request.timeout_s is not None else self._request_timeout_s
         adapter, headers = request.adapter, dict(request.headers)
         stream, first, error = await self._start(replica, call, adapter, None, headers, timeout)
+        if error is not None:
+            stream.cancel()  # an error ends the request; the call must not outlive it
         if error is not None and adapter is not None and CACHE_MISS in error:
             # The engine evicted it (or restarted): send this request again, once, with the weights.
             self._on_event(replica.id, adapter.engine_name, "cache_miss")
             weights = await self._adapter_weights(adapter)
             stream, first, error = await self._start(replica, call, adapter, weights, headers, timeout)
             if error is not None:
+                stream.cancel()
                 self._raise_engine_error(replica, adapter, error, weights_sent=True)
         elif error is not None:
             self._raise_engine_error(replica, adapter, error, weights_sent=False)

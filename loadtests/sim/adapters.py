@@ -84,6 +84,18 @@ class AdapterCaches:
         if self.registered.pop(name, None) is None:
             raise AdapterError(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
 
+    # --- TensorRT-LLM's PEFT cache (loadtests/sim/peft_cache.py) drives these instead of the three above -----
+    def remember(self, info: AdapterInfo) -> None:
+        """Know an adapter whose weights came with a request: its load into host memory and a GPU slot is paid
+        when a request for it is first scheduled (``activate``), not here."""
+        self.registered[info.name] = info
+
+    def forget(self, name: str) -> None:
+        """Drop an adapter from every layer: its weights are gone, and nothing can read them again."""
+        self.registered.pop(name, None)
+        self._host.pop(name, None)
+        self._gpu.pop(name, None)
+
     # --- layers 2 and 3: caches ---------------------------------------------------------------------------
     def can_activate(self, name: str) -> bool:
         return name in self._gpu or len(self._gpu) < self._params.max_loras or self._idle_gpu_adapter() is not None

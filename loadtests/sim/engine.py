@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from loadtests.sim.adapters import AdapterCaches, read_adapter
@@ -94,7 +94,18 @@ class SimEngine:
         self.stats.unregistrations += 1
 
     # --- requests -------------------------------------------------------------------------------------------
-    def submit(self, adapter: str | None, prompt: str, max_tokens: int | None, ignore_eos: bool = False) -> SimRequest:
+    def submit(
+        self,
+        adapter: str | None,
+        prompt: str,
+        max_tokens: int | None,
+        ignore_eos: bool = False,
+        answer_key: str | None = None,
+        stop_words: Collection[str] = (),
+    ) -> SimRequest:
+        """Queue a request. The answer is derived from ``answer_key`` (default: the adapter or model name) and the
+        prompt; Triton mode passes a digest of the adapter's weights, so different weights give different text.
+        The answer ends after the first of ``stop_words`` it says (kept in the text, as TensorRT-LLM keeps it)."""
         p = self.params
         prompt_tokens = tokenize(prompt)
         model = adapter or self.model_name
@@ -107,10 +118,13 @@ class SimEngine:
                 f"{len(prompt_tokens) + wanted} tokens ({len(prompt_tokens)} in the messages, {wanted} in the "
                 "completion). Please reduce the length of the messages or completion."
             )
-        natural = answer_tokens(model, prompt, p.seed, p.min_natural_tokens, p.max_natural_tokens)
+        natural = answer_tokens(answer_key or model, prompt, p.seed, p.min_natural_tokens, p.max_natural_tokens)
         if ignore_eos:  # vLLM's extra parameter: generate exactly max_tokens
             natural = (natural * (wanted // len(natural) + 1))[: wanted + 1]
         answer = natural[:wanted]
+        stopped = next((index for index, word in enumerate(answer) if word in stop_words), None)
+        if stopped is not None:
+            answer = natural = answer[: stopped + 1]
         request = SimRequest(
             adapter=adapter,
             cache_salt=model,
@@ -157,6 +171,10 @@ class SimEngine:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def running_requests(self) -> tuple[SimRequest, ...]:
+        return tuple(self._running)
 
     # --- the step loop --------------------------------------------------------------------------------------
     async def _run(self) -> None:

@@ -8,6 +8,11 @@ never affected.
 - ``error_status``: inference routes answer this status with vLLM's error body (e.g. 503 when overloaded);
 - ``cut_stream_after``: a stream's connection is dropped after this many token chunks, without [DONE];
 - ``failing_adapters``: requests for these adapters answer 500 (a bad adapter version).
+
+In Triton mode the same switches act on gRPC (loadtests/sim/triton_grpc.py): ``hang`` and ``delay_s`` hold every
+RPC and every request on a stream; ``error_status`` answers each inference with an in-stream error;
+``cut_stream_after`` aborts the whole gRPC stream (UNAVAILABLE) after that many token responses;
+``failing_adapters`` names LoRA tasks as the engine does, ``task-<lora_task_id>``.
 """
 
 from __future__ import annotations
@@ -69,15 +74,19 @@ class Faults:
             "failing_adapters": sorted(self.failing_adapters),
         }
 
+    async def stall(self) -> None:
+        """What every engine route does before it answers: wait while ``hang`` is on, then ``delay_s``."""
+        if self.hang:
+            await self._released.wait()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+
     def middleware(self) -> Middleware:
         @web.middleware
         async def faults(request: web.Request, handler: Handler) -> web.StreamResponse:
             if request.path.startswith("/sim/"):
                 return await handler(request)
-            if self.hang:
-                await self._released.wait()
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
+            await self.stall()
             if self.error_status is not None and request.path in _INFERENCE:
                 error = {"message": "Injected fault", "type": "ServiceUnavailableError", "param": None}
                 return web.json_response({"error": {**error, "code": self.error_status}}, status=self.error_status)

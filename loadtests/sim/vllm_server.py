@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from loadtests.sim.adapters import AdapterError
+from loadtests.sim.control import ControlError, apply_control, engine_stats
 from loadtests.sim.engine import PromptTooLong, SimEngine, SimRequest
 from loadtests.sim.faults import Faults
 from loadtests.sim.metrics import engine_metrics, render
@@ -336,37 +337,15 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def sim_stats(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE]
-    return web.json_response(
-        {
-            **engine.stats.as_json(),
-            "registered": sorted(engine.adapters.registered),
-            "gpu_resident": engine.adapters.gpu_resident,
-            "host_resident": engine.adapters.host_resident,
-            "running": engine.num_running,
-            "waiting": engine.num_waiting,
-            "kv_usage": engine.kv.usage,
-        }
-    )
+    return web.json_response(engine_stats(request.app[ENGINE]))
 
 
 async def sim_control(request: web.Request) -> web.Response:
-    """Test control, not part of vLLM's API: ``{"paused": true}`` holds the step loop before its next step;
-    ``{"faults": {...}}`` switches faults on or off (loadtests/sim/faults.py)."""
-    engine, faults = request.app[ENGINE], request.app[FAULTS]
-    body = await _json_object(request)
-    if "paused" in body:
-        if not isinstance(body["paused"], bool):
-            raise _bad_request("paused must be true or false", "paused")
-        engine.pause(body["paused"])
-    if "faults" in body:
-        if not isinstance(body["faults"], dict):
-            raise _bad_request("faults must be an object", "faults")
-        try:
-            faults.update(body["faults"])
-        except ValueError as exc:
-            raise _bad_request(str(exc), "faults") from exc
-    return web.json_response({"paused": engine.paused, "faults": faults.as_json()})
+    try:
+        state = apply_control(request.app[ENGINE], request.app[FAULTS], await _json_object(request))
+    except ControlError as exc:
+        raise _bad_request(str(exc), exc.param) from exc
+    return web.json_response(state)
 
 
 def create_app(engine: SimEngine, lora_modules: dict[str, str]) -> web.Application:
