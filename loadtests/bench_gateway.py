@@ -22,7 +22,17 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtests.fleet import api_key, gateway_config, gateway_process, process_cpu_s, simulated_replicas, write_adapters
+from loadtests.fleet import (
+    api_key,
+    gateway_config,
+    gateway_process,
+    process_cpu_s,
+    simulated_replicas,
+    simulated_triton_replicas,
+    triton_pool,
+    write_adapters,
+)
+from loadtests.peft_files import write_peft_adapter
 from loadtests.processes import free_port
 
 TENANTS = {"bench": ["bench-lora"]}
@@ -93,6 +103,26 @@ def main() -> None:
                 f"{'':16} added p50={gateway[0] - direct[0]:5.2f} ms  p99={gateway[1] - direct[1]:5.2f} ms  "
                 f"gateway CPU per request: {cpu_per_request_us:.0f} us (user + system, from /proc)"
             )
+        _triton_pool(Path(tmp), args.requests, args.concurrency)
+
+
+def _triton_pool(root: Path, requests: int, concurrency: int) -> None:
+    """The same requests through a Triton pool (gRPC streaming, OpenAI translation, LoRA by task id)."""
+    model = "tensorrt_llm_bls"
+    adapter = str(write_peft_adapter(root / "triton-adapter", 8))
+    with simulated_triton_replicas(root, 1, model, "--time-scale", "0") as replicas:
+        config = gateway_config({}, TENANTS, {}, port=free_port(), extra={"telemetry": TELEMETRY["telemetry off"]})
+        config["pools"] = [triton_pool(replicas, model, "tiny-llama")]
+        config["adapters"] = [{"name": "bench-lora", "pool": "trt", "source": adapter}]
+        headers = {"Authorization": f"Bearer {api_key('bench')}"}
+        with gateway_process(root, config, "triton") as (gateway_url, pid):
+            asyncio.run(_phase(gateway_url, headers, 200, concurrency))
+            cpu_before = process_cpu_s(pid)
+            through = asyncio.run(_phase(gateway_url, headers, requests, concurrency))
+            cpu_per_request_us = 1e6 * (process_cpu_s(pid) - cpu_before) / requests
+        _line("triton pool", *through)
+        print(f"{'':16} gateway CPU per request: {cpu_per_request_us:.0f} us (telemetry off; no direct line: the")
+        print(f"{'':16} gateway translates OpenAI to Triton gRPC, so there is no like-for-like direct request)")
 
 
 if __name__ == "__main__":

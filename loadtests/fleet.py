@@ -66,6 +66,35 @@ def simulated_replicas(root: Path, count: int, *sim_args: str) -> Iterator[dict[
         yield urls
 
 
+@contextlib.contextmanager
+def simulated_triton_replicas(root: Path, count: int, model: str, *sim_args: str) -> Iterator[list[dict[str, str]]]:
+    """Simulated replicas in Triton mode (HTTP and gRPC ports); yields their entries for a Triton pool's config."""
+    with contextlib.ExitStack() as stack:
+        replicas = []
+        for index in range(count):
+            port, grpc_port = free_port(), free_port()
+            cmd = sim_command(port, "--backend", "triton", "--grpc-port", str(grpc_port), "--model", model, *sim_args)
+            url = f"http://127.0.0.1:{port}"
+            log = root / f"sim-triton-t{index}.log"
+            stack.enter_context(running(cmd, url, log, start_timeout_s=30, health_path="/v2/health/ready"))
+            grpc = f"127.0.0.1:{grpc_port}"
+            replicas.append({"id": f"t{index}", "url": url, "grpc": grpc, "metrics_url": url + "/metrics"})
+        yield replicas
+
+
+def triton_pool(replicas: list[dict[str, str]], model: str, base_model: str, name: str = "trt") -> dict[str, Any]:
+    """A Triton pool's config over ``replicas`` (as ``simulated_triton_replicas`` yields them)."""
+    return {
+        "name": name,
+        "backend": "triton",
+        "base_model": base_model,
+        "max_adapters": 2,
+        "triton": {"model": model},
+        "health": {"interval_s": 0.5, "timeout_s": 1.0},
+        "replicas": replicas,
+    }
+
+
 def gateway_config(
     replica_urls: dict[str, str],
     tenants: dict[str, list[str]],

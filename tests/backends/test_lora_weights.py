@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from backends.lora_weights import AdapterFormatError, convert_peft, task_id
-from tests.peft_files import TINY_SHAPES, write_peft_adapter
+from loadtests.peft_files import TINY_SHAPES, write_peft_adapter
 
 PREFIX = "base_model.model.model.layers"
 

@@ -136,7 +136,7 @@ def test_adapters_whose_task_ids_collide_are_refused(monkeypatch: pytest.MonkeyP
 
 
 def test_check_config_reads_triton_adapters_when_asked(tmp_path: Path) -> None:
-    from tests.peft_files import write_peft_adapter
+    from loadtests.peft_files import write_peft_adapter
 
     good = write_peft_adapter(tmp_path / "good", 4)
     config = tmp_path / "mixed.yaml"

@@ -19,9 +19,18 @@ import yaml
 from backends.base import AdapterRef, Endpoint
 from backends.lora_weights import task_id
 from backends.triton import TritonDriver
-from loadtests.fleet import ADMIN_TOKEN, BASE_MODEL, api_key, gateway_config, gateway_process, sim_stats
+from loadtests.fleet import (
+    ADMIN_TOKEN,
+    BASE_MODEL,
+    api_key,
+    gateway_config,
+    gateway_process,
+    sim_stats,
+    simulated_triton_replicas,
+    triton_pool,
+)
+from loadtests.peft_files import write_peft_adapter
 from loadtests.processes import free_port, running, sim_command
-from tests.peft_files import write_peft_adapter
 
 pytestmark = pytest.mark.timeout(180)
 TRITON_BASE = "trt-base"
@@ -35,29 +44,16 @@ class TritonSim:
     http_url: str
     grpc_address: str
 
-    def replica(self) -> dict[str, str]:
-        return {
-            "id": self.id,
-            "url": self.http_url,
-            "grpc": self.grpc_address,
-            "metrics_url": self.http_url + "/metrics",
-        }
-
     def endpoint(self) -> Endpoint:
         return Endpoint(self.id, self.http_url, self.grpc_address, self.http_url + "/metrics")
 
 
 @contextlib.contextmanager
-def triton_sims(root: Path, count: int) -> Iterator[list[TritonSim]]:
-    with contextlib.ExitStack() as stack:
-        sims = []
-        for index in range(count):
-            port, grpc_port = free_port(), free_port()
-            cmd = sim_command(port, "--backend", "triton", "--grpc-port", str(grpc_port), "--model", MODEL, *FAST)
-            url = f"http://127.0.0.1:{port}"
-            stack.enter_context(running(cmd, url, root / f"triton-{index}.log", health_path="/v2/health/ready"))
-            sims.append(TritonSim(f"t{index}", url, f"127.0.0.1:{grpc_port}"))
-        yield sims
+def triton_sims(root: Path, count: int) -> Iterator[tuple[list[TritonSim], dict[str, Any]]]:
+    """The simulated Triton replicas and a Triton pool's config over them."""
+    with simulated_triton_replicas(root, count, MODEL, *FAST) as replicas:
+        sims = [TritonSim(r["id"], r["url"], r["grpc"]) for r in replicas]
+        yield sims, triton_pool(replicas, MODEL, TRITON_BASE)
 
 
 @contextlib.contextmanager
@@ -66,18 +62,6 @@ def vllm_sim(root: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     with running(sim_command(port, "--model", BASE_MODEL, *FAST), url, root / "vllm.log", start_timeout_s=30):
         yield url
-
-
-def triton_pool(sims: list[TritonSim], base_model: str = TRITON_BASE, name: str = "trt") -> dict[str, Any]:
-    return {
-        "name": name,
-        "backend": "triton",
-        "base_model": base_model,
-        "max_adapters": 2,
-        "triton": {"model": MODEL},
-        "health": {"interval_s": 0.5, "timeout_s": 1.0},
-        "replicas": [sim.replica() for sim in sims],
-    }
 
 
 @dataclass
@@ -100,10 +84,10 @@ class MixedFleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MixedFleet]:
     root = tmp_path_factory.mktemp("mixed")
     adapters = {name: str(write_peft_adapter(root / name, 8, seed=i)) for i, name in enumerate(("v-a", "t-a", "t-b"))}
-    with vllm_sim(root) as vllm_url, triton_sims(root, 2) as sims:
+    with vllm_sim(root) as vllm_url, triton_sims(root, 2) as (sims, pool):
         tenants = {"vt": ["v-a"], "tt": ["t-a"], "tt2": ["t-b"]}
         config = gateway_config({"v0": vllm_url}, tenants, {"v-a": adapters["v-a"]}, port=free_port())
-        config["pools"].append(triton_pool(sims))
+        config["pools"].append(pool)
         config["adapters"] += [{"name": name, "pool": "trt", "source": adapters[name]} for name in ("t-a", "t-b")]
         for tenant in config["tenants"]:
             tenant["base_models"] = [BASE_MODEL if tenant["id"] == "vt" else TRITON_BASE]
@@ -193,14 +177,14 @@ async def test_a_forced_eviction_costs_one_resend_with_the_weights(fleet: MixedF
 
 def test_changing_a_pools_backend_and_reloading_moves_its_traffic(tmp_path: Path) -> None:
     adapter = str(write_peft_adapter(tmp_path / "x", 8))
-    with vllm_sim(tmp_path) as vllm_url, triton_sims(tmp_path, 1) as sims:
+    with vllm_sim(tmp_path) as vllm_url, triton_sims(tmp_path, 1) as (sims, pool):
         config = gateway_config({"r0": vllm_url}, {"acme": ["x"]}, {"x": adapter}, port=free_port())
         with gateway_process(tmp_path, config) as (url, _):
             client = openai.OpenAI(base_url=url + "/v1", api_key=api_key("acme"), max_retries=0, timeout=60)
             assert client.completions.create(model="x", prompt="on vllm", max_tokens=2).choices
             assert sim_stats(vllm_url)["requests"] >= 1
             # The same pool, tenants and adapter names, now on Triton replicas.
-            config["pools"] = [triton_pool(sims, BASE_MODEL, "llama")]
+            config["pools"] = [{**pool, "name": "llama", "base_model": BASE_MODEL}]
             (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             reload = httpx.post(url + "/admin/reload", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
             assert reload.status_code == 200, reload.text
