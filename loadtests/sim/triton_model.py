@@ -1,0 +1,69 @@
+"""The simulated TensorRT-LLM model behind Triton: a request's LoRA task goes through the PEFT cache, its prompt
+through the same engine as vLLM mode, and its answer comes back as the model's responses: one with the whole text,
+or one per token when streaming (each holding only that token's text, as TensorRT-LLM streams)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from loadtests.sim.engine import PromptTooLong, SimEngine
+from loadtests.sim.peft_cache import LoraTask, PeftCache, PeftError
+from loadtests.sim.triton_contract import GenerateRequest
+from loadtests.sim.triton_errors import Kind, TritonError
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one response holds."""
+
+    text: str
+    num_input_tokens: int
+    num_output_tokens: int  # so far: cumulative when streaming
+    last: bool  # the request's last data response
+
+
+class TrtLlmModel:
+    def __init__(self, engine: SimEngine, peft: PeftCache) -> None:
+        self.engine = engine
+        self.peft = peft
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Reply, None]:
+        """The request's responses. Close the iterator (``contextlib.aclosing``) to stop early: that aborts the
+        engine request and releases its LoRA task."""
+        try:
+            task = self.peft.acquire(request.lora_task_id, request.lora_weights, request.lora_config)
+        except PeftError as exc:
+            raise TritonError(str(exc), Kind.INTERNAL) from exc
+        try:
+            async for reply in self._run(request, task):
+                yield reply
+        finally:
+            if task is not None:
+                self.peft.release(task)
+
+    async def _run(self, request: GenerateRequest, task: LoraTask | None) -> AsyncGenerator[Reply, None]:
+        try:
+            sim_request = self.engine.submit(
+                task.adapter if task else None,
+                request.prompt,
+                request.max_tokens,
+                answer_key=f"{task.adapter}:{task.digest}" if task else None,
+                stop_words=request.stop_words,
+            )
+        except PromptTooLong as exc:
+            raise TritonError(str(exc)) from exc
+        prompt_tokens, total = len(sim_request.prompt_tokens), len(sim_request.answer)
+        words: list[str] = []
+        try:
+            while (token := await sim_request.tokens.get()) is not None:
+                words.append(token)
+                if request.stream:
+                    piece = token if len(words) == 1 else " " + token
+                    yield Reply(piece, prompt_tokens, len(words), last=len(words) == total)
+        finally:
+            self.engine.abort(sim_request)  # a no-op once the request has finished
+        if not request.stream:
+            answer = " ".join(words)
+            text = answer if request.exclude_input_in_output else " ".join(filter(None, (request.prompt, answer)))
+            yield Reply(text, prompt_tokens, len(words), last=True)
