@@ -23,12 +23,14 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim = commands.add_parser(
         "sim",
-        help="run a simulated engine replica (vLLM protocol) for tests, load tests and the demo",
-        description="Run one simulated engine replica that speaks vLLM's HTTP API, with GPU adapter slots, a "
-        "host-memory adapter cache, a prefix-cached KV cache and continuous batching. Delays follow the "
-        "defaults in loadtests/sim/defaults.py.",
+        help="run a simulated engine replica (vLLM or Triton protocol) for tests, load tests and the demo",
+        description="Run one simulated engine replica that speaks vLLM's HTTP API (or, with --backend triton, "
+        "Triton's KServe v2 gRPC and HTTP for a TensorRT-LLM model), with GPU adapter slots, a host-memory "
+        "adapter cache, a prefix-cached KV cache and continuous batching. Delays follow the defaults in "
+        "loadtests/sim/defaults.py.",
         epilog="Example: tenantgate sim --port 9001 --max-loras 2 --max-cpu-loras 4 "
-        "--lora-modules support-acme=/srv/loras/support-acme --time-scale 0.1",
+        "--lora-modules support-acme=/srv/loras/support-acme --time-scale 0.1; "
+        "tenantgate sim --backend triton --port 9101 --grpc-port 9102 --max-cpu-loras 8",
     )
     _sim_module().add_arguments(sim)
     sim.set_defaults(run=lambda args: _sim_module().run(args))
