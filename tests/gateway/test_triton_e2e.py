@@ -4,6 +4,7 @@ its own engine protocol), tenants of both, the same answer shapes, and the Trito
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import Iterator
@@ -195,3 +196,30 @@ def test_changing_a_pools_backend_and_reloading_moves_its_traffic(tmp_path: Path
             triton = sim_stats(sims[0].http_url)
             assert triton["weights_received"] == {str(task_id("x")): 1}
             assert triton["requests"] >= 2
+
+
+async def test_a_client_leaving_mid_stream_cancels_the_engines_request(fleet: MixedFleet) -> None:
+    home = fleet.home("tt2")
+    body = {"model": "t-b", "prompt": "a long answer", "max_tokens": 400, "stream": True}
+    headers = {"Authorization": f"Bearer {api_key('tt2')}"}
+    async with httpx.AsyncClient(timeout=30) as http:
+
+        async def aborted() -> int:
+            count: int = (await http.get(home.http_url + "/sim/stats")).json()["aborted"]
+            return count
+
+        before = await aborted()
+        async with http.stream("POST", fleet.url + "/v1/completions", json=body, headers=headers) as response:
+            assert response.status_code == 200
+            async for _ in response.aiter_bytes():
+                # Hold the engine still while the client leaves, so the request cannot finish on its own.
+                await http.post(home.http_url + "/sim/control", json={"paused": True})
+                break
+        try:
+            for _ in range(200):  # bounded: the gateway cancels the gRPC call as the client's connection closes
+                if await aborted() == before + 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert await aborted() == before + 1
+        finally:
+            await http.post(home.http_url + "/sim/control", json={"paused": False})
