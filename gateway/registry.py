@@ -180,6 +180,7 @@ class Registry:
             set(current.revoked),
             dict(current.adapters),
             set(current.retired),
+            dict(current.splits),
         )
         try:
             trial.apply(change)

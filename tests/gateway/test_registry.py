@@ -11,7 +11,7 @@ import pytest
 
 from gateway.config import AuthConfig, ConfigError, GatewayConfig
 from gateway.errors import AuthenticationFailed
-from gateway.registry import RegistryState
+from gateway.registry import Registry, RegistryState
 from gateway.tenancy import TenantDirectory, hash_key
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, gateway_process, simulated_replicas, write_adapters
 from loadtests.processes import free_port
@@ -45,6 +45,15 @@ def test_a_retired_adapter_leaves_the_catalog_and_every_tenant() -> None:
     assert {a.name for a in config.adapters} == {"support-acme-v2", "sql-globex"}
     acme = next(t for t in config.tenants if t.id == "acme")
     assert acme.adapters == []  # its only adapter retired: acme keeps its base model
+
+
+async def test_a_change_keeps_the_run_time_splits() -> None:
+    registry = Registry(None)
+    split = {"name": "support@ab", "variants": [{"model": "support-acme", "weight": 1}]}
+    await registry.change({"kind": "set_split", "split": split}, base_config())
+    merged = await registry.change({"kind": "add_key", "tenant_id": "acme", "key_hash": hash_key("k2")}, base_config())
+    assert [s.name for s in merged.splits] == ["support@ab"]
+    assert "support@ab" in registry.state.splits
 
 
 def test_a_bad_tenant_is_refused_whole() -> None:
