@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
@@ -30,13 +31,10 @@ MODULE_IDS: dict[str, int] = {
     "o_proj": 4,
     "dense": 4,
     "gate_proj": 5,  # mlp_h_to_4h, as the converter maps it
-    "c_fc": 5,
     "down_proj": 6,
-    "c_proj": 6,
     "up_proj": 7,  # mlp_gate
 }
-LORA_DTYPES = {"float16": np.float16, "bfloat16": np.float32, "float32": np.float32}
-# The Triton datatype each storage dtype travels as (BF16 goes as float32 numbers, tritonclient converts).
+LORA_DTYPES: dict[str, Any] = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 TRITON_DTYPES = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32"}
 
 _KEY = re.compile(r"\.layers\.(\d+)\.(?:self_attn|mlp|attention|self_attention)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
@@ -59,10 +57,12 @@ class TrtLoraWeights:
         return int(self.weights.nbytes + self.config.nbytes)
 
 
-def task_id(engine_name: str) -> int:
-    """The adapter's ``lora_task_id``: stable across gateways and restarts, from its engine name alone (a new
-    version has a new name, so a new id). Top bit cleared: some clients read it as a signed integer; never 0."""
-    digest = int.from_bytes(hashlib.blake2b(engine_name.encode(), digest_size=8).digest(), "big")
+def task_id(engine_name: str, source: str) -> int:
+    """The adapter's ``lora_task_id``: stable across gateways and restarts, from its engine name and source (a new
+    version or a name reused for other weights gets a new id, so the engine can never serve old weights under it).
+    Top bit cleared: some clients read it as a signed integer; never 0."""
+    key = f"{engine_name}\0{source}".encode()
+    digest = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
     return (digest & (2**63 - 1)) or 1
 
 
@@ -72,10 +72,17 @@ def convert_peft(directory: str | Path, dtype: str = "float16") -> TrtLoraWeight
         raise AdapterFormatError(f"unknown LoRA dtype {dtype!r}; expected one of {sorted(LORA_DTYPES)}")
     root = Path(directory)
     config = _read_config(root)
-    rank = int(config.get("r", 0))
-    if rank < 1:
-        raise AdapterFormatError(f"{root}/adapter_config.json has no positive rank 'r'")
-    alpha = float(config.get("lora_alpha", rank))
+    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise AdapterFormatError(f"{root}/adapter_config.json has no positive integer rank 'r'")
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool):
+        raise AdapterFormatError(f"{root}/adapter_config.json: 'lora_alpha' must be a number")
+    # TensorRT-LLM takes one rank and one scale per adapter: variants it cannot express are refused, not approximated.
+    for unsupported in ("use_dora", "alpha_pattern", "rank_pattern"):
+        if config.get(unsupported):
+            raise AdapterFormatError(
+                f"{root}: {unsupported} adapters cannot be expressed in TensorRT-LLM's LoRA layout"
+            )
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     pairs = _read_pairs(root)
     rows: list[np.ndarray] = []
@@ -99,7 +106,8 @@ def _read_config(root: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise AdapterFormatError(f"{root}/adapter_config.json is not JSON: {exc}") from exc
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
-        raise AdapterFormatError(f"{root} is not a LoRA adapter (peft_type {config.get('peft_type')!r})")
+        kind = config.get("peft_type") if isinstance(config, dict) else type(config).__name__
+        raise AdapterFormatError(f"{root} is not a LoRA adapter (peft_type {kind!r})")
     return config
 
 
@@ -113,7 +121,9 @@ def _read_pairs(root: Path) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarra
     for key, tensor in tensors.items():
         match = _KEY.search(key)
         if match is None:
-            continue  # not a LoRA matrix (e.g. a saved embedding): the converter drops these too
+            if "lora_" in key:  # a LoRA part this layout cannot hold (embeddings, lm_head, experts, DoRA)
+                raise AdapterFormatError(f"{root}: {key} has no place in TensorRT-LLM's per-layer LoRA modules")
+            continue  # not a LoRA matrix
         layer, module, half = int(match[1]), match[2], match[3]
         if module not in MODULE_IDS:
             raise AdapterFormatError(f"{root}: module {module!r} has no TensorRT-LLM LoRA module (key {key})")

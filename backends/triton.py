@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -43,7 +44,8 @@ CACHE_MISS = "not found in cache"
 CACHE_FULL = "Cache is full"
 # The adapter-related events a driver reports: the engine had dropped an adapter (miss), or could not take one.
 EngineEvent = Callable[[str, str, str], None]  # (replica id, adapter engine name, "cache_miss" | "cache_full")
-_WEIGHTS_KEPT = 64
+_CLIENT_FAULT = re.compile(r"\b(exceeds|invalid|must be)\b", re.IGNORECASE)
+_OLD_NAMES = {"seed": "random_seed", "min_tokens": "min_length"}
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 
 
@@ -84,7 +86,12 @@ class TritonResponse:
         except StopAsyncIteration:
             return None
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise EngineTimeout(f"{self._replica_id} did not finish the answer in time") from exc
             raise StreamBroken(f"{self._replica_id} broke off the stream: {exc.code().name} {exc.details()}") from exc
+        except asyncio.CancelledError:
+            _reraise_if_cancelled()
+            raise StreamBroken(f"{self._replica_id}: the call was cancelled (the pool is closing)") from None
         if error is not None:
             raise StreamBroken(f"{self._replica_id} failed mid-answer: {error.message()}")
         return result
@@ -115,6 +122,7 @@ class TritonDriver:
         request_timeout_s: float,
         adapter_load_timeout_s: float,
         probe_timeout_s: float,
+        weights_cache_bytes: int = 1 << 30,
         on_event: EngineEvent | None = None,
     ) -> None:
         self._model = model
@@ -127,18 +135,31 @@ class TritonDriver:
         self._clients: dict[str, InferenceServerClient] = {}
         self._inputs: dict[str, dict[str, str]] = {}  # replica id -> the model's inputs (name -> datatype)
         self._outputs: dict[str, set[str]] = {}
-        self._weights: OrderedDict[str, TrtLoraWeights] = OrderedDict()
-        self._converting: dict[str, asyncio.Task[TrtLoraWeights]] = {}
+        # Converted adapters, least recently used first, within a byte budget (an 8B model's rank-16 adapter is
+        # ~130 MB in this layout): (engine name, source) -> weights.
+        self._weights: OrderedDict[tuple[str, str], TrtLoraWeights] = OrderedDict()
+        self._weights_budget = weights_cache_bytes
+        self._converting: dict[tuple[str, str], asyncio.Task[TrtLoraWeights]] = {}
+        self._probe_timeout_s = probe_timeout_s
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=probe_timeout_s))
 
     # --- adapters ------------------------------------------------------------------------------------------
 
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
         """Put the adapter in the engine's PEFT cache: a one-token request carrying its weights."""
+        try:
+            async with asyncio.timeout(self._load_timeout_s):
+                await self._load(replica, adapter)
+        except TimeoutError as exc:
+            raise EngineTimeout(f"loading {adapter.engine_name} on {replica.id} timed out") from exc
+
+    async def _load(self, replica: Endpoint, adapter: AdapterRef) -> None:
         weights = await self._adapter_weights(adapter)
         call = TritonCall(chat=False, model=adapter.engine_name, prompt="warm-up", max_tokens=1, stream=False)
         try:
             stream, first, error = await self._start(replica, call, adapter, weights, {}, self._load_timeout_s)
+        except AdapterCacheFull:
+            raise
         except EngineRejected as exc:
             raise AdapterLoadFailed(adapter.engine_name, exc.status, exc.message) from exc
         if error is not None:
@@ -158,23 +179,26 @@ class TritonDriver:
         return None  # TensorRT-LLM does not say what its PEFT cache holds
 
     async def _adapter_weights(self, adapter: AdapterRef) -> TrtLoraWeights:
-        """Converted once per adapter (off the event loop), kept for the most recently used ones."""
-        weights = self._weights.get(adapter.engine_name)
+        """Converted once per adapter (off the event loop), kept for the most recently used ones within budget."""
+        key = (adapter.engine_name, adapter.source)
+        weights = self._weights.get(key)
         if weights is not None:
-            self._weights.move_to_end(adapter.engine_name)
+            self._weights.move_to_end(key)
             return weights
-        task = self._converting.get(adapter.engine_name)
+        task = self._converting.get(key)
         if task is None:
             task = asyncio.create_task(asyncio.to_thread(convert_peft, adapter.source, self._lora_dtype))
-            self._converting[adapter.engine_name] = task
-            task.add_done_callback(lambda _: self._converting.pop(adapter.engine_name, None))
+            self._converting[key] = task
+            task.add_done_callback(lambda _: self._converting.pop(key, None))
         try:
             weights = await asyncio.shield(task)
         except AdapterFormatError as exc:
             raise AdapterLoadFailed(adapter.engine_name, 400, str(exc)) from exc
-        self._weights[adapter.engine_name] = weights
-        while len(self._weights) > _WEIGHTS_KEPT:
-            self._weights.popitem(last=False)
+        self._weights[key] = weights
+        kept = sum(w.nbytes for w in self._weights.values())
+        while kept > self._weights_budget and len(self._weights) > 1:  # the one in use stays, even if over
+            _, dropped = self._weights.popitem(last=False)
+            kept -= dropped.nbytes
         return weights
 
     # --- requests ------------------------------------------------------------------------------------------
@@ -210,7 +234,10 @@ class TritonDriver:
     ) -> tuple[Any, InferResult, str | None]:
         """Open the call's stream and wait for its first response: (stream, first result, in-stream error)."""
         model_inputs = await self._model_inputs(replica)
-        inputs = _inputs(call, model_inputs, adapter, weights)
+        try:
+            inputs = _inputs(call, model_inputs, adapter, weights)
+        except InferenceServerException as exc:  # a tensor the model declares differently than the contract
+            raise EngineRejected(500, f"{replica.id}: {exc.message()}") from exc
         outputs = [InferRequestedOutput(name) for name in _OUTPUTS if name in self._outputs_of(replica)]
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
@@ -226,6 +253,9 @@ class TritonDriver:
             raise _rpc_error(replica, exc) from exc
         except InferenceServerException as exc:
             raise EngineRejected(500, f"{replica.id}: {exc.message()}") from exc
+        except asyncio.CancelledError:
+            _reraise_if_cancelled()
+            raise EngineUnavailable(f"{replica.id}: the call was cancelled (the pool is closing)") from None
         return stream, result, (error.message() if error is not None else None)
 
     def _raise_engine_error(
@@ -238,7 +268,7 @@ class TritonDriver:
             raise AdapterNotLoaded(404, message)
         if adapter is not None and (loading or (weights_sent and "lora" in message.lower())):
             raise AdapterLoadFailed(adapter.engine_name, 400, message)
-        raise EngineRejected(400 if _client_fault(message) else 500, message)
+        raise EngineRejected(400 if _CLIENT_FAULT.search(message) else 500, message)
 
     # --- model metadata, clients ---------------------------------------------------------------------------
 
@@ -248,7 +278,9 @@ class TritonDriver:
         if known is not None:
             return known
         try:
-            metadata = await self._client(replica).get_model_metadata(self._model, as_json=True)
+            metadata = await self._client(replica).get_model_metadata(
+                self._model, as_json=True, client_timeout=self._probe_timeout_s
+            )
         except InferenceServerException as exc:
             status = exc.status() or ""
             if "UNAVAILABLE" in status:
@@ -298,6 +330,11 @@ class TritonDriver:
         try:
             for family in text_string_to_metric_families("\n".join(lines) + "\n"):
                 for sample in family.samples:
+                    if (
+                        family.name == "nv_inference_pending_request_count"
+                        and sample.labels.get("model") != self._model
+                    ):
+                        continue  # an ensemble's steps queue the same request again: count the entry model only
                     kind = sample.labels.get("request_type") or sample.labels.get("kv_cache_block_type") or ""
                     key = (family.name, kind)
                     gauges[key] = gauges.get(key, 0.0) + sample.value
@@ -334,7 +371,7 @@ def _inputs(
     elif call.stream:
         raise EngineRejected(400, "this model's engine does not stream")
     for name, value in call.sampling.items():
-        wire = "random_seed" if name == "seed" and "seed" not in model_inputs else name
+        wire = name if name in model_inputs else _OLD_NAMES.get(name, name)  # models before TensorRT-LLM's rename
         if wire not in model_inputs:
             raise EngineRejected(400, f"'{name}' is not supported by this model's engine")
         dtype = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}[model_inputs[wire]]
@@ -353,7 +390,7 @@ def _inputs(
     if adapter is not None:
         if "lora_task_id" not in model_inputs:
             raise EngineRejected(400, "this model's engine serves no adapters (it has no lora_task_id input)")
-        add("lora_task_id", "UINT64", np.array([[task_id(adapter.engine_name)]], dtype=np.uint64))
+        add("lora_task_id", "UINT64", np.array([[task_id(adapter.engine_name, adapter.source)]], dtype=np.uint64))
         if weights is not None:
             add("lora_weights", weights.weights_datatype, weights.weights)
             add("lora_config", "INT32", weights.config)
@@ -379,7 +416,8 @@ def _rpc_error(replica: Endpoint, exc: grpc.aio.AioRpcError) -> BackendError:
     return EngineRejected(502 if code == grpc.StatusCode.NOT_FOUND else 500, f"{replica.id}: {code.name} {details}")
 
 
-def _client_fault(message: str) -> bool:
-    """TensorRT-LLM's refusals of the request itself (too long, bad parameter), as opposed to engine failures."""
-    lowered = message.lower()
-    return any(word in lowered for word in ("exceeds", "invalid", "must be", "expected"))
+def _reraise_if_cancelled() -> None:
+    """grpc raises CancelledError in every call on a channel that closes; only a cancelled task should see one."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

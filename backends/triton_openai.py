@@ -23,9 +23,28 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_SAMPLING_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
-# Accepted by vLLM but not expressible to TensorRT-LLM's Triton models: refused while they ask for something.
-_UNSUPPORTED = ("logprobs", "top_logprobs", "suffix", "logit_bias", "tools", "response_format", "guided_json")
+_SAMPLING_FLOATS = (
+    "temperature",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "length_penalty",
+)
+_SAMPLING_INTS = {"top_k": 2**31 - 1, "seed": 2**64 - 1, "min_tokens": 2**31 - 1}  # and their largest values
+_INT32_MAX = 2**31 - 1
+# What this translation honours; everything else the gateway lets through (vLLM's extras, tools, logprobs, ...)
+# is refused while it asks for something, so no request is silently served differently than it asked.
+_HONOURED = frozenset(
+    {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options", "stop", "echo",
+     "n", "best_of", "add_generation_prompt", *_SAMPLING_FLOATS, *_SAMPLING_INTS}
+)  # fmt: skip
+# Fields with no effect on the answer (bookkeeping, detokenizer options TensorRT-LLM's postprocessing fixes).
+_NO_EFFECT = frozenset(
+    {"user", "metadata", "store", "service_tier", "skip_special_tokens", "spaces_between_special_tokens",
+     "parallel_tool_calls"}
+)  # fmt: skip
+_UNSET: tuple[Any, ...] = (None, False, [], {}, "none", "auto", ["text"])
 
 
 @dataclass(frozen=True)
@@ -50,32 +69,34 @@ class ChatTemplate:
         environment = ImmutableSandboxedEnvironment(trim_blocks=False, autoescape=False)
         self._template = environment.from_string(source or DEFAULT_CHAT_TEMPLATE)
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt)
         except TemplateError as exc:
             raise EngineRejected(400, f"the chat could not be rendered by the model's chat template: {exc}") from exc
 
 
 def parse_request(chat: bool, body: bytes, template: ChatTemplate, default_max_tokens: int) -> TritonCall:
-    """The request body (an OpenAI completion or chat request) as a model call; ``EngineRejected(400)`` if not."""
+    """The request body (an OpenAI completion or chat request) as a model call; ``EngineRejected(400)`` if not.
+    ``default_max_tokens`` applies to chat; completions default to 16, as OpenAI's API does."""
     try:
         request = json.loads(body)
     except ValueError as exc:
         raise EngineRejected(400, f"the request body is not JSON: {exc}") from exc
     if not isinstance(request, dict):
         raise EngineRejected(400, "the request body must be a JSON object")
-    for name in _UNSUPPORTED:
-        if request.get(name) not in (None, False, 0, [], {}):
+    for name, value in request.items():
+        if name not in _HONOURED and name not in _NO_EFFECT and value not in _UNSET:
             raise EngineRejected(400, f"'{name}' is not supported by this model's engine (Triton/TensorRT-LLM)")
     for name in ("n", "best_of"):
         if request.get(name, 1) not in (1, None):
             raise EngineRejected(400, f"'{name}' must be 1 on this model's engine (Triton/TensorRT-LLM)")
     prompt = _chat_prompt(request, template) if chat else _completion_prompt(request)
     limit = request.get("max_completion_tokens") if chat else None
-    max_tokens = _int(request, "max_completion_tokens" if limit is not None else "max_tokens", default_max_tokens)
-    if max_tokens < 1:
-        raise EngineRejected(400, "'max_tokens' must be at least 1")
+    default = default_max_tokens if chat else 16
+    max_tokens = _int(request, "max_completion_tokens" if limit is not None else "max_tokens", default)
+    if not 1 <= max_tokens <= _INT32_MAX:
+        raise EngineRejected(400, f"'max_tokens' must be between 1 and {_INT32_MAX}")
     options = request.get("stream_options") or {}
     return TritonCall(
         chat=chat,
@@ -108,7 +129,7 @@ def _chat_prompt(request: dict[str, Any], template: ChatTemplate) -> str:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise EngineRejected(400, f"messages[{index}] must be an object with a 'role'")
         flat.append({"role": message["role"], "content": _text_content(message.get("content"), index)})
-    return template.render(flat)
+    return template.render(flat, request.get("add_generation_prompt", True) is not False)
 
 
 def _text_content(content: Any, index: int) -> str:
@@ -141,11 +162,11 @@ def _sampling(request: dict[str, Any]) -> dict[str, float | int]:
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise EngineRejected(400, f"'{name}' must be a number")
             sampling[name] = float(value)
-    for name in ("top_k", "seed"):
+    for name, largest in _SAMPLING_INTS.items():
         value = request.get(name)
         if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise EngineRejected(400, f"'{name}' must be a non-negative integer")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= largest:
+                raise EngineRejected(400, f"'{name}' must be an integer between 0 and {largest}")
             sampling[name] = value
     return sampling
 

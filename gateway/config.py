@@ -65,6 +65,13 @@ class ReplicaConfig(_Frozen):
     grpc: Annotated[str, Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")] | None = None
     metrics_url: HttpUrl | None = None
 
+    @field_validator("grpc")
+    @classmethod
+    def _grpc_port_in_range(cls, address: str | None) -> str | None:
+        if address is not None and not 1 <= int(address.rsplit(":", 1)[1]) <= 65535:
+            raise ValueError("the gRPC port must be between 1 and 65535")
+        return address
+
 
 class TritonConfig(_Frozen):
     """How a Triton pool's TensorRT-LLM model is called (docs/triton.md)."""
@@ -75,8 +82,11 @@ class TritonConfig(_Frozen):
     metrics_port: int = Field(default=8002, ge=1, le=65535)
     # The engine's weight dtype: LoRA weights must match it.
     lora_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
-    # TensorRT-LLM needs max_tokens; OpenAI requests may omit it.
-    default_max_tokens: int = Field(default=16, ge=1)
+    # TensorRT-LLM needs max_tokens; chat requests may omit it (completions then default to 16, as OpenAI's API).
+    # Keep it within the engine's own output limit.
+    default_max_tokens: int = Field(default=1024, ge=1, le=2**31 - 1)
+    # Converted adapter weights kept in the gateway's memory (each is resent from there after an engine evicts it).
+    weights_cache_mib: int = Field(default=1024, ge=1)
     # Jinja over `messages` (role, content) and `add_generation_prompt`; None: ChatML (backends/triton_openai.py).
     chat_template: str | None = None
 
@@ -394,7 +404,7 @@ def _task_id_collisions(config: GatewayConfig) -> list[str]:
     for adapter in config.adapters:
         if adapter.pool in triton_pools:
             name = adapter.engine_name or adapter.name
-            names.setdefault((adapter.pool, task_id(name)), set()).add(name)
+            names.setdefault((adapter.pool, task_id(name, adapter.source)), set()).add(name)
     return [
         f"adapters {sorted(clash)} of pool {pool!r} share lora_task_id {tid}: rename one"
         for (pool, tid), clash in names.items()

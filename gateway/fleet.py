@@ -204,6 +204,7 @@ def make_driver(config: PoolConfig, metrics: GatewayMetrics) -> EngineDriver:
             request_timeout_s=config.request_timeout_s,
             adapter_load_timeout_s=config.adapter_load_timeout_s,
             probe_timeout_s=config.health.timeout_s,
+            weights_cache_bytes=config.triton.weights_cache_mib << 20,
             on_event=on_event,
         )
     return VllmDriver(
@@ -220,8 +221,7 @@ def endpoint(pool: PoolConfig, replica: ReplicaConfig) -> Endpoint:
     url = str(replica.url).rstrip("/")
     if pool.backend != "triton":
         return Endpoint(replica.id, url)
-    host = replica.url.host or "127.0.0.1"
-    host = f"[{host}]" if ":" in host else host
+    host = replica.url.host or "127.0.0.1"  # pydantic keeps an IPv6 host in its brackets
     grpc_address = replica.grpc or f"{host}:{pool.triton.grpc_port}"
     metrics_url = (
         str(replica.metrics_url) if replica.metrics_url else f"http://{host}:{pool.triton.metrics_port}/metrics"

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from backends.base import AdapterRef, EngineRequest, EngineResponse
 from backends.errors import (
+    AdapterCacheFull,
     AdapterLoadFailed,
     AdapterNotLoaded,
     BackendError,
@@ -24,7 +25,7 @@ from backends.errors import (
     StreamBroken,
 )
 from gateway.appkeys import TELEMETRY
-from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout
+from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, WorkingSetFull
 from gateway.fleet import Pool, Replica
 from gateway.telemetry import RequestRecord, Telemetry
 from gateway.tenancy import Target
@@ -106,6 +107,8 @@ def _remaining(deadline: float) -> float:
 
 def _replica_fault(exc: BackendError) -> bool:
     """Whether the failure says something about the replica (not about the request, its deadline or the adapter)."""
+    if isinstance(exc, AdapterCacheFull):
+        return False  # busy with other adapters, not broken
     if isinstance(exc, EngineRejected):
         return exc.status >= 500
     if isinstance(exc, DeadlineExceeded):
@@ -130,6 +133,10 @@ async def _load_within_deadline(
 async def _send(pool: Pool, replica: Replica, target: Target, engine_request: EngineRequest) -> EngineResponse:
     try:
         return await pool.driver.send(replica.endpoint, engine_request)
+    except AdapterCacheFull:
+        if engine_request.adapter is not None:  # the engine does not hold it: stop routing by it being there
+            await pool.residency.lost(replica.endpoint.id, engine_request.adapter.engine_name)
+        raise
     except AdapterNotLoaded:
         if target.adapter is None:
             raise
@@ -165,6 +172,8 @@ async def _stream(
 
 
 def to_gateway_error(exc: BackendError) -> GatewayError:
+    if isinstance(exc, AdapterCacheFull):
+        return WorkingSetFull("The model replica has no room for this adapter now; retry shortly.")
     if isinstance(exc, EngineTimeout):
         return UpstreamTimeout("The model replica did not answer in time.")
     if isinstance(exc, EngineUnavailable):

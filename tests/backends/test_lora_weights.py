@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from tritonclient.grpc import InferInput
 
 from backends.lora_weights import AdapterFormatError, convert_peft, task_id
 from loadtests.peft_files import TINY_SHAPES, write_peft_adapter
@@ -100,9 +102,11 @@ def test_a_peft_adapter_made_by_the_tests(tmp_path: Path) -> None:
         assert np.count_nonzero(row[:used]) == used and not row[used:].any()
 
 
-def test_bfloat16_travels_as_float32_numbers(tmp_path: Path) -> None:
+def test_bfloat16_weights_make_a_bf16_tensor(tmp_path: Path) -> None:
     converted = convert_peft(write_peft_adapter(tmp_path / "a", 2), "bfloat16")
-    assert converted.weights.dtype == np.float32 and converted.weights_datatype == "BF16"
+    assert converted.weights.dtype == ml_dtypes.bfloat16 and converted.weights_datatype == "BF16"
+    tensor = InferInput("lora_weights", list(converted.weights.shape), converted.weights_datatype)
+    tensor.set_data_from_numpy(converted.weights)  # tritonclient refuses any other array type for BF16
 
 
 @pytest.mark.parametrize(
@@ -120,8 +124,13 @@ def test_bfloat16_travels_as_float32_numbers(tmp_path: Path) -> None:
             {"r": 3},
             "do not match rank 3",
         ),
-        ({f"{PREFIX}.0.mlp.up_proj.lora_A.weight": [[1.0]]}, {"r": 0}, "no positive rank"),
+        ({f"{PREFIX}.0.mlp.up_proj.lora_A.weight": [[1.0]]}, {"r": 0}, "no positive integer rank"),
         ({f"{PREFIX}.0.mlp.up_proj.lora_A.weight": [[1.0]]}, {"r": 1, "peft_type": "IA3"}, "not a LoRA adapter"),
+        ({f"{PREFIX}.0.mlp.up_proj.lora_A.weight": [[1.0]]}, {"r": "8"}, "no positive integer rank"),
+        ({f"{PREFIX}.0.mlp.up_proj.lora_A.weight": [[1.0]]}, {"r": 1, "lora_alpha": "x"}, "'lora_alpha' must be"),
+        ({f"{PREFIX}.0.mlp.up_proj.lora_A.weight": [[1.0]]}, {"r": 1, "use_dora": True}, "use_dora adapters"),
+        ({f"{PREFIX}.0.mlp.up_proj.lora_A.weight": [[1.0]]}, {"r": 1, "alpha_pattern": {"q": 2}}, "alpha_pattern"),
+        ({"base_model.model.lm_head.lora_A.weight": [[1.0]]}, {"r": 1}, "lm_head.lora_A.weight has no place"),
     ],
 )
 def test_refusals_name_the_problem(tmp_path: Path, tensors: dict, config: dict, message: str) -> None:
@@ -136,9 +145,11 @@ def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_task_ids_are_stable_positive_63_bit_and_distinct() -> None:
-    assert task_id("support@1") == task_id("support@1")
-    ids = {task_id(f"adapter-{n}") for n in range(5000)}
+    assert task_id("support@1", "/srv/a") == task_id("support@1", "/srv/a")
+    ids = {task_id(f"adapter-{n}", "/srv/a") for n in range(5000)}
     assert len(ids) == 5000
     assert all(0 < value < 2**63 for value in ids)
+    # A name reused for other weights (another source) is another task: the engine's cache cannot serve the old.
+    assert task_id("support@1", "/srv/b") != task_id("support@1", "/srv/a")
     # Pinned: a change of derivation would silently invalidate every engine's PEFT cache entries.
-    assert task_id("a1") == 2262327160833371419
+    assert task_id("a1", "/srv/loras/a1") == 8718896991693282456

@@ -13,7 +13,7 @@ TEMPLATE = ChatTemplate(None)
 
 
 def _parse(chat: bool = False, **body: object) -> TritonCall:
-    return parse_request(chat, json.dumps(body).encode(), TEMPLATE, default_max_tokens=16)
+    return parse_request(chat, json.dumps(body).encode(), TEMPLATE, default_max_tokens=1024)
 
 
 def test_a_completion_becomes_a_call_with_its_sampling() -> None:
@@ -22,8 +22,18 @@ def test_a_completion_becomes_a_call_with_its_sampling() -> None:
     assert call.sampling == {"temperature": 0.5, "top_k": 3, "seed": 7}
 
 
+def test_fields_with_no_effect_or_unset_pass() -> None:
+    call = _parse(prompt="x", user="u", logprobs=None, tools=[], tool_choice="none", skip_special_tokens=True)
+    assert call.prompt == "x"
+    assert _parse(prompt="x", repetition_penalty=1.1, min_tokens=2).sampling == {
+        "repetition_penalty": 1.1,
+        "min_tokens": 2,
+    }
+
+
 def test_max_tokens_defaults_and_chat_prefers_max_completion_tokens() -> None:
-    assert _parse(prompt="x").max_tokens == 16
+    assert _parse(prompt="x").max_tokens == 16  # OpenAI's default for completions
+    assert _parse(True, messages=[{"role": "user", "content": "x"}]).max_tokens == 1024  # the pool's, for chat
     chat = _parse(True, messages=[{"role": "user", "content": "x"}], max_tokens=3, max_completion_tokens=9)
     assert chat.max_tokens == 9
 
@@ -57,8 +67,14 @@ def test_a_pools_own_template_is_used_and_cannot_escape_the_sandbox() -> None:
         (False, {"prompt": "x", "n": 3}, "'n' must be 1"),
         (False, {"prompt": "x", "max_tokens": "many"}, "'max_tokens' must be an integer"),
         (False, {"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
-        (False, {"prompt": "x", "seed": -1}, "'seed' must be a non-negative integer"),
+        (False, {"prompt": "x", "seed": -1}, "'seed' must be an integer between 0 and"),
         (False, {"prompt": "x", "stop": [1]}, "'stop' must be a string or a list of strings"),
+        (False, {"prompt": "x", "seed": 2**64}, "'seed' must be an integer between 0 and"),
+        (False, {"prompt": "x", "max_tokens": 2**31}, "'max_tokens' must be between 1 and"),
+        (False, {"prompt": "x", "ignore_eos": True}, "'ignore_eos' is not supported"),
+        (False, {"prompt": "x", "stop_token_ids": [2]}, "'stop_token_ids' is not supported"),
+        (True, {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, "'functions'"),
+        (True, {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "'tool_choice'"),
         (True, {"messages": []}, "'messages' must be a non-empty list"),
         (True, {"messages": [{"content": "x"}]}, "must be an object with a 'role'"),
         (True, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),

@@ -26,8 +26,8 @@ nv_gpu_utilization{gpu_uuid="GPU-1"} 0.9
 """
 PLAIN_TRITON_PAGE = """\
 # TYPE nv_inference_pending_request_count gauge
-nv_inference_pending_request_count{model="tensorrt_llm_bls",version="1"} 3
-nv_inference_pending_request_count{model="preprocessing",version="1"} 1
+nv_inference_pending_request_count{model="ensemble",version="1"} 3
+nv_inference_pending_request_count{model="preprocessing",version="1"} 3
 """
 
 
@@ -67,14 +67,18 @@ async def test_tensorrt_llm_gauges_when_present(driver: TritonDriver) -> None:
     assert (load.running, load.waiting, load.kv_cache_usage) == (5.0, 2.0, 0.25)
 
 
-async def test_queue_depth_summed_over_models_otherwise(driver: TritonDriver) -> None:
+async def test_the_entry_models_queue_depth_otherwise(driver: TritonDriver) -> None:
     server = await _serve(PLAIN_TRITON_PAGE)
     try:
         load = await driver.load_signals(_replica(server))
     finally:
         await server.close()
     assert load is not None
-    assert (load.running, load.waiting, load.kv_cache_usage) == (0.0, 4.0, 0.0)
+    assert (load.running, load.waiting, load.kv_cache_usage) == (
+        0.0,
+        3.0,
+        0.0,
+    )  # the ensemble's steps are not counted twice
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from backends.base import AdapterRef, Endpoint, EngineRequest
-from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable
+from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable, StreamBroken
 from backends.triton import TritonDriver
 from loadtests.processes import free_port
 from tests.servers import TritonProcess
@@ -174,7 +174,11 @@ async def test_a_missing_adapter_directory_fails_to_load_with_its_path(driver: T
 
 @pytest.mark.parametrize(
     ("fields", "message"),
-    [({"logprobs": 2}, "'logprobs' is not supported"), ({"n": 2}, "'n' must be 1"), ({"max_tokens": 0}, "at least 1")],
+    [
+        ({"logprobs": 2}, "'logprobs' is not supported"),
+        ({"n": 2}, "'n' must be 1"),
+        ({"max_tokens": 0}, "between 1 and"),
+    ],
 )
 async def test_what_the_engine_cannot_do_is_a_400_naming_it(
     driver: TritonDriver, replica: Endpoint, fields: dict[str, object], message: str
@@ -199,3 +203,19 @@ async def test_an_unreachable_replica_is_unavailable(driver: TritonDriver) -> No
     with pytest.raises(EngineUnavailable):
         await driver.send(gone, _completion())
     assert await driver.load_signals(gone) is None
+
+
+async def test_closing_the_driver_breaks_open_streams_without_cancelling_their_readers(
+    triton_lane: TritonProcess, replica: Endpoint
+) -> None:
+    closing = TritonDriver(
+        model=triton_lane.model, lora_dtype="float16", default_max_tokens=8, chat_template=None,
+        request_timeout_s=60, adapter_load_timeout_s=60, probe_timeout_s=5,
+    )  # fmt: skip
+    response = await closing.send(replica, _completion(stream=True, max_tokens=400))
+    chunks = response.chunks()
+    await anext(chunks)
+    await closing.close()  # as a retired fleet closes after its drain
+    with pytest.raises(StreamBroken):
+        async for _chunk in chunks:
+            pass

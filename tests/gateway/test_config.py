@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, load_config, parse_config
+from gateway.config import ConfigError, ReplicaConfig, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "deploy" / "examples" / "gateway.yaml"
@@ -98,10 +98,12 @@ def test_a_triton_pool_beside_a_vllm_pool() -> None:
     config = parse_config(_with_triton_pool())
     pool = config.pools_by_name["trt"]
     assert pool.backend == "triton" and pool.triton.model == "tensorrt_llm_bls"
-    assert pool.triton.lora_dtype == "bfloat16" and pool.triton.default_max_tokens == 16
+    assert pool.triton.lora_dtype == "bfloat16" and pool.triton.default_max_tokens == 1024
     derived, explicit = (endpoint(pool, replica) for replica in pool.replicas)
     assert (derived.grpc_address, derived.metrics_url) == ("10.0.0.5:8001", "http://10.0.0.5:8002/metrics")
     assert (explicit.grpc_address, explicit.metrics_url) == ("10.0.0.6:9001", "http://10.0.0.6:9002/metrics")
+    v6 = endpoint(pool, ReplicaConfig.model_validate({"id": "t6", "url": "http://[::1]:8000"}))
+    assert (v6.grpc_address, v6.metrics_url) == ("[::1]:8001", "http://[::1]:8002/metrics")
 
 
 @pytest.mark.parametrize(
@@ -117,6 +119,8 @@ def test_a_triton_pool_beside_a_vllm_pool() -> None:
                      "chat_template is not valid Jinja", id="bad-template"),
         pytest.param(_with_triton_pool().replace('grpc: "10.0.0.6:9001"', 'grpc: "10.0.0.6"'), "grpc",
                      id="grpc-without-port"),
+        pytest.param(_with_triton_pool().replace('grpc: "10.0.0.6:9001"', 'grpc: "10.0.0.6:99999"'),
+                     "between 1 and 65535", id="grpc-port-range"),
     ],
 )  # fmt: skip
 def test_triton_settings_are_validated(text: str, expected: str) -> None:
@@ -128,7 +132,7 @@ def test_triton_settings_are_validated(text: str, expected: str) -> None:
 def test_adapters_whose_task_ids_collide_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import gateway.config
 
-    monkeypatch.setattr(gateway.config, "task_id", lambda name: 42)  # a 63-bit collision, made to happen
+    monkeypatch.setattr(gateway.config, "task_id", lambda name, source: 42)  # a 63-bit collision, made to happen
     text = _with_triton_pool("  - {name: t-a, pool: trt, source: /a}\n  - {name: t-b, pool: trt, source: /b}\n")
     with pytest.raises(ConfigError) as caught:
         parse_config(text)

@@ -143,7 +143,7 @@ def test_triton_weights_go_once_per_replica_and_task(fleet: MixedFleet) -> None:
         answer = client.completions.create(model="t-b", prompt=f"request {index}", max_tokens=3, stream=stream)
         if stream:
             assert _streamed(answer)  # type: ignore[arg-type]
-    task = str(task_id("t-b"))
+    task = str(task_id("t-b", fleet.adapters["t-b"]))
     stats = sim_stats(home.http_url)
     assert stats["weights_received"].get(task) == 1
     assert stats["cache_misses"].get(task, 0) == 0
@@ -154,7 +154,7 @@ async def test_a_forced_eviction_costs_one_resend_with_the_weights(fleet: MixedF
     client = fleet.client("tt")
     assert client.completions.create(model="t-a", prompt="warm", max_tokens=2).choices
     home = fleet.home("tt")
-    task = str(task_id("t-a"))
+    task = str(task_id("t-a", fleet.adapters["t-a"]))
     before = sim_stats(home.http_url)
     # Another client fills the engine's two-adapter PEFT cache: t-a is evicted behind the gateway's back.
     intruder = TritonDriver(
@@ -194,7 +194,7 @@ def test_changing_a_pools_backend_and_reloading_moves_its_traffic(tmp_path: Path
                 assert client.completions.create(model=model, prompt="on triton", max_tokens=2).choices[0].text
             assert sim_stats(vllm_url)["requests"] == served_by_vllm
             triton = sim_stats(sims[0].http_url)
-            assert triton["weights_received"] == {str(task_id("x")): 1}
+            assert triton["weights_received"] == {str(task_id("x", adapter)): 1}
             assert triton["requests"] >= 2
 
 
