@@ -11,50 +11,27 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tests.engines.triton_real import running_triton
 from tests.servers import TritonProcess
+from tests.triton_client import Arrays, Result, answer, request_arrays, text
+from tests.triton_client import counts as _tokens
+from tests.triton_client import error_message as _error
+from tests.triton_client import infer_inputs as _inputs
+from tests.triton_client import lora_arrays as _lora
+from tests.triton_client import text as _text
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(180)]
 
 _task_ids = itertools.count(1000)  # the engine is shared by the session: each test loads fresh task ids
-Result = tuple[grpcclient.InferResult | None, InferenceServerException | None]
 
 
-def _lora(rank: int = 8, rows: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
-    """Small weights of the converter's shapes: [1,N,W] fp16 and [1,N,3] int32 rows of (module, layer, rank)."""
-    weights = np.random.default_rng(seed).standard_normal((1, rows, 4 * rank)).astype(np.float16)
-    config = np.array([[[1 + row, 0, rank] for row in range(rows)]], dtype=np.int32)
-    return {"lora_weights": weights, "lora_config": config}
+def _request(**fields: Any) -> Arrays:
+    return request_arrays(**{"prompt": "hello big world", "max_tokens": 24, **fields})
 
 
-def _request(
-    prompt: str = "hello big world",
-    max_tokens: int = 24,
-    stream: bool = False,
-    lora_task_id: int | None = None,
-    **lora: np.ndarray,
-) -> dict[str, np.ndarray]:
-    arrays = {
-        "text_input": np.array([[prompt]], dtype=object),
-        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
-        "stream": np.array([[stream]], dtype=bool),
-        "exclude_input_in_output": np.array([[True]], dtype=bool),
-        **lora,
-    }
-    if lora_task_id is not None:
-        arrays["lora_task_id"] = np.array([[lora_task_id]], dtype=np.uint64)
-    return arrays
-
-
-def _inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
+def _answer(results: list[Result]) -> str:
+    return text(answer(results))
 
 
 def _stream(client: grpcclient.InferenceServerClient, model: str, arrays: dict[str, np.ndarray]) -> Any:
@@ -66,29 +43,6 @@ def _stream(client: grpcclient.InferenceServerClient, model: str, arrays: dict[s
 
 async def _infer(engine: TritonProcess, client: grpcclient.InferenceServerClient, **request: Any) -> list[Result]:
     return [result async for result in _stream(client, engine.model, _request(**request))]
-
-
-def _text(result: grpcclient.InferResult) -> str:
-    value: bytes = result.as_numpy("text_output").reshape(-1)[0]
-    return value.decode()
-
-
-def _tokens(result: grpcclient.InferResult) -> tuple[int, int]:
-    return int(result.as_numpy("num_input_tokens")[0, 0]), int(result.as_numpy("num_output_tokens")[0, 0])
-
-
-def _answer(results: list[Result]) -> str:
-    """The text of a successful non-streaming answer: exactly one data response, no error."""
-    assert [error for _, error in results] == [None], results
-    result = results[0][0]
-    assert result is not None
-    return _text(result)
-
-
-def _error(results: list[Result]) -> str:
-    """The message of a refused request: one in-stream error response and nothing else."""
-    assert len(results) == 1 and results[0][0] is None and results[0][1] is not None, results
-    return results[0][1].message()
 
 
 @pytest.fixture

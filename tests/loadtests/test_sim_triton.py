@@ -26,55 +26,22 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype, ser
 
 from loadtests.sim.tokenizer import tokenize
 from tests.servers import TritonProcess
+from tests.triton_client import Arrays, Result
+from tests.triton_client import answer as _answer
+from tests.triton_client import counts as _counts
+from tests.triton_client import error_message as _error
+from tests.triton_client import infer_inputs as _inputs
+from tests.triton_client import lora_arrays as _lora
+from tests.triton_client import request_arrays as _request
+from tests.triton_client import text as _text
 
 pytestmark = pytest.mark.timeout(120)
 
 _task_ids = itertools.count(7_000_001)  # other test modules use ids derived from adapter names: far from these
-Result = tuple[grpcclient.InferResult | None, InferenceServerException | None]
-Arrays = dict[str, np.ndarray[Any, Any]]
 _FINAL = "triton_final_response"
 
 
 # --- requests ---------------------------------------------------------------------------------------------------
-def _lora(rank: int = 8, rows: int = 2, seed: int = 0) -> Arrays:
-    """Weights and config of the converter's shapes: [1,N,W] fp16 and [1,N,3] int32 rows of (module, layer, rank)."""
-    weights = np.random.default_rng(seed).standard_normal((1, rows, 4 * rank)).astype(np.float16)
-    config = np.array([[[1 + row % 2, row // 2, rank] for row in range(rows)]], dtype=np.int32)
-    return {"lora_weights": weights, "lora_config": config}
-
-
-def _request(
-    prompt: str = "the gateway routes each tenant",
-    max_tokens: int = 12,
-    stream: bool = False,
-    lora_task_id: int | None = None,
-    exclude_input: bool = True,
-    counts: bool = True,
-    **extra: np.ndarray[Any, Any],
-) -> Arrays:
-    arrays: Arrays = {
-        "text_input": np.array([[prompt]], dtype=object),
-        "max_tokens": np.array([[max_tokens]], dtype=np.int32),
-        "stream": np.array([[stream]], dtype=bool),
-        "exclude_input_in_output": np.array([[exclude_input]], dtype=bool),
-    }
-    if counts:
-        arrays["return_num_input_tokens"] = np.array([[True]], dtype=bool)
-        arrays["return_num_output_tokens"] = np.array([[True]], dtype=bool)
-    if lora_task_id is not None:
-        arrays["lora_task_id"] = np.array([[lora_task_id]], dtype=np.uint64)
-    return {**arrays, **extra}
-
-
-def _inputs(arrays: Arrays) -> list[grpcclient.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
-
-
 def _stream(client: grpcclient.InferenceServerClient, *requests: dict[str, Any]) -> Any:
     """One ModelStreamInfer call carrying ``requests`` (dicts of stream_infer's keys), then half-closed."""
 
@@ -90,31 +57,8 @@ async def _infer(engine: TritonProcess, client: grpcclient.InferenceServerClient
     return [r async for r in _stream(client, {"model_name": model, "inputs": _inputs(_request(**fields))})]
 
 
-def _text(result: grpcclient.InferResult) -> str:
-    value: bytes = result.as_numpy("text_output").reshape(-1)[0]
-    return value.decode()
-
-
-def _counts(result: grpcclient.InferResult) -> tuple[int, int]:
-    return int(result.as_numpy("num_input_tokens")[0, 0]), int(result.as_numpy("num_output_tokens")[0, 0])
-
-
 def _final(result: grpcclient.InferResult) -> bool:
     return bool(result.get_response().parameters[_FINAL].bool_param)
-
-
-def _answer(results: list[Result]) -> grpcclient.InferResult:
-    """The one response of a successful non-streaming request."""
-    assert [error for _, error in results] == [None], results
-    result = results[0][0]
-    assert result is not None
-    return result
-
-
-def _error(results: list[Result]) -> str:
-    """The message of a refused request: one in-stream error and nothing else."""
-    assert len(results) == 1 and results[0][0] is None and results[0][1] is not None, results
-    return str(results[0][1].message())
 
 
 # --- fixtures and the simulator's own routes --------------------------------------------------------------------
