@@ -9,6 +9,7 @@ model sends an empty final response. docs/triton.md has the model contract and h
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from collections import OrderedDict
@@ -45,6 +46,7 @@ CACHE_FULL = "Cache is full"
 # The adapter-related events a driver reports: the engine had dropped an adapter (miss), or could not take one.
 EngineEvent = Callable[[str, str, str], None]  # (replica id, adapter engine name, "cache_miss" | "cache_full")
 _CLIENT_FAULT = re.compile(r"\b(exceeds|invalid|must be)\b", re.IGNORECASE)
+_NUMPY_TYPES: dict[str, Any] = {"INT32": np.int32, "UINT64": np.uint64, "BOOL": bool}
 _OLD_NAMES = {"seed": "random_seed", "min_tokens": "min_length"}
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 
@@ -365,9 +367,9 @@ def _inputs(
         tensors.append(tensor)
 
     add("text_input", "BYTES", np.array([[call.prompt.encode()]], dtype=object))
-    add("max_tokens", "INT32", np.array([[call.max_tokens]], dtype=np.int32))
+    tensors.append(_scalar_tensor("max_tokens", "INT32", call.max_tokens))
     if "stream" in model_inputs:
-        add("stream", "BOOL", np.array([[call.stream]], dtype=bool))
+        tensors.append(_scalar_tensor("stream", "BOOL", call.stream))
     elif call.stream:
         raise EngineRejected(400, "this model's engine does not stream")
     for name, value in call.sampling.items():
@@ -381,20 +383,29 @@ def _inputs(
             raise EngineRejected(400, "'stop' is not supported by this model's engine")
         add("stop_words", "BYTES", np.array([[word.encode() for word in call.stop]], dtype=object))
     if "exclude_input_in_output" in model_inputs:
-        add("exclude_input_in_output", "BOOL", np.array([[not call.echo]], dtype=bool))
+        tensors.append(_scalar_tensor("exclude_input_in_output", "BOOL", not call.echo))
     elif call.echo:
         raise EngineRejected(400, "'echo' is not supported by this model's engine")
     for flag in ("return_num_input_tokens", "return_num_output_tokens"):
         if flag in model_inputs:
-            add(flag, "BOOL", np.array([[True]], dtype=bool))
+            tensors.append(_scalar_tensor(flag, "BOOL", True))
     if adapter is not None:
         if "lora_task_id" not in model_inputs:
             raise EngineRejected(400, "this model's engine serves no adapters (it has no lora_task_id input)")
-        add("lora_task_id", "UINT64", np.array([[task_id(adapter.engine_name, adapter.source)]], dtype=np.uint64))
+        tensors.append(_scalar_tensor("lora_task_id", "UINT64", task_id(adapter.engine_name, adapter.source)))
         if weights is not None:
             add("lora_weights", weights.weights_datatype, weights.weights)
             add("lora_config", "INT32", weights.config)
     return tensors
+
+
+@functools.lru_cache(maxsize=4096)
+def _scalar_tensor(name: str, datatype: str, value: int | bool) -> InferInput:
+    """A [1,1] input built once per value: tritonclient only reads an input when it builds a request, and the
+    flags, task ids and common max_tokens repeat on nearly every request (building one costs ~10 us)."""
+    tensor = InferInput(name, [1, 1], datatype)
+    tensor.set_data_from_numpy(np.array([[value]], dtype=_NUMPY_TYPES[datatype]))
+    return tensor
 
 
 def _scalar(result: InferResult, name: str) -> int | None:
