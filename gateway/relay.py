@@ -84,13 +84,12 @@ async def relay(
                         body=answer, status=upstream.status, content_type="application/json", headers=variant
                     )
                 pool.report(replica_id, ok=True)
-                return await _stream(request, pool, replica_id, upstream, record)
+                return await _stream(request, pool, replica_id, upstream, record, tenant_deadline)
             finally:
                 upstream.release()
     except BackendError as exc:
         record.error = type(exc).__name__
-        # A tenant's own shorter deadline running out says nothing about the replica.
-        if _replica_fault(exc) and not (tenant_deadline and isinstance(exc, EngineTimeout)):
+        if _counts_against_replica(exc, tenant_deadline):
             pool.report(replica_id, ok=False)
         error = to_gateway_error(exc)
         if isinstance(exc, EngineUnavailable | StreamBroken) or (isinstance(exc, EngineRejected) and exc.status == 503):
@@ -103,6 +102,11 @@ def _remaining(deadline: float) -> float:
     if remaining <= 0:
         raise DeadlineExceeded("the request's deadline passed before it was sent")
     return remaining
+
+
+def _counts_against_replica(exc: BackendError, tenant_deadline: bool) -> bool:
+    """A replica fault, unless it is a timeout of the tenant's own (shorter) deadline, which says nothing of it."""
+    return _replica_fault(exc) and not (tenant_deadline and isinstance(exc, EngineTimeout))
 
 
 def _replica_fault(exc: BackendError) -> bool:
@@ -150,7 +154,12 @@ async def _send(pool: Pool, replica: Replica, target: Target, engine_request: En
 
 
 async def _stream(
-    request: web.Request, pool: Pool, replica_id: str, upstream: EngineResponse, record: RequestRecord
+    request: web.Request,
+    pool: Pool,
+    replica_id: str,
+    upstream: EngineResponse,
+    record: RequestRecord,
+    tenant_deadline: bool,
 ) -> web.StreamResponse:
     telemetry = request.app[TELEMETRY]
     headers = {**_SSE_HEADERS, VARIANT_HEADER: record.variant} if record.variant else _SSE_HEADERS
@@ -165,7 +174,8 @@ async def _stream(
     except BackendError as exc:
         log.warning("stream from %s/%s broke after it started: %s", pool.name, replica_id, exc)
         record.error = type(exc).__name__
-        pool.report(replica_id, ok=False)
+        if _counts_against_replica(exc, tenant_deadline):
+            pool.report(replica_id, ok=False)
         await response.write(to_gateway_error(exc).sse_event())
     await response.write_eof()
     return response

@@ -14,7 +14,7 @@ from backends.errors import (
     EngineUnavailable,
     StreamBroken,
 )
-from gateway.relay import _replica_fault, to_gateway_error
+from gateway.relay import _counts_against_replica, _replica_fault, to_gateway_error
 
 
 @pytest.mark.parametrize(
@@ -34,3 +34,9 @@ from gateway.relay import _replica_fault, to_gateway_error
 def test_what_counts_against_a_replica(error: BackendError, replica_fault: bool, status: int) -> None:
     assert _replica_fault(error) is replica_fault
     assert to_gateway_error(error).status == status
+
+
+def test_a_tenants_own_deadline_does_not_count_against_the_replica() -> None:
+    assert _counts_against_replica(EngineTimeout("the tenant's 2 s"), tenant_deadline=True) is False
+    assert _counts_against_replica(EngineTimeout("the pool's timeout"), tenant_deadline=False) is True
+    assert _counts_against_replica(StreamBroken("cut"), tenant_deadline=True) is True
