@@ -3,13 +3,13 @@
 
 Every call is one request on its own ``ModelStreamInfer`` stream, streaming or not: decoupled models (the only
 ones that stream) refuse unary calls, and the end of the stream is the end of the answer whether or not the
-model sends an empty final response. docs/triton.md has the model contract and how adapters are handled.
+model sends an empty final response. The messages are tritonclient's generated protobufs, built and read by
+``backends/triton_wire.py``. docs/triton.md has the model contract and how adapters are handled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 from collections import OrderedDict
@@ -18,11 +18,8 @@ from typing import Any
 
 import aiohttp
 import grpc
-import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
-from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
-from tritonclient.grpc.aio import InferenceServerClient
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest
 from backends.errors import (
@@ -37,6 +34,8 @@ from backends.errors import (
 )
 from backends.lora_weights import AdapterFormatError, TrtLoraWeights, convert_peft, task_id
 from backends.triton_openai import AnswerWriter, ChatTemplate, TritonCall, parse_request, usage
+from backends.triton_wire import Input, array, first_int32, first_text, output, scalar, texts
+from backends.triton_wire import request as wire_request
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +45,18 @@ CACHE_FULL = "Cache is full"
 # The adapter-related events a driver reports: the engine had dropped an adapter (miss), or could not take one.
 EngineEvent = Callable[[str, str, str], None]  # (replica id, adapter engine name, "cache_miss" | "cache_full")
 _CLIENT_FAULT = re.compile(r"\b(exceeds|invalid|must be)\b", re.IGNORECASE)
-_NUMPY_TYPES: dict[str, Any] = {"INT32": np.int32, "UINT64": np.uint64, "BOOL": bool}
 _OLD_NAMES = {"seed": "random_seed", "min_tokens": "min_length"}
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
+# As tritonclient's channel: messages up to 2 GiB (adapter weights are large), keepalive so a half-open
+# connection is noticed.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+Call = Any  # grpc.aio.StreamStreamCall[ModelInferRequest, ModelStreamInferResponse]
 
 
 class TritonResponse:
@@ -56,7 +64,7 @@ class TritonResponse:
 
     status = 200
 
-    def __init__(self, call: TritonCall, stream: Any, first: InferResult, replica_id: str) -> None:
+    def __init__(self, call: TritonCall, stream: Call, first: service_pb2.ModelInferResponse, replica_id: str) -> None:
         self._call, self._stream, self._first, self._replica_id = call, stream, first, replica_id
         self._writer = AnswerWriter(call)
         self._counts: tuple[int | None, int | None] = (None, None)
@@ -76,17 +84,15 @@ class TritonResponse:
         yield opening + self._writer.ending(usage(*self._counts))
 
     async def _pieces(self) -> AsyncIterator[str]:
-        result: InferResult | None = self._first
+        result: service_pb2.ModelInferResponse | None = self._first
         while result is not None:
             yield self._read(result)
             result = await self._next()
         self._done = True
 
-    async def _next(self) -> InferResult | None:
+    async def _next(self) -> service_pb2.ModelInferResponse | None:
         try:
-            result, error = await self._stream.__anext__()
-        except StopAsyncIteration:
-            return None
+            message = await self._stream.read()
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise EngineTimeout(f"{self._replica_id} did not finish the answer in time") from exc
@@ -94,19 +100,17 @@ class TritonResponse:
         except asyncio.CancelledError:
             _reraise_if_cancelled()
             raise StreamBroken(f"{self._replica_id}: the call was cancelled (the pool is closing)") from None
-        if error is not None:
-            raise StreamBroken(f"{self._replica_id} failed mid-answer: {error.message()}")
-        return result
+        if message is grpc.aio.EOF:
+            return None
+        if message.error_message:
+            raise StreamBroken(f"{self._replica_id} failed mid-answer: {message.error_message}")
+        return message.infer_response
 
-    def _read(self, result: InferResult) -> str:
-        text = result.as_numpy("text_output")
-        prompt_tokens, completion_tokens = (_scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens"))
+    def _read(self, result: service_pb2.ModelInferResponse) -> str:
+        completion_tokens = first_int32(output(result, "num_output_tokens"))
         if completion_tokens is not None:  # cumulative in streaming (docs/triton.md): the last one counts
-            self._counts = (prompt_tokens, completion_tokens)
-        if text is None or text.size == 0:
-            return ""
-        value = text.reshape(-1)[0]
-        return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+            self._counts = (first_int32(output(result, "num_input_tokens")), completion_tokens)
+        return first_text(output(result, "text_output"))
 
     def release(self) -> None:
         if not self._done:
@@ -134,7 +138,7 @@ class TritonDriver:
         self._request_timeout_s = request_timeout_s
         self._load_timeout_s = adapter_load_timeout_s
         self._on_event = on_event or (lambda replica, adapter, event: None)
-        self._clients: dict[str, InferenceServerClient] = {}
+        self._channels: dict[str, tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]] = {}
         self._inputs: dict[str, dict[str, str]] = {}  # replica id -> the model's inputs (name -> datatype)
         self._outputs: dict[str, set[str]] = {}
         # Converted adapters, least recently used first, within a byte budget (an 8B model's rank-16 adapter is
@@ -233,32 +237,26 @@ class TritonDriver:
         weights: TrtLoraWeights | None,
         headers: dict[str, str],
         timeout_s: float,
-    ) -> tuple[Any, InferResult, str | None]:
+    ) -> tuple[Call, service_pb2.ModelInferResponse, str | None]:
         """Open the call's stream and wait for its first response: (stream, first result, in-stream error)."""
         model_inputs = await self._model_inputs(replica)
+        outputs = [name for name in _OUTPUTS if name in self._outputs.get(replica.id, ())]
+        message = wire_request(self._model, _inputs(call, model_inputs, adapter, weights), outputs)
+        _, stub = self._channel(replica)
+        stream = stub.ModelStreamInfer(metadata=tuple(headers.items()) or None, timeout=timeout_s)
         try:
-            inputs = _inputs(call, model_inputs, adapter, weights)
-        except InferenceServerException as exc:  # a tensor the model declares differently than the contract
-            raise EngineRejected(500, f"{replica.id}: {exc.message()}") from exc
-        outputs = [InferRequestedOutput(name) for name in _OUTPUTS if name in self._outputs_of(replica)]
-
-        async def one_request() -> AsyncIterator[dict[str, Any]]:
-            yield {"model_name": self._model, "inputs": inputs, "outputs": outputs}
-
-        client = self._client(replica)
-        try:
-            stream = client.stream_infer(one_request(), stream_timeout=timeout_s, headers=headers or None)
-            result, error = await stream.__anext__()
-        except StopAsyncIteration as exc:
-            raise StreamBroken(f"{replica.id} ended the stream without an answer") from exc
+            await stream.write(message)
+            await stream.done_writing()  # one request per stream: the end of the stream is the end of the answer
+            first = await stream.read()
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error(replica, exc) from exc
-        except InferenceServerException as exc:
-            raise EngineRejected(500, f"{replica.id}: {exc.message()}") from exc
         except asyncio.CancelledError:
+            stream.cancel()
             _reraise_if_cancelled()
             raise EngineUnavailable(f"{replica.id}: the call was cancelled (the pool is closing)") from None
-        return stream, result, (error.message() if error is not None else None)
+        if first is grpc.aio.EOF:
+            raise StreamBroken(f"{replica.id} ended the stream without an answer")
+        return stream, first.infer_response, (first.error_message or None)
 
     def _raise_engine_error(
         self, replica: Endpoint, adapter: AdapterRef | None, message: str, *, weights_sent: bool, loading: bool = False
@@ -279,31 +277,26 @@ class TritonDriver:
         known = self._inputs.get(replica.id)
         if known is not None:
             return known
+        _, stub = self._channel(replica)
         try:
-            metadata = await self._client(replica).get_model_metadata(
-                self._model, as_json=True, client_timeout=self._probe_timeout_s
+            metadata = await stub.ModelMetadata(
+                service_pb2.ModelMetadataRequest(name=self._model), timeout=self._probe_timeout_s
             )
-        except InferenceServerException as exc:
-            status = exc.status() or ""
-            if "UNAVAILABLE" in status:
-                raise EngineUnavailable(f"{replica.id} unreachable: {exc.message()}") from exc
-            if "DEADLINE" in status:
-                raise EngineTimeout(f"{replica.id} did not describe its model in time") from exc
-            raise EngineRejected(502, f"{replica.id} does not serve model {self._model!r}: {exc.message()}") from exc
-        inputs = {str(i["name"]): str(i["datatype"]) for i in metadata.get("inputs", [])}
-        outputs = {str(o["name"]) for o in metadata.get("outputs", [])}
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise _rpc_error(replica, exc) from exc
+            raise EngineRejected(502, f"{replica.id} does not serve model {self._model!r}: {exc.details()}") from exc
+        inputs = {tensor.name: tensor.datatype for tensor in metadata.inputs}
         self._inputs[replica.id] = inputs
-        self._outputs[replica.id] = outputs
+        self._outputs[replica.id] = {tensor.name for tensor in metadata.outputs}
         return inputs
 
-    def _outputs_of(self, replica: Endpoint) -> set[str]:
-        return self._outputs.get(replica.id, {"text_output"})
-
-    def _client(self, replica: Endpoint) -> InferenceServerClient:
-        client = self._clients.get(replica.id)
-        if client is None:
-            client = self._clients[replica.id] = InferenceServerClient(url=replica.grpc_address)
-        return client
+    def _channel(self, replica: Endpoint) -> tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]:
+        known = self._channels.get(replica.id)
+        if known is None:
+            channel = grpc.aio.insecure_channel(replica.grpc_address, options=_CHANNEL_OPTIONS)
+            known = self._channels[replica.id] = (channel, service_pb2_grpc.GRPCInferenceServiceStub(channel))
+        return known
 
     # --- health and load -----------------------------------------------------------------------------------
 
@@ -350,70 +343,45 @@ class TritonDriver:
         )
 
     async def close(self) -> None:
-        await asyncio.gather(*(client.close() for client in self._clients.values()))
-        self._clients.clear()
+        await asyncio.gather(*(channel.close() for channel, _ in self._channels.values()))
+        self._channels.clear()
         await self._http.close()
 
 
 def _inputs(
     call: TritonCall, model_inputs: dict[str, str], adapter: AdapterRef | None, weights: TrtLoraWeights | None
-) -> list[InferInput]:
+) -> list[Input]:
     """The call as the model's input tensors (batch of one), sending only what the model declares."""
-    tensors: list[InferInput] = []
-
-    def add(name: str, datatype: str, value: np.ndarray) -> None:
-        tensor = InferInput(name, list(value.shape), datatype)
-        tensor.set_data_from_numpy(value)
-        tensors.append(tensor)
-
-    add("text_input", "BYTES", np.array([[call.prompt.encode()]], dtype=object))
-    tensors.append(_scalar_tensor("max_tokens", "INT32", call.max_tokens))
+    tensors = [texts("text_input", [call.prompt.encode()]), scalar("max_tokens", "INT32", call.max_tokens)]
     if "stream" in model_inputs:
-        tensors.append(_scalar_tensor("stream", "BOOL", call.stream))
+        tensors.append(scalar("stream", "BOOL", call.stream))
     elif call.stream:
         raise EngineRejected(400, "this model's engine does not stream")
     for name, value in call.sampling.items():
         wire = name if name in model_inputs else _OLD_NAMES.get(name, name)  # models before TensorRT-LLM's rename
-        if wire not in model_inputs:
+        datatype = model_inputs.get(wire)
+        if datatype not in ("INT32", "UINT64", "FP32"):
             raise EngineRejected(400, f"'{name}' is not supported by this model's engine")
-        dtype = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32}[model_inputs[wire]]
-        add(wire, model_inputs[wire], np.array([[value]], dtype=dtype))
+        tensors.append(scalar(wire, datatype, value))
     if call.stop:
         if "stop_words" not in model_inputs:
             raise EngineRejected(400, "'stop' is not supported by this model's engine")
-        add("stop_words", "BYTES", np.array([[word.encode() for word in call.stop]], dtype=object))
+        tensors.append(texts("stop_words", [word.encode() for word in call.stop]))
     if "exclude_input_in_output" in model_inputs:
-        tensors.append(_scalar_tensor("exclude_input_in_output", "BOOL", not call.echo))
+        tensors.append(scalar("exclude_input_in_output", "BOOL", not call.echo))
     elif call.echo:
         raise EngineRejected(400, "'echo' is not supported by this model's engine")
     for flag in ("return_num_input_tokens", "return_num_output_tokens"):
         if flag in model_inputs:
-            tensors.append(_scalar_tensor(flag, "BOOL", True))
+            tensors.append(scalar(flag, "BOOL", True))
     if adapter is not None:
         if "lora_task_id" not in model_inputs:
             raise EngineRejected(400, "this model's engine serves no adapters (it has no lora_task_id input)")
-        tensors.append(_scalar_tensor("lora_task_id", "UINT64", task_id(adapter.engine_name, adapter.source)))
+        tensors.append(scalar("lora_task_id", "UINT64", task_id(adapter.engine_name, adapter.source)))
         if weights is not None:
-            add("lora_weights", weights.weights_datatype, weights.weights)
-            add("lora_config", "INT32", weights.config)
+            tensors.append(array("lora_weights", weights.weights_datatype, weights.weights))
+            tensors.append(array("lora_config", "INT32", weights.config))
     return tensors
-
-
-@functools.lru_cache(maxsize=4096)
-def _scalar_tensor(name: str, datatype: str, value: int | bool) -> InferInput:
-    """A [1,1] input built once per value: tritonclient only reads an input when it builds a request, and the
-    flags, task ids and common max_tokens repeat on nearly every request (building one costs ~10 us)."""
-    tensor = InferInput(name, [1, 1], datatype)
-    tensor.set_data_from_numpy(np.array([[value]], dtype=_NUMPY_TYPES[datatype]))
-    return tensor
-
-
-def _scalar(result: InferResult, name: str) -> int | None:
-    try:
-        value = result.as_numpy(name)
-    except InferenceServerException:
-        return None
-    return None if value is None or value.size == 0 else int(value.reshape(-1)[0])
 
 
 def _rpc_error(replica: Endpoint, exc: grpc.aio.AioRpcError) -> BackendError:
