@@ -65,7 +65,7 @@ class TritonResponse:
     status = 200
 
     def __init__(self, call: TritonCall, stream: Call, first: service_pb2.ModelInferResponse, replica_id: str) -> None:
-        self._call, self._stream, self._first, self._replica_id = call, stream, first, replica_id
+        self._stream, self._first, self._replica_id = stream, first, replica_id
         self._writer = AnswerWriter(call)
         self._counts: tuple[int | None, int | None] = (None, None)
         self._done = False
