@@ -71,6 +71,8 @@ class EngineDriver(Protocol):
     """Drives one pool's replicas of one engine kind.
 
     Contract (drivers keep no residency state; the gateway's residency lifecycle decides what to load, when):
+    - ``prepare_adapter`` does what loading needs that no replica is involved in (reading and converting weights
+      the gateway sends), so it runs before the replica's load lock is taken; raises ``AdapterLoadFailed``.
     - ``load_adapter`` returns once the adapter is loaded on the replica (also when it already was). Raises
       ``AdapterLoadFailed``, ``EngineUnavailable`` or ``EngineTimeout``.
     - ``unload_adapter`` returns once the engine has forgotten the adapter (also when it did not know it).
@@ -82,6 +84,8 @@ class EngineDriver(Protocol):
     - ``healthy`` probes the replica's health endpoint; it never raises.
     - ``load_signals`` reads the engine's own load metrics; None when it cannot (it never raises).
     """
+
+    async def prepare_adapter(self, adapter: AdapterRef) -> None: ...
 
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None: ...
 

@@ -151,6 +151,14 @@ class TritonDriver:
 
     # --- adapters ------------------------------------------------------------------------------------------
 
+    async def prepare_adapter(self, adapter: AdapterRef) -> None:
+        """Read and convert the weights (they may take seconds for a large model) outside the replica's lock."""
+        try:
+            async with asyncio.timeout(self._load_timeout_s):
+                await self._adapter_weights(adapter)
+        except TimeoutError as exc:
+            raise EngineTimeout(f"reading {adapter.engine_name}'s weights from {adapter.source} timed out") from exc
+
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
         """Put the adapter in the engine's PEFT cache: a one-token request carrying its weights."""
         try:

@@ -78,6 +78,9 @@ class VllmDriver:
             url = self._urls[(replica.url, path)] = URL(replica.url + path)
         return url
 
+    async def prepare_adapter(self, adapter: AdapterRef) -> None:
+        """Nothing: vLLM reads the adapter from its own disk when it loads it."""
+
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
         body = {"lora_name": adapter.engine_name, "lora_path": adapter.source}
         status, text = await self._lora_api(replica, "/v1/load_lora_adapter", body, f"loading {adapter.engine_name}")

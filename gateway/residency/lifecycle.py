@@ -148,6 +148,7 @@ class PoolResidency:
 
     async def _load(self, replica_id: str, adapter: AdapterRef, pinned: bool) -> None:
         deadline = time.monotonic() + self.load_timeout_s
+        await self.driver.prepare_adapter(adapter)  # outside the lock: other loads on the replica need not wait
         async with self._locked(replica_id, adapter.engine_name) as record:
             if adapter.engine_name not in record.resident:
                 resident = dict(record.resident)

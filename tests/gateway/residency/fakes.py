@@ -30,6 +30,10 @@ class FakeEngine:
 class FakeDriver:
     def __init__(self, engine: FakeEngine) -> None:
         self.engine = engine
+        self.prepared: list[str] = []
+
+    async def prepare_adapter(self, adapter: AdapterRef) -> None:
+        self.prepared.append(adapter.engine_name)
 
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
         await asyncio.sleep(0.01)  # a load takes time: concurrent callers overlap

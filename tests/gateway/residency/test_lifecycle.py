@@ -204,3 +204,27 @@ async def test_a_store_outage_loses_nothing_and_resyncs_from_the_engines(store: 
     await life.sync()
     assert life.store_up
     assert set((await store.record("llama", "r0")).resident) == {"a", "b"}
+
+
+async def test_preparing_an_adapter_does_not_hold_the_replicas_lock(store: ResidencyStore) -> None:
+    """A slow preparation (reading a large adapter's weights) must not stall another adapter's load there."""
+    engine = FakeEngine()
+    life = lifecycle(store, engine, Clock())
+    driver = life.driver
+    assert isinstance(driver, FakeDriver)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_prepare(adapter: object) -> None:
+        entered.set()
+        await release.wait()
+
+    prepare = driver.prepare_adapter
+    driver.prepare_adapter = slow_prepare  # type: ignore[method-assign]
+    slow = asyncio.create_task(life.ensure("r0", ref("big")))
+    await asyncio.wait_for(entered.wait(), timeout=5)  # the slow load waits in its preparation
+    driver.prepare_adapter = prepare  # type: ignore[method-assign]
+    await asyncio.wait_for(life.ensure("r0", ref("small")), timeout=5)
+    assert life.is_resident("r0", "small") and not slow.done()
+    release.set()
+    await slow
+    assert life.is_resident("r0", "big")
