@@ -1,5 +1,6 @@
 """The Triton / TensorRT-LLM driver: OpenAI requests as calls to a TensorRT-LLM model over gRPC streaming
-(tritonclient ``grpc.aio``), LoRA per TensorRT-LLM's contract, health and load from Triton's HTTP endpoints.
+(grpc.aio with tritonclient's generated stub), LoRA per TensorRT-LLM's contract, health and load from Triton's
+HTTP endpoints.
 
 Every call is one request on its own ``ModelStreamInfer`` stream, streaming or not: decoupled models (the only
 ones that stream) refuse unary calls, and the end of the stream is the end of the answer whether or not the

@@ -398,7 +398,8 @@ def _split_problems(config: GatewayConfig, adapters: set[str], base_models: set[
 
 
 def _task_id_collisions(config: GatewayConfig) -> list[str]:
-    """Triton pools name adapters to the engine by a task id hashed from the engine name: two must never meet."""
+    """Triton pools name adapters to the engine by a task id hashed from engine name and source: two must never
+    meet."""
     triton_pools = {p.name for p in config.pools if p.backend == "triton"}
     names: dict[tuple[str, int], set[str]] = {}
     for adapter in config.adapters:

@@ -72,7 +72,7 @@ async def relay(
             remaining = _remaining(deadline)
             headers = telemetry.upstream_headers()
             engine_request = EngineRequest(_PATHS[record.path], body, record.stream, headers, remaining, adapter)
-            upstream = await _send(pool, replica, target, engine_request)
+            upstream = await _send(pool, replica, engine_request)
             try:
                 if not record.stream:
                     answer = await upstream.read()
@@ -134,19 +134,18 @@ async def _load_within_deadline(
             raise DeadlineExceeded(f"{replica_id} did not load the adapter within the request's deadline") from exc
 
 
-async def _send(pool: Pool, replica: Replica, target: Target, engine_request: EngineRequest) -> EngineResponse:
+async def _send(pool: Pool, replica: Replica, engine_request: EngineRequest) -> EngineResponse:
+    adapter, replica_id = engine_request.adapter, replica.endpoint.id
     try:
         return await pool.driver.send(replica.endpoint, engine_request)
     except AdapterCacheFull:
-        if engine_request.adapter is not None:  # the engine does not hold it: stop routing by it being there
-            await pool.residency.lost(replica.endpoint.id, engine_request.adapter.engine_name)
+        if adapter is not None:  # the engine does not hold it: stop routing by it being there
+            await pool.residency.lost(replica_id, adapter.engine_name)
         raise
     except AdapterNotLoaded:
-        if target.adapter is None:
+        if adapter is None:
             raise
         # The engine lost the adapter (restart, manual unload) since we loaded it: load it again, once.
-        adapter = AdapterRef(target.engine_model, target.adapter.source)
-        replica_id = replica.endpoint.id
         log.warning("adapter %s vanished from %s/%s; reloading", adapter.engine_name, pool.name, replica_id)
         await pool.residency.lost(replica_id, adapter.engine_name)
         await pool.residency.ensure(replica_id, adapter)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import openai
 import pytest
 import yaml
 
-from backends.base import AdapterRef, Endpoint
+from backends.base import AdapterRef, Endpoint, EngineRequest
 from backends.lora_weights import task_id
 from backends.triton import TritonDriver
 from loadtests.fleet import (
@@ -223,3 +224,47 @@ async def test_a_client_leaving_mid_stream_cancels_the_engines_request(fleet: Mi
             assert await aborted() == before + 1
         finally:
             await http.post(home.http_url + "/sim/control", json={"paused": False})
+
+
+async def test_a_full_engine_cache_is_retried_elsewhere_and_leaves_the_record(fleet: MixedFleet) -> None:
+    """Another client holds both of the home engine's PEFT slots with requests in flight: the tenant's adapter,
+    evicted meanwhile, cannot go back in. The gateway answers from another replica, counts the event, and stops
+    believing the adapter resident at home; the home replica's health is untouched."""
+    client = fleet.client("tt")
+    assert client.completions.create(model="t-a", prompt="warm", max_tokens=2).choices
+    home = fleet.home("tt")
+    task = str(task_id("t-a", fleet.adapters["t-a"]))
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    intruder = TritonDriver(
+        model=MODEL, lora_dtype="float16", default_max_tokens=4, chat_template=None, request_timeout_s=30,
+        adapter_load_timeout_s=30, probe_timeout_s=5,
+    )  # fmt: skip
+    held = []
+    async with httpx.AsyncClient(timeout=30) as http:
+        try:
+            for name in ("holder-1", "holder-2"):  # evicts t-a, then keeps both slots busy
+                adapter = AdapterRef(name, fleet.adapters["v-a"])
+                await intruder.load_adapter(home.endpoint(), adapter)
+                body = json.dumps({"model": name, "prompt": "hold", "max_tokens": 400, "stream": True}).encode()
+                response = await intruder.send(
+                    home.endpoint(), EngineRequest("/v1/completions", body, True, adapter=adapter)
+                )
+                held.append(response)
+            await http.post(home.http_url + "/sim/control", json={"paused": True})  # they stay in flight
+            answer = await asyncio.to_thread(client.completions.create, model="t-a", prompt="now", max_tokens=2)
+            assert answer.choices[0].text
+            stats = (await http.get(home.http_url + "/sim/stats")).json()
+            assert stats["cache_full_errors"].get(task) == 1
+            residency = (await http.get(fleet.url + "/admin/residency", headers=admin)).json()
+            replica = residency["pools"]["trt"]["replicas"][home.id]
+            assert "t-a" not in replica["adapters"] and replica["healthy"]
+            metrics = (await http.get(fleet.url + "/metrics")).text
+            pattern = (
+                rf'tenantgate_engine_adapter_events_total{{event="cache_full",pool="trt",replica="{home.id}"}} (\S+)'
+            )
+            assert [float(v) for v in re.findall(pattern, metrics)] == [1.0]
+        finally:
+            await http.post(home.http_url + "/sim/control", json={"paused": False})
+            for response in held:
+                response.release()
+            await intruder.close()
