@@ -226,6 +226,14 @@ async def test_a_client_leaving_mid_stream_cancels_the_engines_request(fleet: Mi
             await http.post(home.http_url + "/sim/control", json={"paused": False})
 
 
+async def _until_in_flight(http: httpx.AsyncClient, sim: TritonSim, tasks: set[str]) -> None:
+    """Wait until the engine holds every one of these LoRA tasks in flight."""
+    for _ in range(500):  # bounded: each poll is one loopback round trip
+        if tasks <= set((await http.get(sim.http_url + "/sim/stats")).json()["peft_cache"]["in_flight"]):
+            return
+    pytest.fail(f"the engine never held {sorted(tasks)} in flight")
+
+
 async def test_a_full_engine_cache_is_retried_elsewhere_and_leaves_the_record(fleet: MixedFleet) -> None:
     """Another client holds both of the home engine's PEFT slots with requests in flight: the tenant's adapter,
     evicted meanwhile, cannot go back in. The gateway answers from another replica, counts the event, and stops
@@ -239,18 +247,21 @@ async def test_a_full_engine_cache_is_retried_elsewhere_and_leaves_the_record(fl
         model=MODEL, lora_dtype="float16", default_max_tokens=4, chat_template=None, request_timeout_s=30,
         adapter_load_timeout_s=30, probe_timeout_s=5,
     )  # fmt: skip
-    held = []
+    holders = [AdapterRef(name, fleet.adapters["v-a"]) for name in ("holder-1", "holder-2")]
+    holding: list[asyncio.Task[Any]] = []
     async with httpx.AsyncClient(timeout=30) as http:
         try:
-            for name in ("holder-1", "holder-2"):  # evicts t-a, then keeps both slots busy
-                adapter = AdapterRef(name, fleet.adapters["v-a"])
+            for adapter in holders:  # evicts t-a from the engine's two PEFT slots
                 await intruder.load_adapter(home.endpoint(), adapter)
-                body = json.dumps({"model": name, "prompt": "hold", "max_tokens": 400, "stream": True}).encode()
-                response = await intruder.send(
-                    home.endpoint(), EngineRequest("/v1/completions", body, True, adapter=adapter)
-                )
-                held.append(response)
-            await http.post(home.http_url + "/sim/control", json={"paused": True})  # they stay in flight
+            # Paused, the engine admits requests (their tasks go in flight) but generates nothing: the holders
+            # keep both slots busy however slow the machine is.
+            await http.post(home.http_url + "/sim/control", json={"paused": True})
+            for adapter in holders:
+                body = json.dumps({"model": adapter.engine_name, "prompt": "hold", "max_tokens": 4}).encode()
+                request = EngineRequest("/v1/completions", body, True, adapter=adapter)
+                holding.append(asyncio.create_task(intruder.send(home.endpoint(), request)))
+            holder_tasks = {str(task_id(a.engine_name, a.source)) for a in holders}
+            await _until_in_flight(http, home, holder_tasks)
             answer = await asyncio.to_thread(client.completions.create, model="t-a", prompt="now", max_tokens=2)
             assert answer.choices[0].text
             stats = (await http.get(home.http_url + "/sim/stats")).json()
@@ -265,6 +276,7 @@ async def test_a_full_engine_cache_is_retried_elsewhere_and_leaves_the_record(fl
             assert [float(v) for v in re.findall(pattern, metrics)] == [1.0]
         finally:
             await http.post(home.http_url + "/sim/control", json={"paused": False})
-            for response in held:
-                response.release()
+            for response in await asyncio.gather(*holding, return_exceptions=True):
+                if not isinstance(response, BaseException):
+                    response.release()
             await intruder.close()
