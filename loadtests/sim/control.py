@@ -1,6 +1,7 @@
 """The simulator's own test routes, the same in every protocol mode (not part of any engine's API):
 ``GET /sim/stats`` (what the engine did and what it holds) and ``POST /sim/control`` (``{"paused": true}`` holds
-the step loop before its next step; ``{"faults": {...}}`` switches faults on or off, loadtests/sim/faults.py)."""
+the step loop before its next step; ``{"run_steps": n}`` runs n more steps and then holds it; ``{"faults": {...}}``
+switches faults on or off, loadtests/sim/faults.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ def apply_control(engine: SimEngine, faults: Faults, body: dict[str, Any]) -> di
         if not isinstance(body["paused"], bool):
             raise ControlError("paused must be true or false", "paused")
         engine.pause(body["paused"])
+    if "run_steps" in body:
+        steps = body["run_steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ControlError("run_steps must be a number of steps >= 0", "run_steps")
+        engine.run_steps(steps)
     if "faults" in body:
         if not isinstance(body["faults"], dict):
             raise ControlError("faults must be an object", "faults")

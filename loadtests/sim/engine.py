@@ -60,6 +60,7 @@ class SimEngine:
         self._work = asyncio.Event()
         self._resumed = asyncio.Event()
         self._resumed.set()
+        self._steps_before_hold: int | None = None  # set by ``run_steps``: hold again after this many
         self._sim_now = 0.0
         self._loop_task: asyncio.Task[None] | None = None
         # Called with each request's wall-clock time to first token (the /metrics histogram hooks in here).
@@ -159,10 +160,20 @@ class SimEngine:
 
     def pause(self, paused: bool) -> None:
         """Hold the step loop before its next step (tests use it to line requests up deterministically)."""
+        self._steps_before_hold = None
         if paused:
             self._resumed.clear()
         else:
             self._resumed.set()
+
+    def run_steps(self, count: int) -> None:
+        """Run ``count`` more steps (steps wait for work), then hold: a test can stop a stream after its first
+        token however slow the machine is."""
+        self._steps_before_hold = count
+        if count > 0:
+            self._resumed.set()
+        else:
+            self._resumed.clear()
 
     @property
     def num_running(self) -> int:
@@ -190,6 +201,10 @@ class SimEngine:
                 self.stats.steps += 1
                 self.stats.busy_s += duration
                 self._emit(batch)
+                if self._steps_before_hold is not None:
+                    self._steps_before_hold -= 1
+                    if self._steps_before_hold <= 0:
+                        self.pause(True)
 
     def _plan_step(self) -> tuple[list[SimRequest], float]:
         p = self.params

@@ -210,13 +210,14 @@ async def test_a_client_leaving_mid_stream_cancels_the_engines_request(fleet: Mi
             return count
 
         before = await aborted()
-        async with http.stream("POST", fleet.url + "/v1/completions", json=body, headers=headers) as response:
-            assert response.status_code == 200
-            async for _ in response.aiter_bytes():
-                # Hold the engine still while the client leaves, so the request cannot finish on its own.
-                await http.post(home.http_url + "/sim/control", json={"paused": True})
-                break
+        assert fleet.client("tt2").completions.create(model="t-b", prompt="warm", max_tokens=2).choices  # loaded
+        # The engine makes one token and then holds: the stream is open, mid-answer, however slow the machine is.
+        await http.post(home.http_url + "/sim/control", json={"run_steps": 1})
         try:
+            async with http.stream("POST", fleet.url + "/v1/completions", json=body, headers=headers) as response:
+                assert response.status_code == 200
+                async for _ in response.aiter_bytes():
+                    break
             for _ in range(200):  # bounded: the gateway cancels the gRPC call as the client's connection closes
                 if await aborted() == before + 1:
                     break

@@ -182,19 +182,35 @@ async def test_ignore_eos_generates_exactly_max_tokens(sim: Sim) -> None:
 
 async def test_client_disconnect_mid_stream_aborts_the_engine_request(sim: Sim) -> None:
     async with sim() as client:
-        body = {"model": "a1", "prompt": "x", "max_tokens": 500, "ignore_eos": True, "stream": True}
-        response = await client.post("/v1/completions", json=body)
-        await response.content.readline()  # the first token arrived: the request is running
-        await paused(client, True)  # and stays running: no step can finish it now
+        await paused(client, True)
+        body = {"model": "a1", "prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": True}
+        sending = asyncio.create_task(client.post("/v1/completions", json=body))
+        await _until(client, lambda counters: counters["waiting"] == 1, "the request is queued")
+        assert (await client.post("/sim/control", json={"run_steps": 1})).status == 200
+        response = await sending
+        assert (await response.content.readline()).startswith(b"data: ")  # the first token, then the engine holds
+        held = await stats(client)
+        assert (held["generation_tokens"], held["running"]) == (1, 1)
         response.close()
-        for _ in range(500):  # bounded: the server sees the connection drop and cancels the handler
-            if (await stats(client))["aborted"] == 1:
-                break
-            await asyncio.sleep(0.01)
+        await _until(client, lambda counters: counters["aborted"] == 1, "the request is aborted")
         counters = await stats(client)
-    assert counters["aborted"] == 1
     assert counters["running"] == 0
     assert counters["finished"] == 0
+
+
+@pytest.mark.parametrize("steps", [-1, 1.5, True, "2"])
+async def test_run_steps_refuses_what_is_not_a_step_count(sim: Sim, steps: object) -> None:
+    async with sim() as client:
+        response = await client.post("/sim/control", json={"run_steps": steps})
+        assert response.status == 400
+        assert "run_steps" in await response.text()
+
+
+async def _until(client: TestClient, condition: Callable[[dict[str, Any]], bool], what: str) -> None:
+    for _ in range(500):  # bounded: each poll is one loopback round trip
+        if condition(await stats(client)):
+            return
+    pytest.fail(f"the engine never reached: {what}")
 
 
 async def test_request_over_the_context_is_rejected_and_counted(sim: Sim) -> None:
