@@ -90,7 +90,7 @@ def triton_pool(replicas: list[dict[str, str]], model: str, base_model: str, nam
         "base_model": base_model,
         "max_adapters": 2,
         "triton": {"model": model},
-        "health": {"interval_s": 0.5, "timeout_s": 1.0},
+        "health": {"interval_s": 0.5, "timeout_s": 2.0},
         "replicas": replicas,
     }
 
@@ -121,7 +121,7 @@ def gateway_config(
                 "base_model": BASE_MODEL,
                 "policy": policy,
                 "max_adapters": max_adapters,
-                "health": {"interval_s": 0.5, "timeout_s": 1.0},
+                "health": {"interval_s": 0.5, "timeout_s": 2.0},
                 "replicas": [{"id": rid, "url": url} for rid, url in replica_urls.items()],
             }
         ],

@@ -16,7 +16,7 @@ import pytest
 
 from tests.servers import EngineProcess
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(400)  # the first test waits for vLLM to start (about 40 s here, more on a busy box)
 
 
 @pytest.fixture

@@ -112,11 +112,15 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_engine_request(tmp_path:
         before = sim_stats(replica)["aborted"]
         body = {"model": "support-acme", "prompt": "tell me a long story", "max_tokens": 200, "stream": True}
         headers = {"Authorization": f"Bearer {api_key('acme')}"}
-        with httpx.stream("POST", fleet.gateway_url + "/v1/completions", json=body, headers=headers) as response:
-            next(response.iter_bytes())  # the stream has started; then the client goes away
-        for _ in range(200):  # bounded: until the engine has dropped the request
-            if sim_stats(replica)["aborted"] > before:
-                break
-            time.sleep(0.02)
-        stats = sim_stats(replica)
+        httpx.post(replica + "/sim/control", json={"run_steps": 1})  # one token, then the engine holds
+        try:
+            with httpx.stream("POST", fleet.gateway_url + "/v1/completions", json=body, headers=headers) as response:
+                next(response.iter_bytes())  # the stream has started; then the client goes away
+            for _ in range(500):  # bounded: until the engine has dropped the request
+                if sim_stats(replica)["aborted"] > before:
+                    break
+                time.sleep(0.02)
+            stats = sim_stats(replica)
+        finally:
+            httpx.post(replica + "/sim/control", json={"paused": False})
     assert stats["aborted"] == before + 1 and stats["running"] == 0

@@ -70,18 +70,21 @@ def test_streaming_completion_matches_the_whole_answer(fleet: RunningFleet) -> N
 
 def test_stream_reaches_the_client_before_the_engine_has_finished(fleet: RunningFleet) -> None:
     replica = fleet.replica_urls[home_of(fleet, "acme")]
+    assert sdk(fleet, "acme").completions.create(model="support-acme", prompt="warm", max_tokens=1).choices
     body = {"model": "support-acme", "prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", fleet.gateway_url + "/v1/completions", json=body, headers=KEY, timeout=30) as response:
-        lines = response.iter_lines()
-        first = next(lines)
-        assert first.startswith("data: {")
-        # Hold the engine: the first token came through while 49 are still to be generated, so nothing buffers.
-        httpx.post(replica + "/sim/control", json={"paused": True})
-        try:
+    # The engine makes one step and holds: the first token must come through while 49 are still to be generated.
+    httpx.post(replica + "/sim/control", json={"run_steps": 1})
+    try:
+        with httpx.stream(
+            "POST", fleet.gateway_url + "/v1/completions", json=body, headers=KEY, timeout=30
+        ) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: {")
             assert sim_stats(replica)["running"] == 1
-        finally:
             httpx.post(replica + "/sim/control", json={"paused": False})
-        rest = [line for line in lines if line]
+            rest = [line for line in lines if line]
+    finally:
+        httpx.post(replica + "/sim/control", json={"paused": False})
     assert rest[-1] == "data: [DONE]"
     assert len(rest) == 49 + 1
 

@@ -52,7 +52,7 @@ def takes_traffic(gw: GatewayUnderTest, replica: str) -> bool:
     return healthy
 
 
-def until(condition: Any, what: str, attempts: int = 200) -> None:
+def until(condition: Any, what: str, attempts: int = 600) -> None:
     """Poll ``condition`` a bounded number of times (the gateway's probes run every 0.5 s)."""
     for _ in range(attempts):
         if condition():
@@ -184,6 +184,7 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(tmp_path: Path) -> N
         config = config_for(tmp_path, replicas)
         config["shutdown"] = {"drain_delay_s": 0.5, "drain_timeout_s": 30}
         gw = GatewayUnderTest(tmp_path, config).start()
+        engines = list(replicas.values())
         try:
 
             async def in_flight_then_sigterm() -> tuple[list[str], int]:
@@ -199,16 +200,24 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(tmp_path: Path) -> N
                         reasons = [c.choices[0].finish_reason async for c in chunks if c.choices]
                         return reasons[-1] or ""
 
-                requests = asyncio.gather(*(one(t, i % 2 == 1) for i, t in enumerate(TENANTS)))
                 async with httpx.AsyncClient() as http:
-                    for _ in range(200):  # bounded: until every request is in the engines
-                        stats = [(await http.get(r.url + "/sim/stats")).json() for r in replicas.values()]
-                        if sum(s["running"] + s["waiting"] for s in stats) >= len(TENANTS):
+                    # Paused engines queue every request: all of them are in flight when SIGTERM comes.
+                    await asyncio.gather(*(http.post(r.url + "/sim/control", json={"paused": True}) for r in engines))
+                    requests = asyncio.gather(*(one(t, i % 2 == 1) for i, t in enumerate(TENANTS)))
+                    for _ in range(600):  # bounded: until every request waits in an engine
+                        stats = [(await http.get(r.url + "/sim/stats")).json() for r in engines]
+                        if sum(s["waiting"] for s in stats) == len(TENANTS):
                             break
                         await asyncio.sleep(0.02)
+                    else:
+                        raise AssertionError(f"the requests never all reached the engines: {stats}")
                     gw.signal(signal.SIGTERM)
-                    await asyncio.sleep(0.1)
-                    readiness = (await http.get(gw.url + "/readyz")).status_code
+                    for _ in range(600):  # bounded: the requests hold the gateway up while it drains
+                        readiness = (await http.get(gw.url + "/readyz")).status_code
+                        if readiness != 200:
+                            break
+                        await asyncio.sleep(0.02)
+                    await asyncio.gather(*(http.post(r.url + "/sim/control", json={"paused": False}) for r in engines))
                 return await requests, readiness
 
             finish_reasons, readiness = asyncio.run(in_flight_then_sigterm())

@@ -109,7 +109,8 @@ def two_gateways(
     root: Path, tenants: dict[str, list[str]], replicas: int, redis_url: str, **residency: float
 ) -> Iterator[tuple[dict[str, str], list[str]]]:
     adapters = write_adapters(root, sorted({name for names in tenants.values() for name in names}))
-    extra = {"state": {"redis_url": redis_url}, "residency": residency}
+    # A slow Redis answer must not make a gateway fall back to its local view here: this test is not about that.
+    extra = {"state": {"redis_url": redis_url, "operation_timeout_s": 5}, "residency": residency}
     with simulated_replicas(root, replicas, *FAST_SIM) as urls, contextlib.ExitStack() as stack:
         gateways = []
         for name in ("gw-a", "gw-b"):

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,10 +160,11 @@ def test_label_sets_stay_bounded_whatever_clients_send(fleet: RunningFleet) -> N
 
 
 def test_engine_load_signals_are_scraped_and_explained(fleet: RunningFleet) -> None:
-    for _ in range(100):  # bounded: the scrape loop runs every 0.2 s
+    for _ in range(1500):  # bounded (about 30 s): the scrape loop runs every 0.2 s
         m = scrape(fleet.gateway_url)
         if len(series(m, "tenantgate_engine_kv_cache_usage_ratio")) == 3:
             break
+        time.sleep(0.02)
     assert len(series(m, "tenantgate_engine_waiting_requests")) == 3
     explained = httpx.get(f"{fleet.gateway_url}/admin/route?tenant=acme", headers=ADMIN).json()
     assert set(explained["engine_load"]) == set(fleet.replica_urls)

@@ -229,9 +229,10 @@ async def test_a_client_leaving_mid_stream_cancels_the_engines_request(fleet: Mi
 
 async def _until_in_flight(http: httpx.AsyncClient, sim: TritonSim, tasks: set[str]) -> None:
     """Wait until the engine holds every one of these LoRA tasks in flight."""
-    for _ in range(500):  # bounded: each poll is one loopback round trip
+    for _ in range(3000):  # bounded: about 30 s
         if tasks <= set((await http.get(sim.http_url + "/sim/stats")).json()["peft_cache"]["in_flight"]):
             return
+        await asyncio.sleep(0.01)
     pytest.fail(f"the engine never held {sorted(tasks)} in flight")
 
 

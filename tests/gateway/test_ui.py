@@ -16,6 +16,9 @@ from playwright.sync_api import Page, expect, sync_playwright
 from loadtests.fleet import ADMIN_TOKEN, RunningFleet, fleet_with_gateway
 from tests.servers import debian_tool
 
+# The page refreshes on timers; a busy machine may take longer than Playwright's 5 s default.
+expect.set_options(timeout=30_000)
+
 pytestmark = pytest.mark.timeout(180)
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "ui"

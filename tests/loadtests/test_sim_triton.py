@@ -88,9 +88,10 @@ async def _pause(http: aiohttp.ClientSession, paused: bool) -> None:
 
 
 async def _until(http: aiohttp.ClientSession, condition: Callable[[dict[str, Any]], bool], what: str) -> None:
-    for _ in range(500):  # bounded: each poll is one loopback round trip
+    for _ in range(3000):  # bounded: about 30 s
         if condition(await _stats(http)):
             return
+        await asyncio.sleep(0.01)
     pytest.fail(f"the engine never reached: {what}")
 
 

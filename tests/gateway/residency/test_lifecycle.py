@@ -42,7 +42,7 @@ def lifecycle(
         store,
         ResidencyConfig(**cfg),  # type: ignore[arg-type]
         max_adapters=max_adapters,
-        load_timeout_s=5.0,
+        load_timeout_s=30.0,
         shared=shared,
         wall_clock=clock,
     )

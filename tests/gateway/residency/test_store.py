@@ -39,13 +39,13 @@ async def test_pools_and_replicas_are_separate(store: ResidencyStore) -> None:
 
 
 async def test_the_lock_has_one_holder_and_lapses(store: ResidencyStore) -> None:
-    assert await store.acquire("llama", "r0", "gw1 a", ttl_s=0.2)
+    assert await store.acquire("llama", "r0", "gw1 a", ttl_s=1.0)  # outlives the next five round trips
     assert not await store.acquire("llama", "r0", "gw2 b", ttl_s=5)
     assert await store.acquire("llama", "r1", "gw2 b", ttl_s=5)  # another replica's lock is free
     assert (await store.record("llama", "r0")).lock_holder == "gw1 a"
     await store.release("llama", "r0", "gw2 b")  # not the holder: no effect
     assert not await store.acquire("llama", "r0", "gw2 b", ttl_s=5)
-    for _ in range(50):  # the holder died: the lock lapses after its ttl
+    for _ in range(500):  # bounded (10 s): the holder died, the lock lapses after its ttl
         if await store.acquire("llama", "r0", "gw2 b", ttl_s=5):
             break
         await asyncio.sleep(0.02)
