@@ -13,7 +13,7 @@ from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
 from backends.errors import BackendError
 from backends.triton import TritonDriver
 from backends.vllm import VllmDriver
-from gateway.config import GatewayConfig, PoolConfig, ReplicaConfig, RoutingConfig
+from gateway.config import GatewayConfig, PoolConfig, ReplicaConfig, RoutingConfig, TenantConfig
 from gateway.errors import GatewayError
 from gateway.health import ReplicaHealth
 from gateway.metrics import GatewayMetrics
@@ -236,6 +236,21 @@ def make_store(config: GatewayConfig) -> ResidencyStore:
     return RedisStore(state.redis_url, operation_timeout_s=state.operation_timeout_s, cluster=state.cluster)
 
 
+def homed_keys(config: GatewayConfig, pool_name: str) -> set[str]:
+    """The affinity keys known ahead whose requests can reach the pool: the models they name (adapter affinity),
+    else the tenants (a request without a session id is keyed by its tenant under session affinity too)."""
+    pool = next(p for p in config.pools if p.name == pool_name)
+    reachable = {a.name for a in config.adapters if a.pool == pool_name} | {pool.base_model}
+    variants = {split.name: [v.model for v in split.variants] for split in config.splits}
+
+    def models(tenant: TenantConfig) -> list[str]:  # what its requests run on: a split's variants, not its name
+        return [m for name in tenant.adapters for m in variants.get(name, [name])] + tenant.base_models
+
+    if config.routing.affinity == "adapter":
+        return {model for tenant in config.tenants for model in models(tenant) if model in reachable}
+    return {tenant.id for tenant in config.tenants if reachable.intersection(models(tenant))}
+
+
 def prewarm_homes(config: GatewayConfig, pool: Pool, name: str) -> set[str]:
     """Where a tenant-facing model's traffic starts (an adapter, or a split such as a versioned name): its own ring
     home under adapter affinity, else the homes of the tenants that call it."""
@@ -274,6 +289,7 @@ class Fleet:
             self.pools[pool_config.name] = Pool(
                 pool_config, config.routing, driver, residency, config.limits.max_in_flight_per_replica
             )
+        self.balance_homes(config)
         for adapter in config.adapters:
             if adapter.prewarm or adapter.pinned:
                 pool = self.pools[adapter.pool]
@@ -282,6 +298,12 @@ class Fleet:
                     pool.prewarm[replica_id].append((ref, adapter.pinned))
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []
+
+    def balance_homes(self, config: GatewayConfig) -> None:
+        """Balance each pool's homes over the keys ``config`` knows; again when tenants or the catalog change at
+        run time (``config`` then holds them), so gateways that share a registry keep agreeing on every home."""
+        for name, pool in self.pools.items():
+            pool.ring.balance(homed_keys(config, name) if config.routing.home_placement == "balanced" else ())
 
     async def start(self) -> None:
         """Probe every replica once, then start the background loops; readiness waits for the pre-warm."""

@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "round_robin": {"policy": "round_robin"},
     "least_loaded": {"policy": "least_loaded"},
     "consistent_hash": {"policy": "consistent_hash"},
+    "bounded, ring homes": {"home_placement": "ring"},
     "bounded, ring spill": {"prefer_resident": False},
     "bounded + residency": {"prefer_resident": True},
 }
@@ -92,9 +93,19 @@ async def replay(gateway_url: str, trace: list[Arrival]) -> tuple[list[float], i
 
 
 def run_variant(
-    trace: list[Arrival], policy: str = "bounded_consistent_hash", prefer_resident: bool = True
+    trace: list[Arrival],
+    policy: str = "bounded_consistent_hash",
+    prefer_resident: bool = True,
+    home_placement: str = "balanced",
 ) -> dict[str, Any]:
-    routing = {"routing": {"affinity": "tenant", "balance_factor": 1.25, "prefer_resident": prefer_resident}}
+    routing = {
+        "routing": {
+            "affinity": "tenant",
+            "balance_factor": 1.25,
+            "prefer_resident": prefer_resident,
+            "home_placement": home_placement,
+        }
+    }
     with (
         tempfile.TemporaryDirectory() as tmp,
         fleet_with_gateway(

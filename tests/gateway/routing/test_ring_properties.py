@@ -65,3 +65,44 @@ def test_bounded_loads_never_exceed_the_cap_while_another_replica_has_room(
             busy = [r for r in ids if in_flight[r]]
             if busy:
                 in_flight[busy[key_index % len(busy)]] -= 1
+
+
+# --- balanced homes ----------------------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(min_value=1, max_value=8), k=st.integers(min_value=0, max_value=60), salt=st.integers(0, 10**6))
+def test_balanced_homes_hold_at_most_their_share_of_the_keys(n: int, k: int, salt: int) -> None:
+    ring = Ring([f"r{i}" for i in range(n)], vnodes=160)
+    keys = [f"t{salt}-{i}" for i in range(k)]
+    ring.balance(keys)
+    counts = Counter(ring.home(key) for key in keys)
+    assert all(count <= math.ceil(k / n) for count in counts.values()), counts
+    for key in keys:  # the home first, then every other replica in the key's ring order
+        order = ring.preference(key)
+        assert sorted(order) == sorted(ring.replica_ids)
+        assert order[1:] == tuple(r for r in Ring(ring.replica_ids, vnodes=160).preference(key) if r != order[0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(min_value=2, max_value=8), k=st.integers(min_value=1, max_value=60), salt=st.integers(0, 10**6))
+def test_balanced_homes_depend_only_on_the_keys_and_replicas(n: int, k: int, salt: int) -> None:
+    """What lets gateways agree with no coordination: any gateway, keys in any order, the same homes."""
+    ids = [f"r{i}" for i in range(n)]
+    keys = [f"t{salt}-{i}" for i in range(k)]
+    one, other = Ring(ids, vnodes=160), Ring(list(reversed(ids)), vnodes=160)
+    one.balance(keys)
+    other.balance(list(reversed(keys)))
+    assert [one.home(key) for key in keys] == [other.home(key) for key in keys]
+
+
+def test_balancing_evens_out_what_the_ring_leaves_uneven() -> None:
+    ring = Ring([f"r{i}" for i in range(4)], vnodes=160)
+    keys = [f"tenant-{i:02d}" for i in range(32)]
+    assert sorted(Counter(ring.home(key) for key in keys).values()) == [5, 9, 9, 9]  # the ring alone
+    ring.balance(keys)
+    assert sorted(Counter(ring.home(key) for key in keys).values()) == [8, 8, 8, 8]
+    moved = [key for key in keys if ring.home(key) != ring.ring_home(key)]
+    # 9 + 9 + 9 + 5 -> 8 each: 3 must move; a moved key can take a place a later key's ring home then lacks.
+    assert 3 <= len(moved) <= 6, moved
+    assert ring.home("not-known-ahead") == ring.ring_home("not-known-ahead")
+    ring.balance([])  # placement back to the ring
+    assert all(ring.home(key) == ring.ring_home(key) for key in keys)
