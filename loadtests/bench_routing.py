@@ -55,6 +55,7 @@ class Setup:
     router: str  # tenantgate | vllm-router | sglang-router
     policy: str
     prefer_resident: bool = True
+    home_placement: str = "balanced"
 
 
 VLLM_ROUTER_POLICIES = ("consistent_hash", "round_robin", "sticky_least_loaded", "cache_aware")
@@ -62,6 +63,7 @@ SETUPS = [
     Setup("tenantgate round_robin", "tenantgate", "round_robin"),
     Setup("tenantgate least_loaded", "tenantgate", "least_loaded"),
     Setup("tenantgate consistent_hash", "tenantgate", "consistent_hash"),
+    Setup("tenantgate bounded, ring homes", "tenantgate", "bounded_consistent_hash", home_placement="ring"),
     Setup("tenantgate bounded, no residency", "tenantgate", "bounded_consistent_hash", prefer_resident=False),
     Setup("tenantgate bounded + residency", "tenantgate", "bounded_consistent_hash"),
     *(Setup(f"vllm-router {p}", "vllm-router", p) for p in VLLM_ROUTER_POLICIES),
@@ -163,7 +165,8 @@ def router_for(setup: Setup, root: Path, replicas: dict[str, str], adapters: dic
         config = gateway_config(replicas, tenants, adapters, port=free_port(), policy=setup.policy,
                                 max_adapters=MAX_CPU_LORAS,
                                 extra={"routing": {"affinity": "tenant", "balance_factor": 1.25,
-                                                   "prefer_resident": setup.prefer_resident},
+                                                   "prefer_resident": setup.prefer_resident,
+                                                   "home_placement": setup.home_placement},
                                        "telemetry": {"access_log": False}})  # fmt: skip
         with gateway_process(root, config, "gateway") as (url, _):
             yield url

@@ -1,11 +1,10 @@
 """A consistent-hash ring per pool (uhashring, ketama-compatible) and each key's preference order.
 
-Homes can be balanced over the keys the gateway knows ahead (tenants, or adapters): with a few keys per replica a
-ring's arcs give one replica twice another's share (at 8 keys per replica, ring homes made 148-232 cold loads on
-``make bench-residency``'s trace, balanced homes 134-163). ``balance`` places every known key, in the order of its
-ring position, on the first replica of its ring preference that has fewer than ``ceil(keys / replicas)`` keys:
-the same keys and replicas give the same homes in every gateway, with no coordination. Keys not known ahead
-(sessions, or a tenant added since) keep their ring home.
+Homes can be balanced over the keys the gateway knows ahead (tenants, or adapters). With a few keys per replica a
+ring's arcs give one replica twice another's share, and its working set churns (docs/benchmarks.md measures the
+cold loads). ``balance`` places every known key, in the order of its ring position, on the first replica of its
+ring preference that has fewer than ``ceil(keys / replicas)`` keys: the same keys and replicas give the same homes
+in every gateway, with no coordination. Keys not known ahead (sessions) keep their ring home.
 """
 
 from __future__ import annotations
