@@ -82,7 +82,7 @@ def create_app(
         discovered = await discover(config, {})
         serving_config = state.compose(config, discovered)
         store = state.residency_store = TimedStore(make_store(config), metrics)
-        fleet = Fleet(serving_config, metrics, store=store)
+        fleet = Fleet(serving_config, metrics, store=store, homes_from=config)
         await fleet.start()
         state.swap(Serving(serving_config, TenantDirectory(serving_config), fleet), discovered=discovered)
         every_s = discovery_interval_s(config)

@@ -49,9 +49,9 @@ class RoutingConfig(_Frozen):
     # No replica takes more than ceil(balance_factor x mean in-flight load); 1.0 would forbid any imbalance.
     balance_factor: float = Field(default=1.25, ge=1.0, le=10.0)
     vnodes: int = Field(default=160, ge=1, le=10_000)
-    # balanced: the keys known ahead (tenants, or adapters) get homes balanced over each pool's replicas, at most
-    # ceil(keys / replicas) each (gateway/routing/ring.py); ring: every home where the ring puts it. Session keys
-    # are not known ahead: they keep their ring home.
+    # balanced: the tenants (or adapters) this file names get homes balanced over each pool's replicas, at most
+    # ceil(keys / replicas) each (gateway/routing/ring.py); ring: every home where the ring puts it. Sessions and
+    # tenants added at run time keep their ring home.
     home_placement: Literal["balanced", "ring"] = "balanced"
     # bounded_consistent_hash: a key active within this window keeps one slot at its home, so a hot key's
     # overflow cannot push it off (gateway/routing/reservations.py). 0 turns reservations off.

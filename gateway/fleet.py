@@ -263,10 +263,17 @@ def prewarm_homes(config: GatewayConfig, pool: Pool, name: str) -> set[str]:
 
 class Fleet:
     def __init__(
-        self, config: GatewayConfig, metrics: GatewayMetrics | None = None, store: ResidencyStore | None = None
+        self,
+        config: GatewayConfig,
+        metrics: GatewayMetrics | None = None,
+        store: ResidencyStore | None = None,
+        *,
+        homes_from: GatewayConfig | None = None,
     ) -> None:
         """``store``: the residency record, shared by the fleets a reload swaps (one record per replica, whichever
-        fleet manages it); without one the fleet makes (and closes) its own."""
+        fleet manages it); without one the fleet makes (and closes) its own. ``homes_from``: the config file, whose
+        tenants and adapters get balanced homes (default ``config``). Not the tenants added at run time: which of
+        those a gateway knows depends on when it started, and every gateway with the same file must agree."""
         self.config = config
         self.metrics = metrics or GatewayMetrics()
         self._owns_store = store is None
@@ -289,7 +296,9 @@ class Fleet:
             self.pools[pool_config.name] = Pool(
                 pool_config, config.routing, driver, residency, config.limits.max_in_flight_per_replica
             )
-        self.balance_homes(config)
+        placement = config.routing.home_placement == "balanced"
+        for name, pool in self.pools.items():
+            pool.ring.balance(homed_keys(homes_from or config, name) if placement else ())
         for adapter in config.adapters:
             if adapter.prewarm or adapter.pinned:
                 pool = self.pools[adapter.pool]
@@ -298,12 +307,6 @@ class Fleet:
                     pool.prewarm[replica_id].append((ref, adapter.pinned))
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []
-
-    def balance_homes(self, config: GatewayConfig) -> None:
-        """Balance each pool's homes over the keys ``config`` knows; again when tenants or the catalog change at
-        run time (``config`` then holds them), so gateways that share a registry keep agreeing on every home."""
-        for name, pool in self.pools.items():
-            pool.ring.balance(homed_keys(config, name) if config.routing.home_placement == "balanced" else ())
 
     async def start(self) -> None:
         """Probe every replica once, then start the background loops; readiness waits for the pre-warm."""

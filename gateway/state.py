@@ -66,7 +66,6 @@ class GatewayState:
     def swap(
         self, serving: Serving, base_config: GatewayConfig | None = None, discovered: Discovered | None = None
     ) -> Serving | None:
-        serving.fleet.balance_homes(serving.config)  # run-time tenants and adapters have homes too
         previous, self._serving = self._serving, serving
         if base_config is not None:
             self.base_config = base_config

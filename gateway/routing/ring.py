@@ -4,7 +4,7 @@ Homes can be balanced over the keys the gateway knows ahead (tenants, or adapter
 ring's arcs give one replica twice another's share, and its working set churns (docs/benchmarks.md measures the
 cold loads). ``balance`` places every known key, in the order of its ring position, on the first replica of its
 ring preference that has fewer than ``ceil(keys / replicas)`` keys: the same keys and replicas give the same homes
-in every gateway, with no coordination. Keys not known ahead (sessions) keep their ring home.
+in every gateway, with no coordination. Other keys (sessions, tenants added at run time) keep their ring home.
 """
 
 from __future__ import annotations

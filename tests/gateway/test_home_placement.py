@@ -1,5 +1,6 @@
 """Balanced homes in a running gateway: which keys each pool balances, pre-warm on the balanced home, and a tenant
-added at run time placed like the rest (gateway/routing/ring.py has the placement's own properties)."""
+added at run time, which takes its ring home and moves no one (gateway/routing/ring.py has the placement's own
+properties)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from loadtests.fleet import ADMIN_TOKEN
 
 REPLICAS = [f"r{i}" for i in range(4)]
 TENANTS = [f"tenant-{i:02d}" for i in range(32)]  # the ring alone homes them 9 + 9 + 9 + 5 on four replicas
+MOVED = "tenant-04"  # one that balancing homes off its ring home (asserted below)
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
@@ -35,11 +37,15 @@ def config(**routing: Any) -> dict[str, Any]:
             {"name": "support", "pool": "llama", "source": "/srv/support", "prewarm": True},
             {"name": "support@2", "pool": "llama", "source": "/srv/support-2"},
             {"name": "sql", "pool": "mistral", "source": "/srv/sql"},
+            {"name": "solo", "pool": "llama", "source": "/srv/solo", "pinned": True},
         ],
         "splits": [
             {"name": "support-ab", "variants": [{"model": "support", "weight": 1}, {"model": "support@2", "weight": 1}]}
         ],
-        "tenants": [{"id": t, "api_keys": [hash_key(t)], "adapters": ["support"]} for t in TENANTS]
+        "tenants": [
+            {"id": t, "api_keys": [hash_key(t)], "adapters": ["support", "solo"] if t == MOVED else ["support"]}
+            for t in TENANTS
+        ]
         + [
             {"id": "ab-only", "api_keys": [hash_key("ab")], "adapters": ["support-ab"]},
             {"id": "base-only", "api_keys": [hash_key("base")], "base_models": ["tiny-llama"]},
@@ -56,7 +62,7 @@ def test_a_pool_balances_the_tenants_that_reach_it_by_adapter_split_or_base_mode
 
 def test_under_adapter_affinity_a_pool_balances_the_models_requests_run_on() -> None:
     parsed = GatewayConfig.model_validate(config(affinity="adapter"))
-    assert homed_keys(parsed, "llama") == {"support", "support@2", "tiny-llama"}  # a split's variants, not its name
+    assert homed_keys(parsed, "llama") == {"support", "support@2", "solo", "tiny-llama"}  # variants, not the split
     assert homed_keys(parsed, "mistral") == {"sql"}
 
 
@@ -72,16 +78,19 @@ async def test_homes_and_prewarm_follow_the_placement(placement: str) -> None:
         else:
             assert all(home == pool.ring.ring_home(key) for key, home in homes.items())
             assert most > math.ceil(len(homes) / len(REPLICAS))
-        # The pre-warmed adapter goes where its tenants' traffic starts: their (balanced) homes.
-        prewarmed = {replica for replica, adapters in pool.prewarm.items() if adapters}
-        assert prewarmed == {homes[t] for t in TENANTS}
+        # A pre-warmed (here pinned) adapter goes where its tenant's traffic starts: its home as placed.
+        solo = {
+            replica for replica, adapters in pool.prewarm.items() if any(a.engine_name == "solo" for a, _ in adapters)
+        }
+        assert solo == {homes[MOVED]}
+        assert (homes[MOVED] != pool.ring.ring_home(MOVED)) == (placement == "balanced")
     finally:
         await fleet.close()
 
 
-async def test_a_tenant_added_at_run_time_gets_the_home_any_gateway_would_give_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_tenant_added_at_run_time_takes_its_ring_home_and_moves_no_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run-time tenants are not balanced: which of them a gateway knows depends on when it started, and gateways
+    sharing a registry must agree on every home. So the homes of the file's tenants stay as they were."""
     known = [*TENANTS, "ab-only", "base-only"]
     newcomer = next(name for name in (f"newcomer-{i}" for i in range(100)) if _moved_by_balance([*known, name], name))
     monkeypatch.setenv("TENANTGATE_ADMIN_TOKEN", ADMIN_TOKEN)
@@ -90,21 +99,21 @@ async def test_a_tenant_added_at_run_time_gets_the_home_any_gateway_would_give_i
         TestServer(app, host="127.0.0.1") as server,
         httpx.AsyncClient(base_url=str(server.make_url(""))) as http,
     ):
+
+        async def homes() -> dict[str, str]:
+            routes = [await http.get("/admin/route", params={"tenant": t}, headers=ADMIN) for t in known]
+            return {tenant: route.json()["home"] for tenant, route in zip(known, routes, strict=True)}
+
+        before = await homes()
         added = {"id": newcomer, "api_keys": [hash_key("new")], "adapters": ["support"]}
         assert (await http.post("/admin/tenants", json=added, headers=ADMIN)).status_code == 200
-        homes = {}
-        for tenant in [*known, newcomer]:
-            answer = await http.get("/admin/route", params={"tenant": tenant}, headers=ADMIN)
-            homes[tenant] = answer.json()["home"]
-    # What a gateway started with the tenant already in its config computes: the same homes for everyone.
-    fresh = Ring(REPLICAS, vnodes=160)
-    fresh.balance(homes)
-    assert homes == {tenant: fresh.home(tenant) for tenant in homes}
-    assert max(Counter(homes.values()).values()) <= math.ceil(len(homes) / len(REPLICAS))
+        assert await homes() == before
+        route = await http.get("/admin/route", params={"tenant": newcomer}, headers=ADMIN)
+        assert route.json()["home"] == Ring(REPLICAS, vnodes=160).ring_home(newcomer)
 
 
 def _moved_by_balance(keys: list[str], key: str) -> bool:
-    """Whether balancing ``keys`` homes ``key`` off its ring home (so a gateway that skipped it would differ)."""
+    """Whether balancing ``keys`` homes ``key`` off its ring home (so a gateway that balanced it would differ)."""
     ring = Ring(REPLICAS, vnodes=160)
     ring.balance(keys)
     return ring.home(key) != ring.ring_home(key)
