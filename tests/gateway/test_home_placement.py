@@ -108,8 +108,10 @@ async def test_a_tenant_added_at_run_time_takes_its_ring_home_and_moves_no_one(m
         added = {"id": newcomer, "api_keys": [hash_key("new")], "adapters": ["support"]}
         assert (await http.post("/admin/tenants", json=added, headers=ADMIN)).status_code == 200
         assert await homes() == before
-        route = await http.get("/admin/route", params={"tenant": newcomer}, headers=ADMIN)
-        assert route.json()["home"] == Ring(REPLICAS, vnodes=160).ring_home(newcomer)
+        route = (await http.get("/admin/route", params={"tenant": newcomer}, headers=ADMIN)).json()
+        assert route["home"] == route["ring_home"] == Ring(REPLICAS, vnodes=160).ring_home(newcomer)
+        moved = (await http.get("/admin/route", params={"tenant": MOVED}, headers=ADMIN)).json()
+        assert moved["home"] != moved["ring_home"]  # the operator sees that balancing placed it
 
 
 def _moved_by_balance(keys: list[str], key: str) -> bool:
