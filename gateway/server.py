@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from pathlib import Path
@@ -28,6 +29,10 @@ async def _run(config: GatewayConfig, config_path: Path | None) -> None:
     await runner.setup()
     site = web.TCPSite(runner, config.listen.host, config.listen.port)
     await site.start()
+    # What start-up built (modules, config, fleet, metrics) lives as long as the process: out of the cyclic GC's
+    # sight, each collection walks only what requests allocate (GC time per request 16 -> 5 us, bench-gateway).
+    gc.collect()
+    gc.freeze()
     log.info("tenantgate listening on http://%s:%d", config.listen.host, config.listen.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
