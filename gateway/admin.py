@@ -35,7 +35,7 @@ async def route(request: web.Request) -> web.Response:
         if replica.engine_load is not None
     }
     # Where the ring alone would put the key: differs from "home" when balancing moved it (README, Routing).
-    ring_home = pool.ring.ring_home(key) if pool.ring.replica_ids else None
+    ring_home = pool.ring.ring_home(key)
     return web.json_response(
         {"tenant": tenant.id, "model": target.model, **decision.as_json(), "ring_home": ring_home,
          "engine_load": engine_load}

@@ -24,8 +24,8 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool) -> dict[
                 continue
             decision = pool.explain(tenant_config.id, targets[0].engine_model if targets[0].adapter else None)
             tenants.append(
-                {"id": tenant_config.id, "home": decision.home, "now": decision.chosen,
-                 "position": round(pool.ring.position(tenant_config.id), 6)}
+                {"id": tenant_config.id, "home": decision.home, "ring_home": pool.ring.ring_home(tenant_config.id),
+                 "now": decision.chosen, "position": round(pool.ring.position(tenant_config.id), 6)}
             )  # fmt: skip
         pools[name] = {
             "policy": pool.config.policy,

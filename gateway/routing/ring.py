@@ -46,8 +46,8 @@ class Ring:
         return self.preference(key)[0]
 
     def ring_home(self, key: str) -> str:
-        """Where the ring alone puts ``key`` (what ``home`` is without balancing)."""
-        return self._ring_order(key)[0]
+        """Where the ring alone puts ``key`` (what ``home`` is without balancing); "" while the pool is empty."""
+        return self._ring_order(key)[0] if self.replica_ids else ""
 
     def balance(self, keys: Collection[str]) -> None:
         """Balance the homes of ``keys`` (replacing the previous set; empty: ring homes for every key)."""

@@ -33,7 +33,8 @@ function ringPicture(pool) {
     const [x, y] = point(tenant.position, 0.78);
     const dot = svg("circle", { cx: x, cy: y, r: 0.05, fill: COLOURS[ids.indexOf(tenant.home) % COLOURS.length] });
     dot.append(svg("title"));
-    dot.firstChild.textContent = `${tenant.id}: home ${tenant.home}`;
+    const placed = tenant.home === tenant.ring_home ? "" : ` (balanced; the ring alone: ${tenant.ring_home})`;
+    dot.firstChild.textContent = `${tenant.id}: home ${tenant.home}${placed}`;
     picture.append(dot);
   }
   return picture;

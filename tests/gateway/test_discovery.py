@@ -13,6 +13,7 @@ import pytest
 
 from gateway.config import DiscoveryConfig, GatewayConfig
 from gateway.discovery import discover, resolve, with_replicas
+from gateway.routing.ring import Ring
 from loadtests.faultkit import GatewayUnderTest, sim_replicas
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, write_adapters
 from loadtests.processes import free_port
@@ -66,13 +67,17 @@ def test_a_failed_lookup_keeps_the_replicas_known() -> None:
         assert asyncio.run(discover(config, found)) == found
 
 
-def test_replicas_appearing_and_disappearing_in_dns_move_only_their_tenants(tmp_path: Path) -> None:
+@pytest.mark.parametrize("placement", ["ring", "balanced"])
+def test_replicas_appearing_and_disappearing_in_dns_change_homes_as_a_config_change_would(
+    tmp_path: Path, placement: str
+) -> None:
     tenants = {f"t{i}": [f"lora-t{i}"] for i in range(12)}
     adapters = write_adapters(tmp_path, [names[0] for names in tenants.values()])
     with sim_replicas(tmp_path, 4, "--time-scale", "0", "--max-loras", "8") as sims, DnsStub() as stub:
         urls = {name: sim.url for name, sim in sims.items()}
         publish(stub, {name: urls[name] for name in ("r0", "r1", "r2")})
         config: dict[str, Any] = gateway_config({}, tenants, adapters, port=free_port(), max_adapters=12)
+        config["routing"]["home_placement"] = placement
         config["pools"][0]["discovery"] = {"name": "sims.test", "nameservers": [stub.nameserver], "interval_s": 0.3}
         gateway = GatewayUnderTest(tmp_path, config).start()
         try:
@@ -98,6 +103,11 @@ def test_replicas_appearing_and_disappearing_in_dns_move_only_their_tenants(tmp_
                 assert sims["r3"].stats()["requests_by_model"].get(tenants[tenant][0]) == 1
         finally:
             gateway.stop()
-    moved = {t for t in tenants if before[t] != after[t]}
-    assert moved == {t for t in tenants if before[t] == "r2" or after[t] == "r3"}
     assert moved_to_r3
+    # The homes a config file listing r0, r1, r3 gives.
+    listed = Ring(["r0", "r1", "r3"], vnodes=160)
+    listed.balance(tenants if placement == "balanced" else ())
+    assert after == {t: listed.home(t) for t in tenants}
+    if placement == "ring":  # and with ring homes, only the tenants of the replicas that left or came move
+        moved = {t for t in tenants if before[t] != after[t]}
+        assert moved == {t for t in tenants if before[t] == "r2" or after[t] == "r3"}
