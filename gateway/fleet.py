@@ -251,14 +251,17 @@ def homed_keys(config: GatewayConfig, pool_name: str) -> set[str]:
     return {tenant.id for tenant in config.tenants if reachable.intersection(models(tenant))}
 
 
-def prewarm_homes(config: GatewayConfig, pool: Pool, name: str) -> set[str]:
-    """Where a tenant-facing model's traffic starts (an adapter, or a split such as a versioned name): its own ring
-    home under adapter affinity, else the homes of the tenants that call it."""
+def prewarm_homes(config: GatewayConfig, pool: Pool, model: str, split: str | None = None) -> set[str]:
+    """Where the traffic that runs on ``model`` (an adapter) starts: under adapter affinity its own home (requests
+    are keyed by the model they run on, a split's variant included), else the homes of the tenants that call it,
+    directly or through a split (``split``: one it is about to join, as a rollout's new version)."""
     if config.routing.affinity != "adapter":
-        homes = {pool.ring.home(t.id) for t in config.tenants if name in t.adapters}
+        names = {model, *([split] if split else [])}
+        names.update(s.name for s in config.splits if any(v.model == model for v in s.variants))
+        homes = {pool.ring.home(t.id) for t in config.tenants if names.intersection(t.adapters)}
         if homes:
             return homes
-    return {pool.ring.home(name)}
+    return {pool.ring.home(model)}
 
 
 class Fleet:

@@ -106,7 +106,7 @@ async def _run(app: web.Application, rollout: Rollout) -> None:
         serving = state.serving
         adapter = next(a for a in serving.config.adapters if a.name == rollout.new)
         pool = serving.fleet.pools[adapter.pool]
-        homes = sorted(prewarm_homes(serving.config, pool, rollout.name))
+        homes = sorted(prewarm_homes(serving.config, pool, rollout.new, split=rollout.name))
         ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
         try:
             for replica_id in homes:

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.fleet import Fleet, homed_keys
+from gateway.fleet import Fleet, homed_keys, prewarm_homes
 from gateway.routing.ring import Ring
 from gateway.tenancy import hash_key
 from loadtests.fleet import ADMIN_TOKEN
@@ -84,6 +84,24 @@ async def test_homes_and_prewarm_follow_the_placement(placement: str) -> None:
         }
         assert solo == {homes[MOVED]}
         assert (homes[MOVED] != pool.ring.ring_home(MOVED)) == (placement == "balanced")
+    finally:
+        await fleet.close()
+
+
+@pytest.mark.parametrize("affinity", ["tenant", "adapter"])
+async def test_a_version_is_prewarmed_where_the_traffic_that_runs_on_it_starts(affinity: str) -> None:
+    """A split's variant (an A/B arm, or a version a rollout is about to add) is warmed at the homes of the tenants
+    calling the split, or, under adapter affinity, at the variant's own home: requests are keyed by what they run
+    on, never by the split's name."""
+    fleet = Fleet(GatewayConfig.model_validate(config(affinity=affinity)))
+    try:
+        pool, parsed = fleet.pools["llama"], fleet.config
+        if affinity == "tenant":
+            expected = {"support@2": {pool.ring.home("ab-only")}, "support@3": {pool.ring.home("ab-only")}}
+        else:
+            expected = {"support@2": {pool.ring.home("support@2")}, "support@3": {pool.ring.home("support@3")}}
+        assert prewarm_homes(parsed, pool, "support@2") == expected["support@2"]
+        assert prewarm_homes(parsed, pool, "support@3", split="support-ab") == expected["support@3"]
     finally:
         await fleet.close()
 
