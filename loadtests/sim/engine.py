@@ -168,7 +168,8 @@ class SimEngine:
 
     def run_steps(self, count: int) -> None:
         """Run ``count`` more steps (steps wait for work), then hold: a test can stop a stream after its first
-        token however slow the machine is."""
+        token however slow the machine is. Call it while the engine is idle or paused: a step already under way
+        counts, and so does one that admits nothing (a request waiting for an adapter slot or KV space)."""
         self._steps_before_hold = count
         if count > 0:
             self._resumed.set()

@@ -182,7 +182,7 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(tmp_path: Path) -> N
     slow = ["--time-scale", "1.0", "--max-loras", "4"]  # each request takes about a second
     with sim_replicas(tmp_path, 2, *slow) as replicas:
         config = config_for(tmp_path, replicas)
-        config["shutdown"] = {"drain_delay_s": 0.5, "drain_timeout_s": 30}
+        config["shutdown"] = {"drain_delay_s": 2, "drain_timeout_s": 30}  # readiness is polled within the delay
         gw = GatewayUnderTest(tmp_path, config).start()
         engines = list(replicas.values())
         try:
