@@ -48,6 +48,10 @@ class RoutingConfig(_Frozen):
     affinity: Literal["tenant", "adapter", "session"] = "tenant"
     # No replica takes more than ceil(balance_factor x mean in-flight load); 1.0 would forbid any imbalance.
     balance_factor: float = Field(default=1.25, ge=1.0, le=10.0)
+    # ... but a replica with fewer requests than this in flight (+ reserved) is never over capacity: an engine
+    # batches a few more sequences almost for free, while a spill can cost a cold adapter load (100 ms to over
+    # 1 s). 1 gives the plain bound.
+    capacity_floor: int = Field(default=8, ge=1, le=100_000)
     vnodes: int = Field(default=160, ge=1, le=10_000)
     # balanced: the tenants (or adapters) this file names get homes balanced over each pool's replicas, at most
     # ceil(keys / replicas) each (gateway/routing/ring.py); ring: every home where the ring puts it. Sessions and

@@ -59,6 +59,7 @@ class Pool:
         self.driver = driver
         self.residency = residency
         self.balance_factor = routing.balance_factor
+        self.capacity_floor = routing.capacity_floor
         self.max_in_flight_per_replica = max_in_flight_per_replica
         self.prefer_resident = routing.prefer_resident
         self.replicas = {
@@ -123,6 +124,7 @@ class Pool:
             pool=self.name,
             policy=self.config.policy,
             balance_factor=self.balance_factor,
+            capacity_floor=self.capacity_floor,
             tick=self._ticks,
             standing=reservations.standing(key),
             resident=resident,

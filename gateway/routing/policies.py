@@ -8,8 +8,9 @@ as their home has room. A request that must leave home goes to the first allowed
 resident (``spill:resident``), else to the next on the ring (``spill:ring``). With home reservations
 (reservations.py) the mean counts reserved slots too; a key holding a reservation at a healthy home takes it
 without the check, and a key that already has requests in flight must find a replica whose in flight + reserved
-is under the cap. The others are baselines for comparison: ``consistent_hash`` (no bound), ``round_robin`` and
-``least_loaded``.
+is under the cap. The cap never falls below ``capacity_floor``: below a few requests in flight an engine batches
+one more almost for free, and a spill can cost a cold adapter load. The others are baselines for comparison:
+``consistent_hash`` (no bound), ``round_robin`` and ``least_loaded``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def decide(
     pool: str,
     policy: str,
     balance_factor: float,
+    capacity_floor: int = 1,
     tick: int = 0,
     standing: KeyStanding = NEW_KEY,
     resident: frozenset[str] = frozenset(),
@@ -52,7 +54,8 @@ def decide(
         decision.chosen = candidates[0]
     elif policy == "bounded_consistent_hash":
         effective = {r: by_id[r].in_flight + by_id[r].reserved for r in candidates}
-        capacity = math.ceil(balance_factor * (sum(effective.values()) + 1) / len(candidates))
+        mean = (sum(effective.values()) + 1) / len(candidates)
+        capacity = max(math.ceil(balance_factor * mean), capacity_floor)
         decision.capacity = capacity
         if standing.holds_reservation and candidates[0] == decision.home:
             decision.chosen = decision.home

@@ -98,7 +98,8 @@ def test_counters_after_known_traffic(fleet: RunningFleet) -> None:
 
 
 def test_spills_are_counted_per_tenant_and_match_where_requests_ran(fleet: RunningFleet) -> None:
-    """Hold every replica's step loop so requests pile up in flight, send a burst, then let them run."""
+    """Hold every replica's step loop so requests pile up in flight, send a burst, then let them run. 12 at once:
+    the home takes 8 (the capacity floor), the rest spill."""
     before = scrape(fleet.gateway_url)
     for url in fleet.replica_urls.values():
         httpx.post(url + "/sim/control", json={"paused": True})
@@ -106,7 +107,7 @@ def test_spills_are_counted_per_tenant_and_match_where_requests_ran(fleet: Runni
 
     async def burst() -> None:
         client = openai.AsyncOpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("globex"), max_retries=0)
-        calls = [client.completions.create(model="sql-globex", prompt=f"b{i}", max_tokens=2) for i in range(6)]
+        calls = [client.completions.create(model="sql-globex", prompt=f"b{i}", max_tokens=2) for i in range(12)]
         pending = asyncio.gather(*calls)
         async with httpx.AsyncClient() as http:
 
@@ -114,8 +115,8 @@ def test_spills_are_counted_per_tenant_and_match_where_requests_ran(fleet: Runni
                 stats = [(await http.get(u + "/sim/stats")).json() for u in fleet.replica_urls.values()]
                 return sum(s["waiting"] + s["running"] for s in stats)
 
-            for _ in range(200):  # bounded: until all six wait in the engines
-                if await queued() >= 6:
+            for _ in range(200):  # bounded: until all twelve wait in the engines
+                if await queued() >= 12:
                     break
                 await asyncio.sleep(0.02)
             for url in fleet.replica_urls.values():

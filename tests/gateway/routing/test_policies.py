@@ -51,6 +51,23 @@ def test_decisions(policy: str, fleet: list[ReplicaLoad], chosen: str, reasons: 
     assert decision.reasons == reasons
 
 
+@pytest.mark.parametrize(
+    ("fleet", "floor", "chosen", "capacity"),
+    [
+        pytest.param(replicas(home=4), 8, HOME, 8, id="under-the-floor-stays-home"),  # plain cap 3
+        pytest.param(replicas(home=8), 8, SECOND, 8, id="at-the-floor-spills"),
+        pytest.param(replicas(home=20, second=20), 8, THIRD, 18, id="the-bound-rules-above-the-floor"),  # 41/3 x 1.25
+    ],
+)
+def test_the_capacity_never_falls_below_the_floor(
+    fleet: list[ReplicaLoad], floor: int, chosen: str, capacity: int
+) -> None:
+    decision = decide(
+        RING, KEY, fleet, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, capacity_floor=floor
+    )
+    assert (decision.chosen, decision.capacity) == (chosen, capacity)
+
+
 def test_no_healthy_replica() -> None:
     decision = decide(
         RING, KEY, replicas(down=("r0", "r1", "r2")), pool="p", policy="consistent_hash", balance_factor=1

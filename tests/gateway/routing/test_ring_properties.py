@@ -41,10 +41,11 @@ def test_keys_spread_evenly(n: int) -> None:
 @given(
     n=st.integers(min_value=1, max_value=6),
     factor=st.sampled_from([1.0, 1.25, 1.5, 2.0]),
+    floor=st.sampled_from([1, 4, 8]),
     events=st.lists(st.tuples(st.booleans(), st.integers(0, 30)), min_size=1, max_size=300),
 )
 def test_bounded_loads_never_exceed_the_cap_while_another_replica_has_room(
-    n: int, factor: float, events: list[tuple[bool, int]]
+    n: int, factor: float, floor: int, events: list[tuple[bool, int]]
 ) -> None:
     ids = [f"r{i}" for i in range(n)]
     ring = Ring(ids, vnodes=40)
@@ -53,9 +54,12 @@ def test_bounded_loads_never_exceed_the_cap_while_another_replica_has_room(
         if arrival:
             key = f"k{key_index}"
             snapshot = [ReplicaLoad(r, True, in_flight[r]) for r in ids]
-            decision = decide(ring, key, snapshot, pool="p", policy="bounded_consistent_hash", balance_factor=factor)
+            decision = decide(
+                ring, key, snapshot, pool="p", policy="bounded_consistent_hash", balance_factor=factor,
+                capacity_floor=floor,
+            )  # fmt: skip
             assert decision.chosen is not None
-            cap = math.ceil(factor * (sum(in_flight.values()) + 1) / n)
+            cap = max(math.ceil(factor * (sum(in_flight.values()) + 1) / n), floor)
             assert in_flight[decision.chosen] + 1 <= cap
             if decision.chosen != decision.home:  # it spilled only because every replica before it was full
                 order = ring.preference(key)
