@@ -13,8 +13,8 @@ from gateway.admin_auth import require_admin
 from gateway.appkeys import STATE
 from gateway.config import AdapterConfig
 from gateway.errors import InvalidRequest, ModelNotFound
-from gateway.ingress import affinity_key
 from gateway.reload import admin_reload
+from gateway.tenancy import affinity_key
 
 
 async def route(request: web.Request) -> web.Response:

@@ -13,7 +13,7 @@ from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
 from backends.errors import BackendError
 from backends.triton import TritonDriver
 from backends.vllm import VllmDriver
-from gateway.config import GatewayConfig, PoolConfig, ReplicaConfig, RoutingConfig, TenantConfig
+from gateway.config import GatewayConfig, PoolConfig, ReplicaConfig, RoutingConfig
 from gateway.errors import GatewayError
 from gateway.health import ReplicaHealth
 from gateway.metrics import GatewayMetrics
@@ -27,6 +27,7 @@ from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.policies import decide
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
+from gateway.tenancy import TenantDirectory, affinity_key
 
 log = logging.getLogger(__name__)
 
@@ -238,19 +239,18 @@ def make_store(config: GatewayConfig) -> ResidencyStore:
     return RedisStore(state.redis_url, operation_timeout_s=state.operation_timeout_s, cluster=state.cluster)
 
 
-def homed_keys(config: GatewayConfig, pool_name: str) -> set[str]:
-    """The affinity keys known ahead whose requests can reach the pool: the models they name (adapter affinity),
-    else the tenants (a request without a session id is keyed by its tenant under session affinity too)."""
-    pool = next(p for p in config.pools if p.name == pool_name)
-    reachable = {a.name for a in config.adapters if a.pool == pool_name} | {pool.base_model}
-    variants = {split.name: [v.model for v in split.variants] for split in config.splits}
-
-    def models(tenant: TenantConfig) -> list[str]:  # what its requests run on: a split's variants, not its name
-        return [m for name in tenant.adapters for m in variants.get(name, [name])] + tenant.base_models
-
-    if config.routing.affinity == "adapter":
-        return {model for tenant in config.tenants for model in models(tenant) if model in reachable}
-    return {tenant.id for tenant in config.tenants if reachable.intersection(models(tenant))}
+def homed_keys(config: GatewayConfig) -> dict[str, set[str]]:
+    """Per pool, the affinity keys of the requests that can reach it, derived as ingress derives them (a request
+    without a session id): the tenants, or under adapter affinity the models they run on (a split's variants)."""
+    directory = TenantDirectory(config)
+    keys: dict[str, set[str]] = {pool.name: set() for pool in config.pools}
+    for tenant_config in config.tenants:
+        tenant = directory.tenant(tenant_config.id)
+        assert tenant is not None  # the directory holds every tenant of the config it was built from
+        for target in tenant.targets.values():
+            for runs_on in [variant for _, variant in target.variants] or [target]:
+                keys[runs_on.pool].add(affinity_key(config.routing, tenant, runs_on, None))
+    return keys
 
 
 def prewarm_homes(config: GatewayConfig, pool: Pool, model: str, split: str | None = None) -> set[str]:
@@ -301,9 +301,10 @@ class Fleet:
             self.pools[pool_config.name] = Pool(
                 pool_config, config.routing, driver, residency, config.limits.max_in_flight_per_replica
             )
-        placement = config.routing.home_placement == "balanced"
-        for name, pool in self.pools.items():
-            pool.ring.balance(homed_keys(homes_from or config, name) if placement else ())
+        if config.routing.home_placement == "balanced":
+            keys = homed_keys(homes_from or config)
+            for name, pool in self.pools.items():
+                pool.ring.balance(keys[name])
         for adapter in config.adapters:
             if adapter.prewarm or adapter.pinned:
                 pool = self.pools[adapter.pool]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from typing import NoReturn
 
@@ -11,7 +10,6 @@ from aiohttp import web
 
 from gateway.admission import estimate_tokens
 from gateway.appkeys import METRICS, STATE, TELEMETRY
-from gateway.config import RoutingConfig
 from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
 from gateway.fleet import Pool
 from gateway.openai_request import InferenceRequest, Kind, parse_inference
@@ -19,22 +17,13 @@ from gateway.openapi import openapi
 from gateway.relay import RetryableFailure, relay
 from gateway.state import Serving
 from gateway.telemetry import RequestRecord
-from gateway.tenancy import Target, Tenant
+from gateway.tenancy import Target, Tenant, affinity_key
 
 # nginx's code for a client that went away before the answer: counted, never sent.
 CLIENT_CLOSED_REQUEST = 499
 _RETRY_SOON = {"Retry-After": "1"}
 
 _PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-
-
-def affinity_key(routing: RoutingConfig, tenant: Tenant, target: Target, session_id: str | None) -> str:
-    if routing.affinity == "adapter":
-        return target.model
-    if routing.affinity == "session" and session_id:
-        # A digest, not the id itself: a session id is client input of any length, and keys are kept (ring memo).
-        return f"{tenant.id}/{hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()}"
-    return tenant.id
 
 
 async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:

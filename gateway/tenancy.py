@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.config import AdapterConfig, AuthConfig, GatewayConfig
+from gateway.config import AdapterConfig, AuthConfig, GatewayConfig, RoutingConfig
 from gateway.errors import AuthenticationFailed, ModelNotFound
 
 
@@ -125,3 +125,13 @@ class TenantDirectory:
         if target is None:
             raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
         return target
+
+
+def affinity_key(routing: RoutingConfig, tenant: Tenant, target: Target, session_id: str | None) -> str:
+    """The ring key a request is routed by; ``target`` is what it runs on (a split's picked variant)."""
+    if routing.affinity == "adapter":
+        return target.model
+    if routing.affinity == "session" and session_id:
+        # A digest, not the id itself: a session id is client input of any length, and keys are kept (ring memo).
+        return f"{tenant.id}/{hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()}"
+    return tenant.id

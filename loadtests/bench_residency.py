@@ -56,11 +56,9 @@ class Arrival:
     tenant: str
 
 
-def make_trace(
-    rate: float, seconds: float, seed: int = 11, exponent: float = 1.1, tenants_by_name: Tenants = TENANTS
-) -> list[Arrival]:
+def make_trace(rate: float, seconds: float, seed: int = 11, exponent: float = 1.1) -> list[Arrival]:
     rng = random.Random(seed)
-    tenants = sorted(tenants_by_name)
+    tenants = sorted(TENANTS)
     weights = [1 / (rank + 1) ** exponent for rank in range(len(tenants))]
     trace: list[Arrival] = []
     now = 0.0

@@ -24,7 +24,6 @@ class Ring:
         self.replica_ids = tuple(replica_ids)
         self._ring = HashRing(nodes={replica_id: {"vnodes": vnodes} for replica_id in replica_ids})
         self._memo: dict[str, tuple[str, ...]] = {}
-        self._balanced: frozenset[str] = frozenset()
         self._homes: dict[str, str] = {}  # balanced homes that differ from the ring's
 
     def preference(self, key: str) -> tuple[str, ...]:
@@ -51,11 +50,7 @@ class Ring:
 
     def balance(self, keys: Collection[str]) -> None:
         """Balance the homes of ``keys`` (replacing the previous set; empty: ring homes for every key)."""
-        balanced = frozenset(keys)
-        if balanced == self._balanced:
-            return
-        self._balanced = balanced
-        self._homes = balanced_homes(self._ring, self.replica_ids, balanced)
+        self._homes = balanced_homes(self._ring, self.replica_ids, set(keys))
         self._memo.clear()
 
     def arcs(self) -> list[tuple[float, float, str]]:

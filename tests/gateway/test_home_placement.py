@@ -56,14 +56,13 @@ def config(**routing: Any) -> dict[str, Any]:
 
 def test_a_pool_balances_the_tenants_that_reach_it_by_adapter_split_or_base_model() -> None:
     parsed = GatewayConfig.model_validate(config())
-    assert homed_keys(parsed, "llama") == {*TENANTS, "ab-only", "base-only"}
-    assert homed_keys(parsed, "mistral") == {"sql-only"}
+    assert homed_keys(parsed) == {"llama": {*TENANTS, "ab-only", "base-only"}, "mistral": {"sql-only"}}
 
 
 def test_under_adapter_affinity_a_pool_balances_the_models_requests_run_on() -> None:
     parsed = GatewayConfig.model_validate(config(affinity="adapter"))
-    assert homed_keys(parsed, "llama") == {"support", "support@2", "solo", "tiny-llama"}  # variants, not the split
-    assert homed_keys(parsed, "mistral") == {"sql"}
+    llama = {"support", "support@2", "solo", "tiny-llama"}  # a split's variants, not its name
+    assert homed_keys(parsed) == {"llama": llama, "mistral": {"sql"}}
 
 
 @pytest.mark.parametrize("placement", ["balanced", "ring"])
@@ -71,7 +70,7 @@ async def test_homes_and_prewarm_follow_the_placement(placement: str) -> None:
     fleet = Fleet(GatewayConfig.model_validate(config(home_placement=placement)))
     try:
         pool = fleet.pools["llama"]
-        homes = {key: pool.ring.home(key) for key in homed_keys(fleet.config, "llama")}
+        homes = {key: pool.ring.home(key) for key in homed_keys(fleet.config)["llama"]}
         most = max(Counter(homes.values()).values())
         if placement == "balanced":
             assert most <= math.ceil(len(homes) / len(REPLICAS))
