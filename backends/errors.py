@@ -1,4 +1,4 @@
-"""Errors a driver raises at the engine boundary; the gateway maps them to HTTP (gateway/relay.py)."""
+"""Errors a driver raises at the engine boundary; the gateway maps them to HTTP (gateway/serving/relay.py)."""
 
 from __future__ import annotations
 

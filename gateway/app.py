@@ -12,23 +12,24 @@ from pathlib import Path
 from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from gateway import admin, ingress
-from gateway.admission import Admission
+from gateway.admin import routes as admin
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY
 from gateway.config import GatewayConfig
-from gateway.discovery import discover
-from gateway.discovery import interval_s as discovery_interval_s
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
-from gateway.fleet import Fleet, make_store
-from gateway.metrics import GatewayMetrics
-from gateway.rate_buckets import RedisBuckets
-from gateway.registry import Registry
+from gateway.fleet.discovery import discover
+from gateway.fleet.discovery import interval_s as discovery_interval_s
+from gateway.fleet.fleet import Fleet, make_store
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.telemetry import Telemetry
 from gateway.reload import close_retiring, rediscover
 from gateway.residency.lifecycle import every
 from gateway.residency.timed import TimedStore
+from gateway.serving import ingress
 from gateway.state import GatewayState, Serving
-from gateway.telemetry import Telemetry
-from gateway.tenancy import TenantDirectory
+from gateway.tenants.admission import Admission
+from gateway.tenants.directory import TenantDirectory
+from gateway.tenants.rate_buckets import RedisBuckets
+from gateway.tenants.registry import Registry
 
 log = logging.getLogger(__name__)
 

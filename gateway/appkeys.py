@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.metrics import GatewayMetrics
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.telemetry import Telemetry
 from gateway.state import GatewayState
-from gateway.telemetry import Telemetry
 
 STATE = web.AppKey("state", GatewayState)
 ADMIN_TOKEN = web.AppKey("admin_token", str)

@@ -142,7 +142,7 @@ def _adapters_readable(config: GatewayConfig) -> bool:
 
 
 def _hash_key(args: argparse.Namespace) -> int:
-    from gateway.tenancy import hash_key
+    from gateway.tenants.directory import hash_key
 
     key = sys.stdin.readline().strip()
     if not key:
@@ -171,7 +171,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import os
 
-    from gateway.status_cli import fetch, render
+    from gateway.admin.status_cli import fetch, render
 
     token = os.environ.get(args.token_env, "")
     if not token:

@@ -18,11 +18,11 @@ from aiohttp import web
 
 from gateway.appkeys import METRICS, STATE
 from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.discovery import Discovered, discover
 from gateway.errors import InvalidRequest
-from gateway.fleet import Fleet
+from gateway.fleet.discovery import Discovered, discover
+from gateway.fleet.fleet import Fleet
 from gateway.state import Serving
-from gateway.tenancy import TenantDirectory
+from gateway.tenants.directory import TenantDirectory
 
 log = logging.getLogger(__name__)
 

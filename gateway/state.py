@@ -7,13 +7,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.admission import Admission
 from gateway.config import ConfigError, GatewayConfig
-from gateway.discovery import Discovered, with_replicas
-from gateway.fleet import Fleet
-from gateway.registry import Registry
+from gateway.fleet.discovery import Discovered, with_replicas
+from gateway.fleet.fleet import Fleet
 from gateway.residency.store import ResidencyStore
-from gateway.tenancy import TenantDirectory
+from gateway.tenants.admission import Admission
+from gateway.tenants.directory import TenantDirectory
+from gateway.tenants.registry import Registry
 
 log = logging.getLogger(__name__)
 

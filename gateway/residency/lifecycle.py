@@ -28,7 +28,7 @@ from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
 from backends.errors import BackendError
 from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError, WorkingSetFull
-from gateway.metrics import GatewayMetrics
+from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Collection
 from typing import TypeVar
 
-from gateway.metrics import GatewayMetrics
+from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.store import ReplicaRecord, ResidencyStore, Uses
 
 T = TypeVar("T")

@@ -1,0 +1,1 @@
+"""The operator's side: the admin API, status page, adapter operations and rollouts."""

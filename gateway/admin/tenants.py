@@ -1,0 +1,122 @@
+"""Admin API for tenants, keys and adapters at run time (gateway/tenants/registry.py): add or remove a tenant,
+add or revoke a key, add or retire an adapter.
+Keys travel and are stored only as ``sha256:`` hashes; a plain key sent here is hashed at once and never kept."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from aiohttp import web
+
+from backends.errors import BackendError
+from gateway.admin.auth import require_admin
+from gateway.appkeys import STATE
+from gateway.config import ConfigError
+from gateway.errors import InvalidRequest, ModelNotFound
+from gateway.residency.store import StoreUnavailable
+from gateway.tenants.directory import hash_key
+
+log = logging.getLogger(__name__)
+_KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except ValueError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return body
+
+
+async def _change(request: web.Request, change: dict[str, Any]) -> web.Response:
+    state = request.app[STATE]
+    try:
+        await state.registry.change(change, state.base_config)
+    except ConfigError as exc:
+        raise InvalidRequest("The change was refused: " + "; ".join(exc.problems)) from exc
+    except StoreUnavailable as exc:
+        raise InvalidRequest(f"The change was not made: the shared registry is unreachable ({exc}).") from exc
+    state.refresh_tenants()
+    return web.json_response({"status": "ok", **{k: v for k, v in change.items() if k not in ("tenant", "adapter")}})
+
+
+def _key_hash(body: dict[str, Any]) -> str:
+    if isinstance(body.get("api_key"), str) and body["api_key"]:
+        return hash_key(body["api_key"])
+    key_hash = body.get("key_hash")
+    if not isinstance(key_hash, str) or not _KEY_HASH.match(key_hash):
+        raise InvalidRequest("Send 'api_key' (hashed here, never stored) or 'key_hash' as sha256:<64 hex>.")
+    return key_hash
+
+
+async def add_tenant(request: web.Request) -> web.Response:
+    require_admin(request)
+    tenant = await _json(request)
+    return await _change(request, {"kind": "add_tenant", "tenant": tenant, "tenant_id": tenant.get("id")})
+
+
+async def remove_tenant(request: web.Request) -> web.Response:
+    require_admin(request)
+    tenant_id = request.match_info["tenant_id"]
+    if tenant_id not in request.app[STATE].registry.state.tenants:
+        raise InvalidRequest(
+            f"No tenant {tenant_id!r} was added at run time; one from the config file is removed by editing the file "
+            "and reloading (or its keys revoked here).",
+            param="tenant_id",
+        )
+    return await _change(request, {"kind": "remove_tenant", "tenant_id": tenant_id})
+
+
+async def add_key(request: web.Request) -> web.Response:
+    require_admin(request)
+    tenant_id = request.match_info["tenant_id"]
+    if request.app[STATE].serving.tenants.tenant(tenant_id) is None:
+        raise InvalidRequest(f"No tenant {tenant_id!r}.", param="tenant_id")
+    key_hash = _key_hash(await _json(request))
+    return await _change(request, {"kind": "add_key", "tenant_id": tenant_id, "key_hash": key_hash})
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    require_admin(request)
+    key_hash = request.match_info["key_hash"]
+    if not _KEY_HASH.match(key_hash):
+        raise InvalidRequest("The key must be given as sha256:<64 hex>.", param="key_hash")
+    return await _change(request, {"kind": "revoke_key", "key_hash": key_hash})
+
+
+async def add_adapter(request: web.Request) -> web.Response:
+    """A catalog entry (the config file's schema); tenants get it through add_tenant or a config reload."""
+    require_admin(request)
+    adapter = await _json(request)
+    return await _change(request, {"kind": "add_adapter", "adapter": adapter, "name": adapter.get("name")})
+
+
+async def retire_adapter(request: web.Request) -> web.Response:
+    """Out of the catalog and every tenant's list, then unloaded from every replica that holds it."""
+    require_admin(request)
+    name = request.match_info["name"]
+    serving = request.app[STATE].serving
+    adapter = next((a for a in serving.config.adapters if a.name == name), None)
+    if adapter is None:
+        raise ModelNotFound(f"No adapter {name!r} in the catalog.", param="name")
+    answer = await _change(request, {"kind": "retire_adapter", "name": name})
+    pool = serving.fleet.pools[adapter.pool]
+    try:
+        await pool.residency.unload_everywhere(adapter.engine_name or adapter.name)
+    except BackendError as exc:  # retired all the same; reconciliation and the eviction timer finish the job
+        log.warning("retired %s but could not unload it everywhere: %s", name, exc)
+    return answer
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/admin/catalog/adapters", add_adapter)
+    app.router.add_delete("/admin/catalog/adapters/{name}", retire_adapter)
+    app.router.add_post("/admin/tenants", add_tenant)
+    app.router.add_delete("/admin/tenants/{tenant_id}", remove_tenant)
+    app.router.add_post("/admin/tenants/{tenant_id}/keys", add_key)
+    app.router.add_delete("/admin/keys/{key_hash}", revoke_key)

@@ -1,0 +1,175 @@
+"""The operator's status page (``/admin/ui``) and the state it shows (``/admin/state``).
+
+The page logs in with the admin token and then holds a session cookie (HttpOnly, SameSite=Strict, path /admin);
+every action also needs the page's CSRF token in ``X-CSRF-Token``. Everything it loads comes from the gateway
+(a Content-Security-Policy forbids anything else). ``/admin/state`` also takes the admin token as a Bearer, for
+`tenantgate status` and scripts. Drain and undrain are also plain admin endpoints for scripts.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gateway.admin.adapter_ops import unload_adapter, warm_adapter
+from gateway.admin.auth import require_admin
+from gateway.admin.status import snapshot
+from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
+from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound
+
+_UI = Path(__file__).with_name("static")
+_COOKIE = "tenantgate_session"
+_SESSION_S = 8 * 3600
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+_ASSETS = {"app.js": "application/javascript", "app.css": "text/css"}
+
+
+@dataclass
+class _Session:
+    csrf: str
+    expires: float
+
+
+class _Sessions(dict[str, "_Session"]):
+    """Session id -> session, per app."""
+
+
+SESSIONS = web.AppKey("ui_sessions", _Sessions)
+
+
+def _session(request: web.Request) -> _Session | None:
+    session = request.app[SESSIONS].get(request.cookies.get(_COOKIE, ""))
+    if session is None or session.expires < time.time():
+        return None
+    return session
+
+
+def _page(name: str, **values: str) -> web.Response:
+    text = (_UI / name).read_text()
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return web.Response(text=text, content_type="text/html", headers={"Content-Security-Policy": _CSP})
+
+
+async def ui(request: web.Request) -> web.Response:
+    """The page, or only the login form without a session."""
+    session = _session(request)
+    if session is None:
+        return _page("login.html", error="")
+    return _page("page.html", csrf=session.csrf)
+
+
+async def login(request: web.Request) -> web.Response:
+    token = request.app[ADMIN_TOKEN]
+    form = await request.post()
+    presented = str(form.get("token", ""))
+    if not token or not hmac.compare_digest(presented.encode(), token.encode()):
+        page = _page("login.html", error="Wrong token." if token else "The admin API is disabled: no token is set.")
+        page.set_status(401)
+        return page
+    session_id = secrets.token_urlsafe(32)
+    sessions = request.app[SESSIONS]
+    for stale in [sid for sid, s in sessions.items() if s.expires < time.time()]:
+        del sessions[stale]
+    sessions[session_id] = _Session(secrets.token_urlsafe(32), time.time() + _SESSION_S)
+    response = web.HTTPSeeOther("/admin/ui")
+    response.set_cookie(_COOKIE, session_id, httponly=True, samesite="Strict", path="/admin", max_age=_SESSION_S)
+    raise response
+
+
+async def logout(request: web.Request) -> web.Response:
+    session = _session(request)
+    form = await request.post()
+    if session is not None and hmac.compare_digest(str(form.get("csrf", "")), session.csrf):
+        request.app[SESSIONS].pop(request.cookies.get(_COOKIE, ""), None)
+    response = web.HTTPSeeOther("/admin/ui")
+    response.del_cookie(_COOKIE, path="/admin")
+    raise response
+
+
+async def asset(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in _ASSETS:
+        raise web.HTTPNotFound()
+    return web.Response(
+        text=(_UI / name).read_text(), content_type=_ASSETS[name], headers={"Cache-Control": "no-cache"}
+    )
+
+
+def _require_session_or_token(request: web.Request) -> None:
+    if _session(request) is None:
+        require_admin(request)
+
+
+async def state(request: web.Request) -> web.Response:
+    _require_session_or_token(request)
+    gateway = request.app[STATE]
+    return web.json_response(snapshot(gateway.serving, request.app[METRICS], gateway.serving.fleet.store_up))
+
+
+def _replica(request: web.Request, body: dict[str, Any]) -> tuple[Any, str]:
+    pools = request.app[STATE].serving.fleet.pools
+    pool, replica = pools.get(str(body.get("pool"))), str(body.get("replica"))
+    if pool is None or replica not in pool.replicas:
+        raise InvalidRequest("No such pool and replica.", param="replica")
+    return pool, replica
+
+
+async def _act(request: web.Request, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    if action in ("drain", "undrain"):
+        pool, replica = _replica(request, body)
+        pool.replicas[replica].health.drained = action == "drain"
+        return {"pool": pool.name, "replica": replica, "drained": action == "drain"}
+    serving = request.app[STATE].serving
+    adapter = next((a for a in serving.config.adapters if a.name == body.get("adapter")), None)
+    if adapter is None:
+        raise ModelNotFound("No such adapter in the catalog.", param="adapter")
+    if action == "warm":
+        return {"adapter": adapter.name, "warmed_on": await warm_adapter(serving, adapter)}
+    if action == "unload":
+        return {"adapter": adapter.name, "unloaded_from": await unload_adapter(serving, adapter)}
+    raise InvalidRequest(f"Unknown action {action!r}.")
+
+
+async def action(request: web.Request) -> web.Response:
+    """A page action: needs the session and its CSRF token."""
+    session = _session(request)
+    if session is None:
+        raise AuthenticationFailed("Log in first.")
+    if not hmac.compare_digest(request.headers.get("X-CSRF-Token", ""), session.csrf):
+        raise AuthenticationFailed("The CSRF token is missing or wrong.")
+    try:
+        body = json.loads(await request.read() or b"{}")
+    except ValueError as exc:
+        raise InvalidRequest("The body must be JSON.") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("The body must be a JSON object.")
+    return web.json_response({"status": "ok", **await _act(request, request.match_info["action"], body)})
+
+
+async def drain(request: web.Request) -> web.Response:
+    """Scripts: POST /admin/replicas/{pool}/{replica}/drain or /undrain with the admin token."""
+    require_admin(request)
+    body = {"pool": request.match_info["pool"], "replica": request.match_info["replica"]}
+    return web.json_response({"status": "ok", **await _act(request, request.match_info["action"], body)})
+
+
+def add_routes(app: web.Application) -> None:
+    app[SESSIONS] = _Sessions()
+    app.router.add_get("/admin/ui", ui)
+    app.router.add_post("/admin/ui/login", login)
+    app.router.add_post("/admin/ui/logout", logout)
+    app.router.add_get("/admin/ui/{name}", asset)
+    app.router.add_post("/admin/ui/actions/{action}", action)
+    app.router.add_get("/admin/state", state)
+    app.router.add_post(r"/admin/replicas/{pool}/{replica}/{action:drain|undrain}", drain)

@@ -1,0 +1,1 @@
+"""Metrics, traces, the access log and the status page's recent activity."""

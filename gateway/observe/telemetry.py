@@ -1,0 +1,244 @@
+"""Per-request telemetry: the record a request fills on its way, its OpenTelemetry spans, its metrics and its one
+JSON access-log line. Telemetry never raises into a request and never blocks it.
+
+Tracing is off by default: then no tracer exists and ``span`` is a shared null context, so it costs nothing.
+When on, each request gets a span tree (``tenantgate.request`` > ``admission``, ``route``, ``adapter.load`` when
+the adapter was not resident, ``upstream`` with a ``first_byte`` event); a client's W3C ``traceparent`` is
+honoured and the upstream span's context is sent on to the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gateway.config import TelemetryConfig, TracingConfig
+from gateway.observe.metrics import UNRESOLVED, GatewayMetrics
+
+access_log = logging.getLogger("tenantgate.access")
+log = logging.getLogger(__name__)
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+@dataclass
+class RequestRecord:
+    """What one request did, filled in as it goes; labels stay ``-`` until known."""
+
+    path: str
+    started: float = field(default_factory=time.perf_counter)
+    stream: bool = False
+    tenant: str = UNRESOLVED
+    adapter: str = UNRESOLVED
+    pool: str = UNRESOLVED
+    replica: str = UNRESOLVED
+    reasons: list[str] = field(default_factory=list)
+    status: int = 500
+    first_byte: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    retries: int = 0
+    # The variant an A/B split chose (its model), told to the client in x-tenantgate-variant.
+    variant: str | None = None
+    trace_id: str | None = None
+
+    def mark_first_byte(self) -> None:
+        if self.first_byte is None:
+            self.first_byte = time.perf_counter()
+
+    def read_usage(self, data: bytes) -> None:
+        """Take token counts from an OpenAI body or SSE chunk that carries ``usage``; a cheap byte search first."""
+        if b'"prompt_tokens"' not in data:
+            return
+        prompt, completion = _PROMPT_TOKENS.search(data), _COMPLETION_TOKENS.search(data)
+        if prompt:
+            self.prompt_tokens = int(prompt.group(1))
+        if completion:
+            self.completion_tokens = int(completion.group(1))
+
+
+def make_tracer_provider(config: TracingConfig, exporter: SpanExporter | None = None) -> TracerProvider | None:
+    """A provider for the configured exporter, or None when tracing is off. ``exporter`` overrides it (tests)."""
+    if exporter is None:
+        if config.exporter == "none":
+            return None
+        exporter = _exporter(config)
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": config.service_name}),
+        sampler=ParentBasedTraceIdRatio(config.sample_ratio),
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def _exporter(config: TracingConfig) -> SpanExporter:
+    if config.exporter == "console":
+        return ConsoleSpanExporter()
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:
+        raise RuntimeError(
+            "telemetry.tracing.exporter is otlp but opentelemetry-exporter-otlp-proto-http is not installed"
+        ) from exc
+    endpoint = str(config.otlp_endpoint) if config.otlp_endpoint else None
+    otlp: SpanExporter = OTLPSpanExporter(endpoint=endpoint)
+    return otlp
+
+
+class Telemetry:
+    def __init__(self, config: TelemetryConfig, metrics: GatewayMetrics, exporter: SpanExporter | None = None):
+        self.metrics = metrics
+        self.provider = make_tracer_provider(config.tracing, exporter)
+        self.tracer = self.provider.get_tracer("tenantgate") if self.provider is not None else None
+        self.access_log = config.access_log
+        self._series: dict[tuple[str, str, str, str], _Series] = {}
+
+    def close(self) -> None:
+        """Export the spans still buffered; called when the app stops."""
+        if self.provider is not None:
+            self.provider.shutdown()
+
+    @contextlib.contextmanager
+    def request_span(self, record: RequestRecord, headers: Mapping[str, str]) -> Iterator[None]:
+        """The request's root span, continuing the client's trace when it sent a ``traceparent``."""
+        if self.tracer is None:
+            yield
+            return
+        parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else None
+        with self.tracer.start_as_current_span(
+            "tenantgate.request", context=parent, kind=trace.SpanKind.SERVER, attributes={"http.route": record.path}
+        ) as span:
+            record.trace_id = format(span.get_span_context().trace_id, "032x")
+            try:
+                yield
+            finally:  # errors too: the status is what the client got
+                span.set_attributes(_span_attributes(record))
+
+    def span(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+        if self.tracer is None:
+            return _NO_SPAN
+        kind = trace.SpanKind.CLIENT if name == "upstream" else trace.SpanKind.INTERNAL
+        return self.tracer.start_as_current_span(name, kind=kind, attributes=attributes)
+
+    def upstream_headers(self) -> dict[str, str]:
+        """``traceparent`` for the engine from the current (upstream) span; empty when tracing is off."""
+        if self.tracer is None:
+            return {}
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier)
+        return carrier
+
+    def first_byte(self, record: RequestRecord) -> None:
+        record.mark_first_byte()
+        if self.tracer is not None:
+            trace.get_current_span().add_event("first_byte")
+
+    def finish(self, record: RequestRecord) -> None:
+        try:
+            self._count(record)
+            if record.adapter != UNRESOLVED:
+                ttft = None if record.first_byte is None else record.first_byte - record.started
+                self.metrics.activity.request(
+                    record.tenant, record.adapter, record.replica, record.reasons, record.status, ttft
+                )
+            if self.access_log:
+                access_log.info(json.dumps(_log_line(record), separators=(",", ":")))
+        except Exception:  # telemetry must never fail a request
+            log.exception("recording a request's telemetry failed")
+
+    def _count(self, record: RequestRecord) -> None:
+        key = (record.tenant, record.adapter, record.pool, record.replica)
+        series = self._series.get(key)
+        if series is None:  # label children are looked up once per label set: .labels() costs a microsecond
+            series = self._series[key] = _Series(self.metrics, *key)
+        series.count(record, time.perf_counter())
+
+
+class _Series:
+    """One label set's metric children. The number of sets is bounded by config (tenants x their adapters x
+    replicas, plus the unresolved ``-``), so the cache is too."""
+
+    def __init__(self, m: GatewayMetrics, tenant: str, adapter: str, pool: str, replica: str) -> None:
+        self._metrics, self._labels = m, (tenant, adapter, pool, replica)
+        self._requests: dict[int, Any] = {}
+        self._routing: dict[str, Any] = {}
+        self._errors: dict[str, Any] = {}
+        self.ttft = m.ttft.labels(tenant, adapter, pool)
+        self.duration = m.duration.labels(tenant, adapter, pool)
+        self.prompt_tokens = m.prompt_tokens.labels(tenant, adapter)
+        self.completion_tokens = m.completion_tokens.labels(tenant, adapter)
+
+    def count(self, record: RequestRecord, now: float) -> None:
+        m, (tenant, adapter, pool, replica) = self._metrics, self._labels
+        requests = self._requests.get(record.status)
+        if requests is None:
+            requests = self._requests[record.status] = m.requests.labels(tenant, adapter, pool, replica, record.status)
+        requests.inc()
+        if pool == UNRESOLVED:
+            return
+        self.duration.observe(now - record.started)
+        if record.first_byte is not None:
+            self.ttft.observe(record.first_byte - record.started)
+        if record.prompt_tokens is not None:
+            self.prompt_tokens.inc(record.prompt_tokens)
+        if record.completion_tokens is not None:
+            self.completion_tokens.inc(record.completion_tokens)
+        for reason in record.reasons:
+            routing = self._routing.get(reason)
+            if routing is None:
+                routing = self._routing[reason] = m.routing.labels(tenant, pool, reason)
+            routing.inc()
+        if record.error is not None and replica != UNRESOLVED:
+            errors = self._errors.get(record.error)
+            if errors is None:
+                errors = self._errors[record.error] = m.upstream_errors.labels(pool, replica, record.error)
+            errors.inc()
+
+
+def _span_attributes(record: RequestRecord) -> dict[str, Any]:
+    return {
+        "tenantgate.tenant": record.tenant,
+        "tenantgate.adapter": record.adapter,
+        "tenantgate.pool": record.pool,
+        "tenantgate.replica": record.replica,
+        "http.response.status_code": record.status,
+    }
+
+
+def _log_line(record: RequestRecord) -> dict[str, Any]:
+    now = time.perf_counter()
+    return {
+        "event": "request",
+        "path": record.path,
+        "tenant": record.tenant,
+        "adapter": record.adapter,
+        "pool": record.pool,
+        "replica": record.replica,
+        "reasons": record.reasons,
+        "status": record.status,
+        "stream": record.stream,
+        "ttft_ms": None if record.first_byte is None else round(1000 * (record.first_byte - record.started), 3),
+        "duration_ms": round(1000 * (now - record.started), 3),
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "error": record.error,
+        "retries": record.retries,
+        "trace_id": record.trace_id,
+    }

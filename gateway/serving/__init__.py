@@ -1,0 +1,1 @@
+"""The tenant-facing OpenAI API: a request from its bytes to its answer."""

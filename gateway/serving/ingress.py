@@ -1,0 +1,198 @@
+"""The tenant-facing OpenAI endpoints and the process probes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import NoReturn
+
+from aiohttp import web
+
+from gateway.appkeys import METRICS, STATE, TELEMETRY
+from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
+from gateway.fleet.fleet import Pool
+from gateway.observe.telemetry import RequestRecord
+from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
+from gateway.serving.openapi import openapi
+from gateway.serving.relay import RetryableFailure, relay
+from gateway.state import Serving
+from gateway.tenants.admission import estimate_tokens
+from gateway.tenants.directory import Target, Tenant, affinity_key
+
+# nginx's code for a client that went away before the answer: counted, never sent.
+CLIENT_CLOSED_REQUEST = 499
+_RETRY_SOON = {"Retry-After": "1"}
+
+_PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
+    telemetry = request.app[TELEMETRY]
+    record = RequestRecord(_PATHS[kind])
+    with telemetry.request_span(record, request.headers):
+        try:
+            response = await _serve(request, kind, record)
+            record.status = response.status
+            return response
+        except GatewayError as exc:
+            record.status = exc.status
+            raise
+        except web.HTTPException as exc:  # e.g. 413 from aiohttp's body limit
+            record.status = exc.status
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            record.status = CLIENT_CLOSED_REQUEST
+            raise
+        finally:
+            telemetry.finish(record)
+
+
+async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web.StreamResponse:
+    state, telemetry = request.app[STATE], request.app[TELEMETRY]
+    serving, limits = state.serving, state.config.limits
+    with telemetry.span("admission"):
+        tenant = serving.tenants.identify(request.headers, request.remote, serving.config.auth)
+        record.tenant = tenant.id
+        inference: InferenceRequest = parse_inference(
+            await request.read(), kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
+        )
+        record.stream = inference.stream
+        target = serving.tenants.resolve(tenant, inference.model)
+        if target.variants:  # an A/B split: this end user's variant, from now on the request's model
+            target = target.pick(tenant.id, request.headers.get("x-session-id") or inference.user)
+            record.variant = target.model
+        state.admission.check_max_tokens(tenant.id, inference.max_tokens)
+        estimate = estimate_tokens(inference.prompt_chars, inference.max_tokens, inference.choices)
+        ticket = await state.admission.admit(tenant.id, estimate)
+    try:
+        # What serves now: a reload may have swapped fleets while the body was read or admission awaited. From here
+        # to placing the request there is no await, so the fleet counts it before it could be retired.
+        serving = state.serving
+        if serving.fleet.in_flight >= limits.max_in_flight:
+            raise Overloaded("The gateway is at its limit of requests in flight; retry shortly.", headers=_RETRY_SOON)
+        return await _route_and_relay(request, serving, tenant, target, inference, record)
+    finally:
+        used = record.prompt_tokens, record.completion_tokens
+        ticket.settle(used[0] + used[1] if used[0] is not None and used[1] is not None else None)
+
+
+async def _route_and_relay(
+    request: web.Request,
+    serving: Serving,
+    tenant: Tenant,
+    target: Target,
+    inference: InferenceRequest,
+    record: RequestRecord,
+) -> web.StreamResponse:
+    telemetry, admission = request.app[TELEMETRY], request.app[STATE].admission
+    record.adapter, record.pool = target.model, target.pool
+    pool = serving.fleet.pools[target.pool]
+    session_id = request.headers.get("x-session-id") or inference.user
+    adapter = target.engine_model if target.adapter is not None else None
+    key = affinity_key(serving.config.routing, tenant, target, session_id)
+    with telemetry.span("route") as span:
+        decision = pool.place(key, adapter)
+        record.reasons = decision.reasons
+        if span is not None:
+            span.set_attributes(decision.span_attributes())
+    if decision.chosen is None:
+        _no_replica(pool)
+    pool.retry_budget.request()
+    tenant_limits = admission.limits(tenant.id)
+    timeout_s = (tenant_limits and tenant_limits.request_timeout_s) or pool.config.request_timeout_s
+    deadline = time.monotonic() + timeout_s
+    body = inference.for_engine(target.engine_model)
+    while True:
+        assert decision.chosen is not None
+        record.replica = decision.chosen
+        if adapter is not None:
+            pool.residency.begin_use(decision.chosen, adapter)
+        try:
+            replica = pool.replicas[decision.chosen]
+            shorter = timeout_s < pool.config.request_timeout_s
+            return await relay(request, pool, replica, target, body, record, deadline, tenant_deadline=shorter)
+        except RetryableFailure as failure:
+            if not _may_retry(pool, record, deadline):
+                raise failure.error from failure
+            failed = decision.chosen
+        finally:
+            pool.release(decision)
+            if adapter is not None:
+                pool.residency.end_use(decision.chosen, adapter)
+        # Once, on the next replica: the failed one is left out, the bound and residency still apply.
+        decision = pool.place(key, adapter, avoid=(failed,))
+        decision.reasons.append("retry")
+        record.reasons = record.reasons + decision.reasons
+        record.retries += 1
+        if decision.chosen is None:
+            _no_replica(pool)
+
+
+def _no_replica(pool: Pool) -> NoReturn:
+    if pool.any_healthy:  # replicas are up, but every one is at its bound of requests in flight
+        raise Overloaded("Every replica of this model is at its limit of requests in flight; retry shortly.",
+                         headers=_RETRY_SOON)  # fmt: skip
+    raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
+
+
+def _may_retry(pool: Pool, record: RequestRecord, deadline: float) -> bool:
+    return (
+        pool.config.retry.enabled
+        and record.retries == 0
+        and time.monotonic() < deadline
+        and pool.retry_budget.try_spend()
+    )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _inference(request, "completions")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _inference(request, "chat")
+
+
+async def models(request: web.Request) -> web.Response:
+    serving = request.app[STATE].serving
+    tenant = serving.tenants.identify(request.headers, request.remote, serving.config.auth)
+    created = int(time.time())
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "tenantgate"} for name in tenant.targets]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready once pre-warm is done and every pool has a healthy replica, until shutdown begins; a down residency
+    store is reported but does not make the gateway unready (it routes on from its local view)."""
+    state = request.app[STATE]
+    fleet = state.serving.fleet
+    detail = {"residency_store": "up" if fleet.store_up else "down (routing from the local view)"}
+    if state.draining:
+        return web.json_response({"status": "not ready", "reason": "shutting down", **detail}, status=503)
+    unready = fleet.unready_pools
+    if unready:
+        return web.json_response(
+            {"status": "not ready", "pools_without_healthy_replica": unready, **detail}, status=503
+        )
+    if not fleet.warmed:
+        return web.json_response({"status": "not ready", "reason": "pre-warming adapters", **detail}, status=503)
+    return web.json_response({"status": "ready", **detail})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=request.app[METRICS].exposition(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)

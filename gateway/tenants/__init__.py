@@ -1,0 +1,1 @@
+"""Who is calling and what they may do: identity, the tenant directory, admission and limits."""

@@ -1,0 +1,215 @@
+"""Per-tenant admission: requests and tokens per minute, concurrent requests, and the per-request token cap.
+
+Rates are token buckets (capacity = the per-minute limit, refilled continuously). With Redis, a tenant's buckets
+live there and each gateway leases tokens from them in small batches (a tenth of a minute's limit), so the limit
+holds across gateways without a Redis round trip per request: a gateway asks Redis only when its lease runs out.
+Leases never over-admit; each gateway may hold back up to one unused lease, which is the stated tolerance. If
+Redis is unreachable, each gateway falls back to a local bucket with the full limit until Redis answers again.
+Concurrency is counted per gateway instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.config import GatewayConfig, TenantLimits
+from gateway.errors import InvalidRequest, RequestRateLimited, TokenRateLimited
+from gateway.observe.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+# Without max_tokens a request may generate up to the engine's context; count this many until usage corrects it.
+DEFAULT_MAX_TOKENS_ESTIMATE = 256
+LEASE_SHARE = 0.1
+
+
+class SharedBuckets(Protocol):
+    """Token buckets several gateways share (Redis)."""
+
+    async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
+        """Take ``want`` tokens, or at least ``need``, from the bucket: (granted, seconds until ``need`` would
+        be there when nothing was granted). Raises ``StoreUnavailable`` when the store cannot be reached."""
+        ...
+
+
+class Bucket:
+    """A local token bucket: ``capacity`` tokens, refilled at ``per_s``."""
+
+    def __init__(self, capacity: float, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.capacity, self.per_s, self._clock = capacity, per_s, clock
+        self.tokens, self._at = capacity, clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self._at) * self.per_s)
+        self._at = now
+
+    def take(self, amount: float) -> float:
+        """Take ``amount`` if there; else take nothing and return the seconds until there would be enough."""
+        self._refill()
+        if self.tokens >= amount:
+            self.tokens -= amount
+            return 0.0
+        return (min(amount, self.capacity) - self.tokens) / self.per_s
+
+    def give(self, amount: float) -> None:
+        """Give tokens back (a request used fewer than counted), or take more (negative: it used more)."""
+        self._refill()
+        self.tokens = min(self.capacity, self.tokens + amount)
+
+
+class RateLimit:
+    """One per-minute limit: a local bucket, or leases from a shared one (falling back to the local bucket)."""
+
+    def __init__(self, key: str, per_minute: int, shared: SharedBuckets | None) -> None:
+        self.key, self.capacity, self.per_s = key, float(per_minute), per_minute / 60
+        self.local = Bucket(self.capacity, self.per_s)
+        self.shared = shared
+        self.leased = 0.0
+        self.lease_size = max(1.0, per_minute * LEASE_SHARE)
+        self._leasing = asyncio.Lock()
+        self._shared_down_until = 0.0
+
+    async def take(self, amount: float) -> float:
+        if self.shared is None or time.monotonic() < self._shared_down_until:
+            return self.local.take(amount)
+        if self.leased >= amount:
+            self.leased -= amount
+            return 0.0
+        async with self._leasing:  # one lease at a time: concurrent requests wait for it rather than each leasing
+            if self.leased >= amount:
+                self.leased -= amount
+                return 0.0
+            # A debt larger than a minute's limit could never be leased at once: forgive what exceeds it.
+            self.leased = max(self.leased, amount - self.capacity)
+            need = amount - self.leased
+            try:
+                granted, wait = await self.shared.lease(
+                    self.key, max(need, self.lease_size), need, self.capacity, self.per_s
+                )
+            except Exception as exc:  # StoreUnavailable: the local bucket, with the full limit, for a while
+                log.warning("rate limit %s: shared bucket unreachable, local fallback for 5 s: %s", self.key, exc)
+                self._shared_down_until = time.monotonic() + 5.0
+                return self.local.take(amount)
+            self.leased += granted
+            if self.leased >= amount:
+                self.leased -= amount
+                return 0.0
+            return max(wait, 0.001)
+
+    def give(self, amount: float) -> None:
+        if self.shared is None:
+            self.local.give(amount)
+        else:
+            self.leased += amount  # kept in this gateway's lease (negative: a debt paid from the next lease)
+
+
+@dataclass
+class Ticket:
+    """An admitted request: what it took, to settle when it ends."""
+
+    estimated_tokens: int
+    limiter: TenantLimiter | None
+
+    def settle(self, actual_tokens: int | None) -> None:
+        if self.limiter is not None:
+            self.limiter.settle(self, actual_tokens)
+
+
+class TenantLimiter:
+    def __init__(self, tenant: str, limits: TenantLimits, shared: SharedBuckets | None) -> None:
+        self.tenant, self.limits = tenant, limits
+        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+        self.requests = None if rpm is None else RateLimit(f"{tenant}:requests", rpm, shared)
+        self.tokens = None if tpm is None else RateLimit(f"{tenant}:tokens", tpm, shared)
+        self.in_flight = 0
+
+    async def admit(self, estimated_tokens: int) -> Ticket:
+        limits = self.limits
+        if limits.max_concurrent is not None and self.in_flight >= limits.max_concurrent:
+            raise RequestRateLimited(
+                f"Too many concurrent requests: the limit is {limits.max_concurrent}.", headers={"Retry-After": "1"}
+            )
+        self.in_flight += 1  # held before any await, so concurrent admissions see it; given back if refused
+        try:
+            await self._take_rates(estimated_tokens)
+        except BaseException:
+            self.in_flight -= 1
+            raise
+        return Ticket(estimated_tokens, self)
+
+    async def _take_rates(self, estimated_tokens: int) -> None:
+        limits = self.limits
+        if self.requests is not None:
+            wait = await self.requests.take(1)
+            if wait:
+                raise RequestRateLimited(
+                    f"Rate limit reached: {limits.requests_per_minute} requests per minute.",
+                    headers={"Retry-After": str(math.ceil(wait))},
+                )
+        if self.tokens is not None:
+            wait = await self.tokens.take(estimated_tokens)
+            if wait:
+                if self.requests is not None:
+                    self.requests.give(1)  # not admitted: the request does not count
+                raise TokenRateLimited(
+                    f"Rate limit reached: {limits.tokens_per_minute} tokens per minute.",
+                    headers={"Retry-After": str(math.ceil(wait))},
+                )
+
+    def settle(self, ticket: Ticket, actual_tokens: int | None) -> None:
+        self.in_flight -= 1
+        if self.tokens is not None and actual_tokens is not None:
+            self.tokens.give(ticket.estimated_tokens - actual_tokens)
+
+
+class Admission:
+    def __init__(self, metrics: GatewayMetrics, shared: SharedBuckets | None) -> None:
+        self._metrics, self._shared = metrics, shared
+        self._limiters: dict[str, TenantLimiter] = {}
+
+    def configure(self, config: GatewayConfig) -> None:
+        """Take a (re)loaded config's limits; a tenant whose limits did not change keeps its buckets."""
+        limiters = {}
+        for tenant in config.tenants:
+            current = self._limiters.get(tenant.id)
+            if current is not None and current.limits == tenant.limits:
+                limiters[tenant.id] = current
+            elif tenant.limits != TenantLimits():
+                limiters[tenant.id] = TenantLimiter(tenant.id, tenant.limits, self._shared)
+        self._limiters = limiters
+
+    def limits(self, tenant: str) -> TenantLimits | None:
+        limiter = self._limiters.get(tenant)
+        return limiter.limits if limiter else None
+
+    def check_max_tokens(self, tenant: str, max_tokens: int | None) -> None:
+        limits = self.limits(tenant)
+        cap = limits.max_tokens if limits else None
+        if cap is not None and max_tokens is not None and max_tokens > cap:
+            self._metrics.rejections.labels(tenant, "max_tokens").inc()
+            raise InvalidRequest(f"max_tokens is {max_tokens}; this key may ask for at most {cap}.", param="max_tokens")
+
+    async def admit(self, tenant: str, estimated_tokens: int) -> Ticket:
+        limiter = self._limiters.get(tenant)
+        if limiter is None:
+            return Ticket(estimated_tokens, None)
+        try:
+            return await limiter.admit(estimated_tokens)
+        except (RequestRateLimited, TokenRateLimited) as exc:
+            reason = "concurrency" if "concurrent" in exc.message else exc.error_type
+            self._metrics.rejections.labels(tenant, reason).inc()
+            raise
+
+
+def estimate_tokens(prompt_chars: int, max_tokens: int | None, choices: int = 1) -> int:
+    """The prompt's tokens (about 4 characters each, OpenAI's rule of thumb) plus what may be generated, for each
+    of the ``choices`` completions asked for."""
+    generated = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS_ESTIMATE
+    return math.ceil(prompt_chars / 4) + choices * generated

@@ -1,0 +1,52 @@
+"""Token buckets in Redis that several gateways lease from (gateway/tenants/admission.py says why leases).
+
+Layout: ``{prefix}:rl:{{tenant:kind}}`` HASH {tokens, at}, refilled in the script by Redis' own clock (``TIME``),
+so gateways' clocks never disagree; it expires once it would be full again anyway.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from gateway.redis_client import make_client, redis_call
+
+# KEYS: bucket; ARGV: want, need, capacity, per_s. Returns {granted, wait_s} as strings (floats survive that way).
+_LEASE = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1e6
+local want, need = tonumber(ARGV[1]), tonumber(ARGV[2])
+local capacity, per_s = tonumber(ARGV[3]), tonumber(ARGV[4])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or capacity
+local at = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - at) * per_s)
+local granted, wait = 0, 0
+if tokens >= need then
+  granted = math.min(want, tokens)
+  tokens = tokens - granted
+else
+  wait = (math.min(need, capacity) - tokens) / per_s
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(1000 * capacity / per_s) + 1000)
+return {tostring(granted), tostring(wait)}
+"""
+
+
+class RedisBuckets:
+    def __init__(
+        self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False
+    ) -> None:
+        self._prefix, self._timeout_s = prefix, operation_timeout_s
+        self._client = make_client(url, operation_timeout_s, cluster=cluster)
+        self._lease = self._client.register_script(_LEASE)
+
+    async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
+        async with redis_call("lease", self._timeout_s):
+            granted, wait = cast(
+                list[str], await self._lease(keys=[f"{self._prefix}:rl:{{{key}}}"], args=[want, need, capacity, per_s])
+            )
+        return float(granted), float(wait)
+
+    async def close(self) -> None:
+        await self._client.aclose()

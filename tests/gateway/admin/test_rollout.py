@@ -1,0 +1,151 @@
+"""Rolling out an adapter version under steady load: the share follows the steps, users stay on one version per
+step, nothing fails, the old version is unloaded once idle; a version that fails halts and rolls back itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtests.fleet import ADMIN_TOKEN, api_key, fleet_with_gateway, sim_stats
+
+pytestmark = pytest.mark.timeout(120)
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+USERS = [f"user-{i}" for i in range(40)]
+
+
+class Traffic:
+    """Requests one after another for the name, cycling through end users; records (time, user, variant, status)."""
+
+    def __init__(self, gateway_url: str) -> None:
+        self.url, self.seen = gateway_url, []  # type: list[tuple[float, str, str, int]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        headers = {"Authorization": f"Bearer {api_key('acme')}"}
+        with httpx.Client(base_url=self.url, headers=headers, timeout=30) as client:
+            turn = 0
+            while not self._stop.is_set():
+                user = USERS[turn % len(USERS)]
+                answer = client.post(
+                    "/v1/completions", json={"model": "support", "prompt": "hi", "max_tokens": 2, "user": user}
+                )
+                self.seen.append(
+                    (time.time(), user, answer.headers.get("x-tenantgate-variant", ""), answer.status_code)
+                )
+                turn += 1
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def wait_for(gateway_url: str, status: set[str]) -> dict[str, Any]:
+    for _ in range(600):  # bounded
+        rollout: dict[str, Any] = httpx.get(gateway_url + "/admin/adapters/support/rollout", headers=ADMIN).json()
+        if rollout["status"] in status:
+            return rollout
+        time.sleep(0.05)
+    raise AssertionError(f"the rollout never reached {status}: {rollout}")
+
+
+def test_a_rollout_under_load_then_a_bad_version_rolls_back(tmp_path: Path) -> None:
+    tenants = {"acme": ["support@1", "support@2", "support@3"]}
+    split = {"splits": [{"name": "support", "variants": [{"model": "support@1", "weight": 1}]}]}
+    with fleet_with_gateway(tmp_path, tenants, 2, ["--time-scale", "0.01", "--max-loras", "4"], extra=split,
+                            tenant_options={"acme": {"adapters": ["support"]}}) as fleet:  # fmt: skip
+        with Traffic(fleet.gateway_url) as traffic:
+            while len(traffic.seen) < 40:
+                time.sleep(0.02)
+            started = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
+                                 # TTFT here is milliseconds of scheduling noise: judged by errors only
+                                 json={"version": 2, "steps": [0.3, 1.0], "step_s": 3,
+                                       "max_ttft_p99_ratio": 1000})  # fmt: skip
+            assert started.status_code == 202, started.text
+            done = wait_for(fleet.gateway_url, {"done", "rolled_back", "failed"})
+            assert done["status"] == "done", done
+            for _ in range(200):  # bounded: the old version leaves once idle
+                if "support@1" not in {
+                    name for url in fleet.replica_urls.values() for name in sim_stats(url)["registered"]
+                }:
+                    break
+                time.sleep(0.05)
+            registered = {name for url in fleet.replica_urls.values() for name in sim_stats(url)["registered"]}
+            # A bad version: it fails, the rollout halts at its first step and returns to support@2 by itself.
+            for url in fleet.replica_urls.values():
+                httpx.post(url + "/sim/control", json={"faults": {"failing_adapters": ["support@3"]}})
+            bad = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
+                             json={"version": "support@3", "steps": [0.5, 1.0], "step_s": 2})  # fmt: skip
+            assert bad.status_code == 202, bad.text
+            halted = wait_for(fleet.gateway_url, {"done", "rolled_back", "failed"})
+            after_halt = len(traffic.seen)
+            while len(traffic.seen) < after_halt + 40:
+                time.sleep(0.02)
+        seen = list(traffic.seen)
+
+    steps = [h for h in done["history"] if "share" in h]
+    step = steps[0]["started"], steps[1]["started"]
+    in_step = [s for s in seen if step[0] + 0.2 <= s[0] < step[1]]
+    per_user: dict[str, set[str]] = defaultdict(set)
+    for _, user, variant, _ in in_step:
+        per_user[user].add(variant)
+    assert len(per_user) >= len(USERS) // 2  # the traffic cycles through the users within the step
+    assert all(len(variants) == 1 for variants in per_user.values())  # one version per user within the step
+    share = sum(variants == {"support@2"} for variants in per_user.values()) / len(per_user)
+    assert abs(share - 0.3) <= 0.2, share  # 40 sticky users: the share comes in steps of 2.5%
+    first_rollout = [s for s in seen if s[0] < steps[-1]["started"] + 1]
+    assert {status for *_, status in first_rollout} == {200}  # nothing failed during the good rollout
+    assert "support@1" not in registered and "support@2" in registered
+    assert halted["status"] == "rolled_back" and "failed" in halted["reason"]  # caught at warm-up, before users
+    assert {v for _, _, v, _ in seen[after_halt:]} == {"support@2"}  # back on the good version for everyone
+
+
+def test_a_step_is_judged_by_error_rate_and_ttft_against_the_old_version() -> None:
+    from gateway.admin.rollout import Rollout, judge
+    from gateway.observe.activity import Activity
+
+    activity, now = Activity(), time.time()
+    rollout = Rollout("support", "support@1", "support@2", [0.5, 1.0], 1, 0.05, 1.5)
+    for i in range(20):
+        activity.request("acme", "support@1", "r0", [], 200, 0.010)
+        activity.request("acme", "support@2", "r0", [], 502 if i % 4 == 0 else 200, 0.010)
+    assert "error rate 25%" in (judge(activity, rollout, now - 1) or "")
+    slow = Activity()
+    for _ in range(20):
+        slow.request("acme", "support@1", "r0", [], 200, 0.010)
+        slow.request("acme", "support@2", "r0", [], 200, 0.050)
+    assert "TTFT p99" in (judge(slow, rollout, now - 1) or "")
+    fine = Activity()
+    for _ in range(20):
+        fine.request("acme", "support@1", "r0", [], 200, 0.010)
+        fine.request("acme", "support@2", "r0", [], 200, 0.011)
+    assert judge(fine, rollout, now - 1) is None
+
+
+def test_a_rollback_returns_everyone_to_the_old_version_at_once(tmp_path: Path) -> None:
+    tenants = {"acme": ["support@1", "support@2"]}
+    split = {"splits": [{"name": "support", "variants": [{"model": "support@1", "weight": 1}]}]}
+    with fleet_with_gateway(tmp_path, tenants, 1, ["--time-scale", "0.01"], extra=split,
+                            tenant_options={"acme": {"adapters": ["support"]}}) as fleet:  # fmt: skip
+        started = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
+                             json={"version": 2, "steps": [0.5, 1.0], "step_s": 60})  # fmt: skip
+        assert started.status_code == 202
+        wait_for(fleet.gateway_url, {"running"})
+        back = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollback", headers=ADMIN)
+        assert back.status_code == 200 and back.json()["status"] == "rolled_back"
+        headers = {"Authorization": f"Bearer {api_key('acme')}"}
+        url = fleet.gateway_url + "/v1/completions"
+        bodies = [{"model": "support", "prompt": "x", "max_tokens": 2, "user": user} for user in USERS]
+        variants = {httpx.post(url, headers=headers, json=body).headers["x-tenantgate-variant"] for body in bodies}
+    assert variants == {"support@1"}

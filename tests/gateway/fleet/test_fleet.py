@@ -1,0 +1,70 @@
+"""A pool's health transitions: a replica back from down is reset and re-warmed before it takes traffic."""
+
+from __future__ import annotations
+
+import asyncio
+
+from backends.base import Endpoint
+from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
+from gateway.fleet.fleet import Pool
+from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.memory import MemoryStore
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
+
+
+def make_pool(engine: FakeEngine) -> Pool:
+    config = PoolConfig.model_validate(
+        {
+            "name": "llama",
+            "backend": "vllm",
+            "base_model": "tiny-llama",
+            "replicas": [{"id": "r0", "url": "http://127.0.0.1:1"}, {"id": "r1", "url": "http://127.0.0.1:2"}],
+        }
+    )
+    endpoints = [Endpoint("r0", "http://127.0.0.1:1"), Endpoint("r1", "http://127.0.0.1:2")]
+    driver = FakeDriver(engine)
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    return Pool(config, RoutingConfig(), driver, residency)
+
+
+async def test_a_replica_back_from_down_is_rewarmed_before_it_takes_traffic() -> None:
+    engine = FakeEngine()
+    pool = make_pool(engine)
+    await pool.probe()  # the start-up probe
+    pool.prewarm["r0"].append((ref("pinned"), True))
+    await pool.warm_replica("r0")
+    await pool.residency.ensure("r0", ref("other"))
+
+    engine.down.add("r0")
+    await pool.probe()
+    assert pool.replicas["r0"].healthy  # one failed probe is not enough (unhealthy_after: 2)
+    await pool.probe()
+    assert not pool.replicas["r0"].healthy
+    assert pool.place("anyone", None).chosen == "r1"
+
+    engine.loaded["r0"].clear()  # it restarted: its adapters are gone
+    engine.down.discard("r0")
+    gate = asyncio.Event()
+    real_load = pool.driver.load_adapter
+
+    async def held_load(*args: object) -> None:
+        await gate.wait()
+        await real_load(*args)  # type: ignore[arg-type]
+
+    pool.driver.load_adapter = held_load  # type: ignore[method-assign,assignment]
+    await pool.probe()
+    await pool.probe()  # healthy_after: 2
+    assert pool.replicas["r0"].health.returning
+    assert not pool.replicas["r0"].healthy  # up, but not taking traffic while it is re-warmed
+    gate.set()
+    for _ in range(200):  # bounded wait for the re-warm task
+        if pool.replicas["r0"].healthy:
+            break
+        await asyncio.sleep(0.01)
+    assert pool.replicas["r0"].healthy
+    assert engine.loaded["r0"] == {"pinned"}
+    view = pool.residency.views["r0"]
+    assert set(view.resident) == {"pinned"} and view.pinned == {"pinned"}  # the record was reset, then re-warmed
+    assert [replica for replica, _ in engine.warm_requests] == ["r0", "r0"]

@@ -1,0 +1,78 @@
+"""Replica health bookkeeping and the retry budget, on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import HealthConfig, OutlierConfig
+from gateway.fleet.health import ReplicaHealth
+from gateway.fleet.retry_budget import RetryBudget
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def health(clock: Clock, **outlier: float) -> ReplicaHealth:
+    return ReplicaHealth(
+        HealthConfig(unhealthy_after=2, healthy_after=3), OutlierConfig(**outlier), slow_start_s=10, clock=clock
+    )
+
+
+def test_probe_thresholds() -> None:
+    replica = health(Clock())
+    assert replica.probed(False) is None and not replica.up  # the start-up probe sets the state outright
+    assert [replica.probed(True) for _ in range(3)] == [None, None, "up"]
+    assert [replica.probed(False), replica.probed(True), replica.probed(False)] == [None, None, None]  # no streak
+    assert replica.probed(False) == "down"
+
+
+def test_consecutive_failures_eject_with_doubling_backoff() -> None:
+    clock = Clock()
+    replica = health(clock, consecutive_failures=3, base_ejection_s=10, max_ejection_s=25)
+    assert [replica.request_failed(True) for _ in range(3)] == [False, False, True]
+    assert not replica.available() and replica.ejected_until == 110
+    clock.now = 110
+    assert replica.available() and replica.weight() == pytest.approx(0.1)  # slow start from the ejection's end
+    replica.request_failed(True)
+    replica.request_succeeded()  # a success breaks the streak
+    assert [replica.request_failed(True) for _ in range(3)] == [False, False, True]
+    assert replica.ejected_until == 130  # 20 s: doubled
+    clock.now = 130
+    assert [replica.request_failed(True) for _ in range(3)] == [False, False, True]
+    assert replica.ejected_until == 155  # 40 s capped at 25
+
+
+def test_the_pool_cap_can_forbid_an_ejection() -> None:
+    replica = health(Clock(), consecutive_failures=1)
+    assert not replica.request_failed(may_eject=False)
+    assert replica.available()
+
+
+def test_slow_start_after_coming_back() -> None:
+    clock = Clock()
+    replica = health(clock)
+    assert replica.weight() == 1.0  # serving since before the gateway started
+    replica.returning = True
+    assert not replica.available()
+    replica.back_in_service()
+    assert replica.available() and replica.weight() == pytest.approx(0.1)
+    clock.now += 5
+    assert replica.weight() == pytest.approx(0.5)
+    clock.now += 5
+    assert replica.weight() == 1.0
+
+
+def test_retry_budget_is_a_ratio_of_recent_requests_with_a_floor() -> None:
+    clock = Clock()
+    budget = RetryBudget(ratio=0.2, min_per_s=0.1, window_s=10, clock=clock)  # floor: 1 retry per 10 s
+    assert budget.try_spend() and not budget.try_spend()
+    for _ in range(20):
+        budget.request()
+    assert [budget.try_spend() for _ in range(4)] == [True, True, True, False]  # 20% of 20 = 4 in the window
+    clock.now += 10  # the window has moved on
+    assert budget.try_spend() and not budget.try_spend()
