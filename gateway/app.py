@@ -16,6 +16,7 @@ from gateway.admin import routes as admin
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
+from gateway.fleet.collector import FleetCollector
 from gateway.fleet.discovery import discover
 from gateway.fleet.discovery import interval_s as discovery_interval_s
 from gateway.fleet.fleet import Fleet, make_store
@@ -76,7 +77,7 @@ def create_app(
     state = app[STATE] = GatewayState(config, config_path, Admission(metrics, buckets), registry)
     app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
     telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)
-    metrics.watch(lambda: state.serving.fleet if state.started else None)
+    metrics.watch(FleetCollector(lambda: state.serving.fleet if state.started else None))
 
     async def fleet_context(app: web.Application) -> AsyncIterator[None]:
         await registry.start(on_change=state.refresh_tenants)

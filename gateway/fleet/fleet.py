@@ -1,235 +1,26 @@
-"""The pools of replicas the gateway routes to: their rings, in-flight loads, health and drivers."""
+"""The fleet: every pool the gateway routes to, their background loops, and where adapters are pre-warmed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from functools import partial
 
-from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
-from backends.errors import BackendError
-from backends.triton import TritonDriver
-from backends.vllm import VllmDriver
-from gateway.config import GatewayConfig, PoolConfig, ReplicaConfig, RoutingConfig
-from gateway.errors import GatewayError
-from gateway.fleet.health import ReplicaHealth
-from gateway.fleet.retry_budget import RetryBudget
+from backends.base import AdapterRef
+from gateway.config import GatewayConfig
+from gateway.fleet.engines import endpoint, make_driver
+from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency, every
 from gateway.residency.memory import MemoryStore
 from gateway.residency.redis import RedisStore
 from gateway.residency.store import ResidencyStore
 from gateway.residency.timed import TimedStore
-from gateway.routing.decision import ReplicaLoad, RoutingDecision
-from gateway.routing.policies import decide
-from gateway.routing.reservations import HomeReservations
-from gateway.routing.ring import Ring
 from gateway.tenants.directory import TenantDirectory, affinity_key
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Replica:
-    endpoint: Endpoint
-    health: ReplicaHealth
-    in_flight: int = 0
-    # The engine's own load signals, as last scraped (None until the first scrape answers).
-    engine_load: EngineLoad | None = None
-
-    @property
-    def healthy(self) -> bool:
-        """Takes traffic now: up by its probes, not being re-warmed, not ejected."""
-        return self.health.available()
-
-
-class Pool:
-    def __init__(
-        self,
-        config: PoolConfig,
-        routing: RoutingConfig,
-        driver: EngineDriver,
-        residency: PoolResidency,
-        max_in_flight_per_replica: int = 512,
-    ) -> None:
-        self.config = config
-        self.name = config.name
-        self.driver = driver
-        self.residency = residency
-        self.balance_factor = routing.balance_factor
-        self.capacity_floor = routing.capacity_floor
-        self.max_in_flight_per_replica = max_in_flight_per_replica
-        self.prefer_resident = routing.prefer_resident
-        self.replicas = {
-            replica_id: Replica(endpoint, ReplicaHealth(config.health, config.outlier, config.slow_start_s))
-            for replica_id, endpoint in residency.endpoints.items()
-        }
-        self.retry_budget = RetryBudget(config.retry.budget_ratio, config.retry.min_per_s)
-        self.ring = Ring(list(self.replicas), routing.vnodes)
-        reserve = config.policy == "bounded_consistent_hash"
-        self.reservations = HomeReservations(routing.home_reservation_s if reserve else 0.0)
-        # Per replica, what to load and warm when it comes (back) up: (adapter, pinned).
-        self.prewarm: dict[str, list[tuple[AdapterRef, bool]]] = {replica_id: [] for replica_id in self.replicas}
-        self._ticks = 0
-        self._welcomes: set[asyncio.Task[None]] = set()
-        self.in_flight = 0
-        # Set while no request is in flight: a retired pool waits on it before it closes.
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-    def explain(self, key: str, engine_model: str | None) -> RoutingDecision:
-        """The decision ``place`` would take for ``key`` now, without taking it (for /admin/route)."""
-        return self._decide(key, engine_model)
-
-    def place(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
-        """Decide where ``key``'s request goes and count it there; every placed decision must be released.
-        ``avoid``: replicas this request already failed on (a retry goes elsewhere)."""
-        self._ticks += 1
-        decision = self._decide(key, engine_model, avoid)
-        if decision.chosen is not None:
-            self.replicas[decision.chosen].in_flight += 1
-            self.in_flight += 1
-            self.idle.clear()
-            self.reservations.arrived(key, decision.home, decision.chosen)
-        return decision
-
-    def release(self, decision: RoutingDecision) -> None:
-        assert decision.chosen is not None
-        self.replicas[decision.chosen].in_flight -= 1
-        self.in_flight -= 1
-        if not self.in_flight:
-            self.idle.set()
-        self.reservations.finished(decision.key, decision.chosen)
-
-    def _decide(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
-        reservations = self.reservations
-        reservations.expire()
-        loads = [
-            ReplicaLoad(
-                replica_id,
-                r.healthy and replica_id not in avoid and r.in_flight < self.max_in_flight_per_replica,
-                r.in_flight,
-                reservations.reserved(replica_id),
-                r.health.weight(),
-            )
-            for replica_id, r in self.replicas.items()
-        ]
-        resident = self.residency.resident_on(engine_model) if engine_model and self.prefer_resident else frozenset()
-        return decide(
-            self.ring,
-            key,
-            loads,
-            pool=self.name,
-            policy=self.config.policy,
-            balance_factor=self.balance_factor,
-            capacity_floor=self.capacity_floor,
-            tick=self._ticks,
-            standing=reservations.standing(key),
-            resident=resident,
-        )
-
-    def is_healthy(self, replica_id: str) -> bool:
-        return self.replicas[replica_id].healthy
-
-    @property
-    def any_healthy(self) -> bool:
-        return any(replica.healthy for replica in self.replicas.values())
-
-    async def probe(self) -> None:
-        results = await asyncio.gather(*(self.driver.healthy(r.endpoint) for r in self.replicas.values()))
-        for replica, ok in zip(self.replicas.values(), results, strict=True):
-            replica_id, health = replica.endpoint.id, replica.health
-            if health.returning:
-                continue
-            change = health.probed(ok)
-            if change == "down":
-                log.warning("replica %s/%s is down", self.name, replica_id)
-            elif change == "up":
-                log.warning("replica %s/%s is up again; re-warming it before it takes traffic", self.name, replica_id)
-                health.returning = True
-                task = asyncio.create_task(self._welcome_back(replica), name=f"rewarm {self.name}/{replica_id}")
-                self._welcomes.add(task)
-                task.add_done_callback(self._welcomes.discard)
-
-    def report(self, replica_id: str, ok: bool) -> None:
-        """A request's outcome on a replica (passive outlier detection): failures in a row eject it."""
-        health = self.replicas[replica_id].health
-        if ok:
-            health.request_succeeded()
-            return
-        ejected_now = sum(r.health.ejected for r in self.replicas.values())
-        may_eject = ejected_now + 1 <= len(self.replicas) * self.config.outlier.max_ejected_percent // 100
-        if health.request_failed(may_eject):
-            until = health.ejected_until - health.clock()
-            log.warning("replica %s/%s ejected for %.0f s after failing requests", self.name, replica_id, until)
-
-    def cancel_welcomes(self) -> None:
-        for task in self._welcomes:
-            task.cancel()
-
-    async def scrape_engines(self) -> None:
-        loads = await asyncio.gather(*(self.driver.load_signals(r.endpoint) for r in self.replicas.values()))
-        for replica, load in zip(self.replicas.values(), loads, strict=True):
-            replica.engine_load = load
-
-    async def _welcome_back(self, replica: Replica) -> None:
-        """A replica back from down has lost its adapters: reset its record from the engine, warm, then serve."""
-        try:
-            await self.residency.reconcile([replica.endpoint.id])
-            await self.warm_replica(replica.endpoint.id)
-        finally:
-            replica.health.back_in_service()
-
-    async def warm_replica(self, replica_id: str) -> None:
-        for adapter, pinned in self.prewarm[replica_id]:
-            try:
-                await self.residency.warm(replica_id, adapter, pinned=pinned)
-            except (BackendError, GatewayError) as exc:  # WorkingSetFull included: log it, warm the others
-                log.error("pre-warming %s on %s/%s failed: %s", adapter.engine_name, self.name, replica_id, exc)
-
-
-def make_driver(config: PoolConfig, metrics: GatewayMetrics) -> EngineDriver:
-    if config.backend == "triton":
-        events = metrics.engine_adapter_events
-
-        def on_event(replica_id: str, adapter: str, event: str) -> None:
-            log.warning("%s/%s: engine reports %s for adapter %s", config.name, replica_id, event, adapter)
-            events.labels(config.name, replica_id, event).inc()
-
-        return TritonDriver(
-            model=config.triton.model,
-            lora_dtype=config.triton.lora_dtype,
-            default_max_tokens=config.triton.default_max_tokens,
-            chat_template=config.triton.chat_template,
-            request_timeout_s=config.request_timeout_s,
-            adapter_load_timeout_s=config.adapter_load_timeout_s,
-            probe_timeout_s=config.health.timeout_s,
-            weights_cache_bytes=config.triton.weights_cache_mib << 20,
-            on_event=on_event,
-        )
-    return VllmDriver(
-        connect_timeout_s=config.connect_timeout_s,
-        request_timeout_s=config.request_timeout_s,
-        adapter_load_timeout_s=config.adapter_load_timeout_s,
-        max_connections_per_replica=config.max_connections_per_replica,
-        probe_timeout_s=config.health.timeout_s,
-    )
-
-
-def endpoint(pool: PoolConfig, replica: ReplicaConfig) -> Endpoint:
-    """A replica's addresses; a Triton replica's gRPC and metrics ports default to the pool's on the url's host."""
-    url = str(replica.url).rstrip("/")
-    if pool.backend != "triton":
-        return Endpoint(replica.id, url)
-    host = replica.url.host or "127.0.0.1"  # pydantic keeps an IPv6 host in its brackets
-    grpc_address = replica.grpc or f"{host}:{pool.triton.grpc_port}"
-    metrics_url = (
-        str(replica.metrics_url) if replica.metrics_url else f"http://{host}:{pool.triton.metrics_port}/metrics"
-    )
-    return Endpoint(replica.id, url, grpc_address, metrics_url)
 
 
 def make_store(config: GatewayConfig) -> ResidencyStore:

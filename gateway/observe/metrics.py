@@ -8,17 +8,10 @@ in-flight, engine load signals, residency) is read when Prometheus scrapes, at n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.observe.activity import Activity
-
-if TYPE_CHECKING:
-    from gateway.fleet.fleet import Fleet
 
 UNRESOLVED = "-"
 
@@ -91,62 +84,9 @@ class GatewayMetrics:
             ["operation", "outcome"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0), registry=r,
         )  # fmt: skip
 
-    def watch(self, fleet_of: Callable[[], Fleet | None]) -> None:
-        """Export the fleet's state at each scrape; ``fleet_of`` returns None until the fleet has started."""
-        self.registry.register(FleetCollector(fleet_of))
+    def watch(self, collector: Collector) -> None:
+        """Export what ``collector`` reads at each scrape (the fleet's live state: gateway/fleet/collector.py)."""
+        self.registry.register(collector)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class FleetCollector(Collector):
-    """Fleet state, read at scrape time from the live objects."""
-
-    def __init__(self, fleet_of: Callable[[], Fleet | None]) -> None:
-        self._fleet_of = fleet_of
-
-    def collect(self) -> Iterator[Metric]:
-        fleet = self._fleet_of()
-        if fleet is None:
-            return
-        store_up = GaugeMetricFamily(
-            "tenantgate_residency_store_up",
-            "1 while the residency store (Redis, or in-process) answers; 0 while routing from the local view",
-        )
-        store_up.add_metric([], 1.0 if fleet.store_up else 0.0)
-        yield store_up
-        replica_labels = ["pool", "replica"]
-        healthy = GaugeMetricFamily(
-            "tenantgate_replica_healthy", "1 if the replica takes traffic", labels=replica_labels
-        )
-        in_flight = GaugeMetricFamily(
-            "tenantgate_replica_in_flight_requests", "Requests in flight to the replica", labels=replica_labels
-        )
-        resident = GaugeMetricFamily(
-            "tenantgate_replica_resident_adapters", "Adapters the record holds resident", labels=replica_labels
-        )
-        waiting = GaugeMetricFamily(
-            "tenantgate_engine_waiting_requests", "The engine's queue depth, last scraped", labels=replica_labels
-        )
-        running = GaugeMetricFamily(
-            "tenantgate_engine_running_requests", "Requests the engine is running, last scraped", labels=replica_labels
-        )
-        kv_usage = GaugeMetricFamily(
-            "tenantgate_engine_kv_cache_usage_ratio", "The engine's KV cache usage (0-1), last scraped",
-            labels=replica_labels,
-        )  # fmt: skip
-        fixes = CounterMetricFamily(
-            "tenantgate_residency_reconcile_fixes", "Record entries corrected to match an engine", labels=["pool"]
-        )
-        for name, pool in fleet.pools.items():
-            for replica_id, replica in pool.replicas.items():
-                labels = [name, replica_id]
-                healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
-                in_flight.add_metric(labels, replica.in_flight)
-                resident.add_metric(labels, len(pool.residency.views[replica_id].resident))
-                if replica.engine_load is not None:
-                    waiting.add_metric(labels, replica.engine_load.waiting)
-                    running.add_metric(labels, replica.engine_load.running)
-                    kv_usage.add_metric(labels, replica.engine_load.kv_cache_usage)
-            fixes.add_metric([name], pool.residency.counters.reconcile_fixes)
-        yield from (healthy, in_flight, resident, waiting, running, kv_usage, fixes)

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
-from gateway.fleet.fleet import Pool
+from gateway.fleet.pool import Pool
 from gateway.observe.telemetry import RequestRecord
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi

@@ -26,7 +26,7 @@ from backends.errors import (
 )
 from gateway.appkeys import TELEMETRY
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, WorkingSetFull
-from gateway.fleet.fleet import Pool, Replica
+from gateway.fleet.pool import Pool, Replica
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.tenants.directory import Target
 

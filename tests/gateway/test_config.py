@@ -93,7 +93,7 @@ def _with_triton_pool(extra_adapters: str = "") -> str:
 
 
 def test_a_triton_pool_beside_a_vllm_pool() -> None:
-    from gateway.fleet.fleet import endpoint
+    from gateway.fleet.engines import endpoint
 
     config = parse_config(_with_triton_pool())
     pool = config.pools_by_name["trt"]

@@ -6,7 +6,7 @@ import asyncio
 
 from backends.base import Endpoint
 from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
-from gateway.fleet.fleet import Pool
+from gateway.fleet.pool import Pool
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
