@@ -5,8 +5,8 @@ from __future__ import annotations
 from backends.base import AdapterRef
 from backends.errors import BackendError
 from gateway.config import AdapterConfig
+from gateway.failures import to_gateway_error
 from gateway.fleet.fleet import prewarm_homes
-from gateway.serving.relay import to_gateway_error
 from gateway.state import Serving
 
 

@@ -15,7 +15,7 @@ from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
-from gateway.routing.policies import decide
+from gateway.routing.pipeline import decide
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
 
@@ -74,6 +74,12 @@ class Pool:
         """The decision ``place`` would take for ``key`` now, without taking it (for /admin/route)."""
         return self._decide(key, engine_model)
 
+    def lease(self, key: str, adapter: AdapterRef | None, avoid: Collection[str] = ()) -> Lease:
+        """Place ``key``'s request now and hold its place until the lease's ``with`` block ends: see ``Lease``.
+        ``avoid``: replicas this request already failed on (a retry goes elsewhere)."""
+        decision = self.place(key, adapter.engine_name if adapter is not None else None, avoid)
+        return Lease(self, decision, adapter)
+
     def place(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
         """Decide where ``key``'s request goes and count it there; every placed decision must be released.
         ``avoid``: replicas this request already failed on (a retry goes elsewhere)."""
@@ -100,10 +106,11 @@ class Pool:
         loads = [
             ReplicaLoad(
                 replica_id,
-                r.healthy and replica_id not in avoid and r.in_flight < self.max_in_flight_per_replica,
+                r.healthy,
                 r.in_flight,
                 reservations.reserved(replica_id),
                 r.health.weight(),
+                r.in_flight >= self.max_in_flight_per_replica,
             )
             for replica_id, r in self.replicas.items()
         ]
@@ -119,6 +126,7 @@ class Pool:
             tick=self._ticks,
             standing=reservations.standing(key),
             resident=resident,
+            avoid=avoid,
         )
 
     def is_healthy(self, replica_id: str) -> bool:
@@ -179,3 +187,62 @@ class Pool:
                 await self.residency.warm(replica_id, adapter, pinned=pinned)
             except (BackendError, GatewayError) as exc:  # WorkingSetFull included: log it, warm the others
                 log.error("pre-warming %s on %s/%s failed: %s", adapter.engine_name, self.name, replica_id, exc)
+
+
+class Lease:
+    """One request's hold on a replica, from ``Pool.lease`` to the end of its ``with`` block: counted in flight
+    there (the bound and reservations see it) and its adapter marked in use (eviction leaves it alone). Leaving the
+    block releases both, whatever happened. When nothing was placed (``replica`` is None, ``decision.unavailable``
+    says why) there is nothing to release. The lease keeps the pool it placed on: a reload that swaps fleets
+    meanwhile retires that pool only after every lease on it has ended."""
+
+    __slots__ = ("adapter", "decision", "pool", "replica")
+
+    def __init__(self, pool: Pool, decision: RoutingDecision, adapter: AdapterRef | None) -> None:
+        self.pool = pool
+        self.decision = decision
+        self.adapter = adapter
+        self.replica: Replica | None = None
+        if decision.chosen is not None:
+            self.replica = pool.replicas[decision.chosen]
+            if adapter is not None:
+                pool.residency.begin_use(decision.chosen, adapter.engine_name)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        chosen = self.decision.chosen
+        if chosen is None:
+            return
+        self.pool.release(self.decision)
+        if self.adapter is not None:
+            self.pool.residency.end_use(chosen, self.adapter.engine_name)
+
+    @property
+    def replica_id(self) -> str:
+        assert self.decision.chosen is not None, "nothing was placed"
+        return self.decision.chosen
+
+    def adapter_resident(self) -> bool:
+        """Whether the record holds the request's adapter resident on the leased replica (counted as a hit)."""
+        assert self.adapter is not None
+        residency = self.pool.residency
+        if residency.is_resident(self.replica_id, self.adapter.engine_name):
+            residency.count_hit()
+            return True
+        return False
+
+    async def load_adapter(self) -> None:
+        """Make sure the request's adapter is loaded on the leased replica (single-flight across requests)."""
+        assert self.adapter is not None
+        await self.pool.residency.ensure(self.replica_id, self.adapter)
+
+    async def adapter_lost(self) -> None:
+        """The engine says it does not hold the adapter: stop routing by it being there."""
+        assert self.adapter is not None
+        await self.pool.residency.lost(self.replica_id, self.adapter.engine_name)
+
+    def report(self, ok: bool) -> None:
+        """The outcome of the request on the leased replica, for passive outlier detection."""
+        self.pool.report(self.replica_id, ok)

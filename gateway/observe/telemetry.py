@@ -55,8 +55,6 @@ class RequestRecord:
     completion_tokens: int | None = None
     error: str | None = None
     retries: int = 0
-    # The variant an A/B split chose (its model), told to the client in x-tenantgate-variant.
-    variant: str | None = None
     trace_id: str | None = None
 
     def mark_first_byte(self) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+# Why a request found no replica: every replica is down (or left out for its retry), or the live ones are full.
+Unavailable = Literal["down", "full"]
 
 
 @dataclass(frozen=True)
@@ -11,12 +14,15 @@ class ReplicaLoad:
     """One replica as the router sees it at decision time."""
 
     id: str
+    # Up by its probes, not ejected, not being re-warmed.
     healthy: bool
     in_flight: int
     # Slots held for active keys homed here (see reservations.py); they count as load for other keys.
     reserved: int = 0
     # The share of the capacity it may take (below 1 during slow start after it came back).
     weight: float = 1.0
+    # At the gateway's hard per-replica limit of requests in flight (limits.max_in_flight_per_replica).
+    at_cap: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,12 @@ class RoutingDecision:
     home: str
     chosen: str | None = None
     # Reason codes, in the order the steps took them: "home", "spill:unhealthy", "spill:over_capacity", ...
+    # (docs/architecture.md lists them all).
     reasons: list[str] = field(default_factory=list)
+    # Each replica a filter left out, and why: "unhealthy", "retry" (this request failed there), "replica_cap".
+    excluded: dict[str, str] = field(default_factory=dict)
+    # Set when nothing was chosen: "down" (no replica up) or "full" (those up are at their per-replica cap).
+    unavailable: Unavailable | None = None
     capacity: int | None = None
     loads: dict[str, int] = field(default_factory=dict)
     reserved: dict[str, int] = field(default_factory=dict)
@@ -48,7 +59,8 @@ class RoutingDecision:
     used_reservation: bool = False
     # Replicas where the request's adapter was resident when it was decided (what spill:resident looked at).
     resident: list[str] = field(default_factory=list)
-    healthy: list[str] = field(default_factory=list)
+    # The replicas the filters kept, in the key's ring order.
+    candidates: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,4 +74,5 @@ class RoutingDecision:
             "tenantgate.route.reasons": self.reasons,
             "tenantgate.route.capacity": -1 if self.capacity is None else self.capacity,
             "tenantgate.route.used_reservation": self.used_reservation,
+            "tenantgate.route.excluded": [f"{replica}:{why}" for replica, why in self.excluded.items()],
         }

@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import NoReturn
 
 from aiohttp import web
 
+from backends.base import AdapterRef
 from gateway.appkeys import METRICS, STATE, TELEMETRY
-from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
-from gateway.fleet.pool import Pool
+from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord
+from gateway.serving.context import RequestContext
+from gateway.serving.dispatch import RETRY_SOON, dispatch
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
-from gateway.serving.relay import RetryableFailure, relay
-from gateway.state import Serving
 from gateway.tenants.admission import estimate_tokens
-from gateway.tenants.directory import Target, Tenant, affinity_key
+from gateway.tenants.directory import affinity_key
 
 # nginx's code for a client that went away before the answer: counted, never sent.
 CLIENT_CLOSED_REQUEST = 499
-_RETRY_SOON = {"Retry-After": "1"}
 
 _PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -58,9 +56,11 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         )
         record.stream = inference.stream
         target = serving.tenants.resolve(tenant, inference.model)
+        session_id = request.headers.get("x-session-id") or inference.user
+        variant = None
         if target.variants:  # an A/B split: this end user's variant, from now on the request's model
-            target = target.pick(tenant.id, request.headers.get("x-session-id") or inference.user)
-            record.variant = target.model
+            target = target.pick(tenant.id, session_id)
+            variant = target.model
         state.admission.check_max_tokens(tenant.id, inference.max_tokens)
         estimate = estimate_tokens(inference.prompt_chars, inference.max_tokens, inference.choices)
         ticket = await state.admission.admit(tenant.id, estimate)
@@ -69,79 +69,27 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         # to placing the request there is no await, so the fleet counts it before it could be retired.
         serving = state.serving
         if serving.fleet.in_flight >= limits.max_in_flight:
-            raise Overloaded("The gateway is at its limit of requests in flight; retry shortly.", headers=_RETRY_SOON)
-        return await _route_and_relay(request, serving, tenant, target, inference, record)
+            raise Overloaded("The gateway is at its limit of requests in flight; retry shortly.", headers=RETRY_SOON)
+        record.adapter, record.pool = target.model, target.pool
+        pool = serving.fleet.pools[target.pool]
+        tenant_limits = state.admission.limits(tenant.id)
+        timeout_s = (tenant_limits and tenant_limits.request_timeout_s) or pool.config.request_timeout_s
+        ctx = RequestContext(
+            tenant=tenant,
+            target=target,
+            variant=variant,
+            key=affinity_key(serving.config.routing, tenant, target, session_id),
+            adapter=AdapterRef(target.engine_model, target.adapter.source) if target.adapter is not None else None,
+            engine_path=_PATHS[kind],
+            body=inference.for_engine(target.engine_model),
+            stream=inference.stream,
+            deadline=time.monotonic() + timeout_s,
+            tenant_deadline=timeout_s < pool.config.request_timeout_s,
+        )
+        return await dispatch(request, telemetry, pool, ctx, record)
     finally:
         used = record.prompt_tokens, record.completion_tokens
         ticket.settle(used[0] + used[1] if used[0] is not None and used[1] is not None else None)
-
-
-async def _route_and_relay(
-    request: web.Request,
-    serving: Serving,
-    tenant: Tenant,
-    target: Target,
-    inference: InferenceRequest,
-    record: RequestRecord,
-) -> web.StreamResponse:
-    telemetry, admission = request.app[TELEMETRY], request.app[STATE].admission
-    record.adapter, record.pool = target.model, target.pool
-    pool = serving.fleet.pools[target.pool]
-    session_id = request.headers.get("x-session-id") or inference.user
-    adapter = target.engine_model if target.adapter is not None else None
-    key = affinity_key(serving.config.routing, tenant, target, session_id)
-    with telemetry.span("route") as span:
-        decision = pool.place(key, adapter)
-        record.reasons = decision.reasons
-        if span is not None:
-            span.set_attributes(decision.span_attributes())
-    if decision.chosen is None:
-        _no_replica(pool)
-    pool.retry_budget.request()
-    tenant_limits = admission.limits(tenant.id)
-    timeout_s = (tenant_limits and tenant_limits.request_timeout_s) or pool.config.request_timeout_s
-    deadline = time.monotonic() + timeout_s
-    body = inference.for_engine(target.engine_model)
-    while True:
-        assert decision.chosen is not None
-        record.replica = decision.chosen
-        if adapter is not None:
-            pool.residency.begin_use(decision.chosen, adapter)
-        try:
-            replica = pool.replicas[decision.chosen]
-            shorter = timeout_s < pool.config.request_timeout_s
-            return await relay(request, pool, replica, target, body, record, deadline, tenant_deadline=shorter)
-        except RetryableFailure as failure:
-            if not _may_retry(pool, record, deadline):
-                raise failure.error from failure
-            failed = decision.chosen
-        finally:
-            pool.release(decision)
-            if adapter is not None:
-                pool.residency.end_use(decision.chosen, adapter)
-        # Once, on the next replica: the failed one is left out, the bound and residency still apply.
-        decision = pool.place(key, adapter, avoid=(failed,))
-        decision.reasons.append("retry")
-        record.reasons = record.reasons + decision.reasons
-        record.retries += 1
-        if decision.chosen is None:
-            _no_replica(pool)
-
-
-def _no_replica(pool: Pool) -> NoReturn:
-    if pool.any_healthy:  # replicas are up, but every one is at its bound of requests in flight
-        raise Overloaded("Every replica of this model is at its limit of requests in flight; retry shortly.",
-                         headers=_RETRY_SOON)  # fmt: skip
-    raise NoHealthyReplica("No replica of this model is available right now; try again shortly.")
-
-
-def _may_retry(pool: Pool, record: RequestRecord, deadline: float) -> bool:
-    return (
-        pool.config.retry.enabled
-        and record.retries == 0
-        and time.monotonic() < deadline
-        and pool.retry_budget.try_spend()
-    )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

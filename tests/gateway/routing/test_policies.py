@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.routing.decision import ReplicaLoad
-from gateway.routing.policies import decide
+from gateway.routing.pipeline import decide
 from gateway.routing.ring import Ring
 
 RING = Ring(["r0", "r1", "r2"], vnodes=160)
@@ -112,3 +112,58 @@ def test_a_replica_in_slow_start_takes_a_share_of_the_capacity() -> None:
     everyone_slow = [ReplicaLoad(r, True, 1, weight=0.1) for r in ("r0", "r1", "r2")]
     decision = decide(RING, KEY, everyone_slow, pool="p", policy="bounded_consistent_hash", balance_factor=1.25)
     assert decision.chosen == HOME  # all in slow start: the plain bound decides
+
+
+@pytest.mark.parametrize(
+    ("fleet", "avoid", "chosen", "reasons", "excluded"),
+    [
+        pytest.param(
+            replicas(down=(HOME,)), (), SECOND, ["spill:unhealthy", "spill:ring"], {HOME: "unhealthy"}, id="home-down"
+        ),
+        pytest.param(replicas(), (HOME,), SECOND, ["spill:retry", "spill:ring"], {HOME: "retry"}, id="retry-elsewhere"),
+        pytest.param(
+            [ReplicaLoad(r, True, 0, at_cap=r == HOME) for r in ("r0", "r1", "r2")],
+            (),
+            SECOND,
+            ["spill:replica_cap", "spill:ring"],
+            {HOME: "replica_cap"},
+            id="home-at-its-cap",
+        ),
+        # cap ceil(1.25*5/3)=3: the home at 4 is over the bound, and the decision says so
+        pytest.param(
+            replicas(home=4), (), SECOND, ["spill:over_capacity", "spill:ring"], {HOME: "over_capacity"}, id="bound"
+        ),
+    ],
+)
+def test_a_decision_names_every_replica_it_left_out_and_why(
+    fleet: list[ReplicaLoad], avoid: tuple[str, ...], chosen: str, reasons: list[str], excluded: dict[str, str]
+) -> None:
+    decision = decide(RING, KEY, fleet, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, avoid=avoid)
+    assert (decision.chosen, decision.reasons, decision.excluded, decision.unavailable) == (
+        chosen,
+        reasons,
+        excluded,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fleet", "avoid", "unavailable", "reason"),
+    [
+        pytest.param(replicas(down=("r0", "r1", "r2")), (), "down", "no_healthy_replica", id="all-down"),
+        pytest.param(replicas(down=(HOME, SECOND)), (THIRD,), "down", "no_healthy_replica", id="retry-had-nowhere"),
+        pytest.param(
+            [ReplicaLoad(r, r != HOME, 9, at_cap=r != HOME) for r in ("r0", "r1", "r2")],
+            (),
+            "full",
+            "no_replica_with_room",
+            id="up-ones-at-cap",
+        ),
+    ],
+)
+def test_no_replica_says_whether_the_pool_is_down_or_full(
+    fleet: list[ReplicaLoad], avoid: tuple[str, ...], unavailable: str, reason: str
+) -> None:
+    for policy in ("bounded_consistent_hash", "consistent_hash", "round_robin", "least_loaded"):
+        decision = decide(RING, KEY, fleet, pool="p", policy=policy, balance_factor=1.25, avoid=avoid)
+        assert (decision.chosen, decision.unavailable, decision.reasons) == (None, unavailable, [reason])

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.routing.decision import KeyStanding, ReplicaLoad, RoutingDecision
-from gateway.routing.policies import decide
+from gateway.routing.pipeline import decide
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
 

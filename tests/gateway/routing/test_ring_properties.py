@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.routing.decision import ReplicaLoad
-from gateway.routing.policies import decide
+from gateway.routing.pipeline import decide
 from gateway.routing.ring import Ring
 
 KEYS = [f"tenant-{i}" for i in range(4000)]

@@ -1,0 +1,66 @@
+"""One routing decision: candidates in the key's ring order, filters (filters.py), then the pool's picker
+(pickers.py). Pure: it reads a snapshot of the replicas and returns a decision that says why at every step.
+
+Reason codes, in the order the steps add them (also in docs/architecture.md):
+- ``home``: the request goes to its key's home replica;
+- ``spill:<why>``: the home was left out by a filter: ``spill:unhealthy``, ``spill:retry``, ``spill:replica_cap``;
+- ``spill:over_capacity``: the home (or the first candidate) was over the bounded-load cap;
+- ``spill:resident`` / ``spill:ring``: where a request that left home went (its adapter resident there, or the
+  next replica on the ring);
+- ``policy:round_robin`` / ``policy:least_loaded``: a baseline policy chose a replica other than the home;
+- ``no_healthy_replica`` / ``no_replica_with_room``: nothing chosen; the pool is down, or every replica that is up
+  is at its per-replica cap (``decision.unavailable`` is ``"down"`` or ``"full"``);
+- ``retry``: added by dispatch to a decision made for a request's second attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from gateway.routing.decision import NEW_KEY, KeyStanding, ReplicaLoad, RoutingDecision
+from gateway.routing.filters import filter_replicas
+from gateway.routing.pickers import PICKERS, PickInput
+from gateway.routing.ring import Ring
+
+
+def decide(
+    ring: Ring,
+    key: str,
+    replicas: Sequence[ReplicaLoad],
+    *,
+    pool: str,
+    policy: str,
+    balance_factor: float,
+    capacity_floor: int = 1,
+    tick: int = 0,
+    standing: KeyStanding = NEW_KEY,
+    resident: frozenset[str] = frozenset(),
+    avoid: Collection[str] = (),
+) -> RoutingDecision:
+    """Choose a replica for ``key``; ``decision.chosen`` is None only when the filters left none, and then
+    ``decision.unavailable`` says why. ``avoid``: replicas this request already failed on."""
+    picker = PICKERS.get(policy)
+    if picker is None:
+        raise ValueError(f"unknown routing policy {policy!r}")
+    by_id = {replica.id: replica for replica in replicas}
+    order = ring.preference(key)
+    decision = RoutingDecision(pool=pool, policy=policy, key=key, home=order[0] if order else "")
+    decision.loads = {replica.id: replica.in_flight for replica in replicas}
+    decision.reserved = {replica.id: replica.reserved for replica in replicas if replica.reserved}
+    decision.resident = sorted(resident)
+    candidates, decision.excluded = filter_replicas(order, by_id, avoid)
+    decision.candidates = candidates
+    if not candidates:
+        full = "replica_cap" in decision.excluded.values()
+        decision.unavailable = "full" if full else "down"
+        decision.reasons.append("no_replica_with_room" if full else "no_healthy_replica")
+        return decision
+    if candidates[0] != decision.home:
+        decision.reasons.append(f"spill:{decision.excluded[decision.home]}")
+    picker(
+        decision,
+        PickInput(candidates, by_id, balance_factor, capacity_floor, tick, standing, resident),
+    )
+    if decision.chosen == decision.home:
+        decision.reasons.insert(0, "home")
+    return decision
