@@ -17,7 +17,7 @@ from gateway.appkeys import STATE
 from gateway.config import ConfigError
 from gateway.errors import InvalidRequest, ModelNotFound
 from gateway.residency.store import StoreUnavailable
-from gateway.tenants.directory import hash_key
+from gateway.tenants.identity import hash_key
 
 log = logging.getLogger(__name__)
 _KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")

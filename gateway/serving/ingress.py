@@ -16,7 +16,7 @@ from gateway.serving.dispatch import RETRY_SOON, dispatch
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
 from gateway.tenants.admission import estimate_tokens
-from gateway.tenants.directory import affinity_key
+from gateway.tenants.identity import identify
 
 # nginx's code for a client that went away before the answer: counted, never sent.
 CLIENT_CLOSED_REQUEST = 499
@@ -49,18 +49,15 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
     state, telemetry = request.app[STATE], request.app[TELEMETRY]
     serving, limits = state.serving, state.config.limits
     with telemetry.span("admission"):
-        tenant = serving.tenants.identify(request.headers, request.remote, serving.config.auth)
+        tenant = identify(serving.tenants, request.headers, request.remote, serving.config.auth)
         record.tenant = tenant.id
         inference: InferenceRequest = parse_inference(
             await request.read(), kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
         )
         record.stream = inference.stream
-        target = serving.tenants.resolve(tenant, inference.model)
         session_id = request.headers.get("x-session-id") or inference.user
-        variant = None
-        if target.variants:  # an A/B split: this end user's variant, from now on the request's model
-            target = target.pick(tenant.id, session_id)
-            variant = target.model
+        routed = serving.tenants.route(tenant, inference.model, session_id, serving.config.routing)
+        target = routed.target
         state.admission.check_max_tokens(tenant.id, inference.max_tokens)
         estimate = estimate_tokens(inference.prompt_chars, inference.max_tokens, inference.choices)
         ticket = await state.admission.admit(tenant.id, estimate)
@@ -77,8 +74,8 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         ctx = RequestContext(
             tenant=tenant,
             target=target,
-            variant=variant,
-            key=affinity_key(serving.config.routing, tenant, target, session_id),
+            variant=routed.variant,
+            key=routed.key,
             adapter=AdapterRef(target.engine_model, target.adapter.source) if target.adapter is not None else None,
             engine_path=_PATHS[kind],
             body=inference.for_engine(target.engine_model),
@@ -102,7 +99,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     serving = request.app[STATE].serving
-    tenant = serving.tenants.identify(request.headers, request.remote, serving.config.auth)
+    tenant = identify(serving.tenants, request.headers, request.remote, serving.config.auth)
     created = int(time.time())
     data = [{"id": name, "object": "model", "created": created, "owned_by": "tenantgate"} for name in tenant.targets]
     return web.json_response({"object": "list", "data": data})

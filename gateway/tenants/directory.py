@@ -1,33 +1,15 @@
-"""Who is calling, and which models they may call.
-
-API keys are stored only as ``sha256:<hex>``. A presented key is hashed and looked up by its digest, so no
-comparison ever touches the secret itself. A model the tenant may not use gets the same 404 as one that does not
-exist, so one tenant cannot learn another's adapter names.
-"""
+"""The tenants and what they may call: each tenant's models (adapters, base models, A/B splits) and what a request
+for one runs on. A model the tenant may not use gets the same 404 as one that does not exist, so one tenant cannot
+learn another's adapter names. Who is calling is identity.py's question."""
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.config import AdapterConfig, AuthConfig, GatewayConfig, RoutingConfig
-from gateway.errors import AuthenticationFailed, ModelNotFound
-
-
-def _within(peer: str, auth: AuthConfig) -> bool:
-    try:
-        address = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-    return any(address in network for network in auth.trusted_networks)
-
-
-def hash_key(api_key: str) -> str:
-    """The stored form of an API key."""
-    return "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
+from gateway.config import AdapterConfig, GatewayConfig, RoutingConfig
+from gateway.errors import ModelNotFound
 
 
 @dataclass(frozen=True)
@@ -58,13 +40,23 @@ class Tenant:
     default_model: str
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A request's model resolved: what it runs on, the split variant picked (None without a split), its ring key."""
+
+    target: Target
+    variant: str | None
+    key: str
+
+
 class TenantDirectory:
     def __init__(self, config: GatewayConfig) -> None:
         adapters = {adapter.name: adapter for adapter in config.adapters}
         pools_by_base = {pool.base_model: pool for pool in config.pools}
         pools = {pool.name: pool for pool in config.pools}
-        self._by_key_hash: dict[str, Tenant] = {}
-        self._by_id: dict[str, Tenant] = {}
+        # Read by identity.py: each tenant by the sha256 of each of its API keys, and by its id.
+        self.by_key_hash: dict[str, Tenant] = {}
+        self.by_id: dict[str, Tenant] = {}
 
         def target(name: str) -> Target:
             if name in adapters:
@@ -89,32 +81,23 @@ class TenantDirectory:
             for base in tenant_config.base_models:
                 targets[base] = Target(base, pools_by_base[base].name, pools[pools_by_base[base].name].base_model, None)
             tenant = Tenant(tenant_config.id, targets, next(iter(targets)))
-            self._by_id[tenant.id] = tenant
+            self.by_id[tenant.id] = tenant
             for key_hash in tenant_config.api_keys:
-                self._by_key_hash[key_hash] = tenant
-
-    def authenticate(self, authorization: str | None) -> Tenant:
-        scheme, _, api_key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not api_key.strip():
-            raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
-        tenant = self._by_key_hash.get(hash_key(api_key.strip()))
-        if tenant is None:
-            raise AuthenticationFailed("Incorrect API key provided.")
-        return tenant
-
-    def identify(self, headers: Mapping[str, str], peer: str | None, auth: AuthConfig) -> Tenant:
-        """The caller: by the trusted header when it comes from a trusted network, else by its API key."""
-        if auth.trusted_header and peer is not None:
-            claimed = headers.get(auth.trusted_header)
-            if claimed is not None and _within(peer, auth):
-                tenant = self._by_id.get(claimed)
-                if tenant is None:
-                    raise AuthenticationFailed("Unknown tenant in the trusted header.")
-                return tenant
-        return self.authenticate(headers.get("Authorization"))
+                self.by_key_hash[key_hash] = tenant
 
     def tenant(self, tenant_id: str) -> Tenant | None:
-        return self._by_id.get(tenant_id)
+        return self.by_id.get(tenant_id)
+
+    @staticmethod
+    def route(tenant: Tenant, model: str | None, session_id: str | None, routing: RoutingConfig) -> Routed:
+        """What a request for ``model`` runs on and the key it is routed by: a split's variant picked for this end
+        user (``session_id``: the x-session-id header or the OpenAI ``user``)."""
+        target = TenantDirectory.resolve(tenant, model)
+        variant = None
+        if target.variants:  # an A/B split: this end user's variant, from now on the request's model
+            target = target.pick(tenant.id, session_id)
+            variant = target.model
+        return Routed(target, variant, affinity_key(routing, tenant, target, session_id))
 
     @staticmethod
     def resolve(tenant: Tenant, model: str | None) -> Target:

@@ -16,7 +16,7 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.fleet.fleet import Fleet, homed_keys, prewarm_homes
 from gateway.routing.ring import Ring
-from gateway.tenants.directory import hash_key
+from gateway.tenants.identity import hash_key
 from loadtests.fleet import ADMIN_TOKEN
 
 REPLICAS = [f"r{i}" for i in range(4)]

@@ -4,7 +4,8 @@ import pytest
 
 from gateway.config import load_config
 from gateway.errors import AuthenticationFailed, ModelNotFound
-from gateway.tenants.directory import TenantDirectory, hash_key
+from gateway.tenants.directory import TenantDirectory
+from gateway.tenants.identity import authenticate, hash_key
 from tests.gateway.test_config import EXAMPLE
 
 
@@ -22,16 +23,16 @@ def test_hash_key_is_the_stored_form() -> None:
 )
 def test_bad_credentials_are_refused(directory: TenantDirectory, header: str | None) -> None:
     with pytest.raises(AuthenticationFailed):
-        directory.authenticate(header)
+        authenticate(directory, header)
 
 
 def test_key_identifies_its_tenant(directory: TenantDirectory) -> None:
-    assert directory.authenticate("Bearer acme-secret-key").id == "acme"
-    assert directory.authenticate("bearer globex-secret-key").id == "globex"
+    assert authenticate(directory, "Bearer acme-secret-key").id == "acme"
+    assert authenticate(directory, "bearer globex-secret-key").id == "globex"
 
 
 def test_another_tenants_adapter_looks_like_a_missing_one(directory: TenantDirectory) -> None:
-    acme = directory.authenticate("Bearer acme-secret-key")
+    acme = authenticate(directory, "Bearer acme-secret-key")
     with pytest.raises(ModelNotFound) as foreign:
         directory.resolve(acme, "sql-globex")
     with pytest.raises(ModelNotFound) as missing:
@@ -41,6 +42,6 @@ def test_another_tenants_adapter_looks_like_a_missing_one(directory: TenantDirec
 
 
 def test_absent_model_is_the_first_adapter(directory: TenantDirectory) -> None:
-    acme = directory.authenticate("Bearer acme-secret-key")
+    acme = authenticate(directory, "Bearer acme-secret-key")
     target = directory.resolve(acme, None)
     assert target.model == "support-acme" and target.adapter is not None
