@@ -18,7 +18,7 @@ from aiohttp import web
 from backends.base import EngineRequest, EngineResponse
 from backends.errors import AdapterCacheFull, AdapterNotLoaded, BackendError, DeadlineExceeded
 from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
-from gateway.failures import classify
+from gateway.failures import Verdict, classify
 from gateway.fleet.pool import Lease, Pool
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.routing.decision import RoutingDecision
@@ -42,7 +42,7 @@ async def dispatch(
                 raise _unavailable(lease.decision)
             record.replica = lease.replica_id
             try:
-                return await _attempt(request, telemetry, ctx, record, lease)
+                response, broken = await _attempt(request, telemetry, ctx, record, lease)
             except BackendError as exc:
                 verdict = classify(exc, ctx.tenant_deadline)
                 record.error = type(exc).__name__
@@ -52,28 +52,39 @@ async def dispatch(
                     raise verdict.error from exc
                 avoid = (lease.replica_id,)
                 record.retries += 1
+            else:
+                # The attempt's one outcome report, once the client has its answer: a stream that broke mid-way
+                # counts against the replica only when the break says the replica is at fault.
+                lease.report(ok=broken is None or not broken.replica_fault)
+                return response
 
 
 async def _attempt(
     request: web.Request, telemetry: Telemetry, ctx: RequestContext, record: RequestRecord, lease: Lease
-) -> web.StreamResponse:
-    """One try on the leased replica. Raises ``BackendError`` only before the client has seen a byte."""
+) -> tuple[web.StreamResponse, Verdict | None]:
+    """One try on the leased replica: the client's response, and the verdict on a stream that broke after its first
+    byte (None if it did not). Raises ``BackendError`` only before the client has seen a byte."""
     if ctx.adapter is not None and not lease.adapter_resident():
         await _load_within_deadline(telemetry, lease, ctx.deadline)
+    broken: Verdict | None = None
+
+    def stream_broke(exc: BackendError) -> GatewayError:
+        nonlocal broken
+        log.warning("stream from %s/%s broke after it started: %s", lease.pool.name, lease.replica_id, exc)
+        broken = classify(exc, ctx.tenant_deadline)
+        record.error = type(exc).__name__
+        return broken.error
+
     with telemetry.span("upstream", **{"server.address": lease.replica_id}):
         engine_request = EngineRequest(
             ctx.engine_path, ctx.body, ctx.stream, telemetry.upstream_headers(), _remaining(ctx.deadline), ctx.adapter
         )
         upstream = await _send(lease, engine_request)
         try:
-            if not ctx.stream:
-                answer = await upstream.read()
-                lease.report(ok=True)
-                return relay.respond(telemetry, ctx, record, upstream, answer)
-            lease.report(ok=True)
-            return await relay.stream(
-                request, telemetry, ctx, record, upstream, lambda exc: _broken(ctx, record, lease, exc)
-            )
+            if ctx.stream:
+                return await relay.stream(request, telemetry, ctx, record, upstream, stream_broke), broken
+            answer = await upstream.read()
+            return relay.respond(telemetry, ctx, record, upstream, answer), None
         finally:
             upstream.release()
 
@@ -97,16 +108,6 @@ async def _send(lease: Lease, engine_request: EngineRequest) -> EngineResponse:
         await lease.adapter_lost()
         await lease.load_adapter()
         return await driver.send(endpoint, engine_request)
-
-
-def _broken(ctx: RequestContext, record: RequestRecord, lease: Lease, exc: BackendError) -> GatewayError:
-    """A stream that broke after the client saw its first byte: no retry, only the report and the error event."""
-    log.warning("stream from %s/%s broke after it started: %s", lease.pool.name, lease.replica_id, exc)
-    verdict = classify(exc, ctx.tenant_deadline)
-    record.error = type(exc).__name__
-    if verdict.replica_fault:
-        lease.report(ok=False)
-    return verdict.error
 
 
 async def _load_within_deadline(telemetry: Telemetry, lease: Lease, deadline: float) -> None:
