@@ -74,7 +74,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 typecheck: venv
-	$(BIN)/mypy gateway backends loadtests
+	$(BIN)/mypy gateway backends loadtests tests
 
 test-fast: venv
 	$(PYTEST) -q -m "not engine"

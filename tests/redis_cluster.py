@@ -3,9 +3,11 @@ created with `redis-cli --cluster create`; a master can be killed to see its rep
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -45,7 +47,7 @@ class RedisCluster:
                     cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
         for port in self.ports:
-            self._until(lambda p=port: answers_ping(p), f"node {port} answers")  # type: ignore[misc]
+            self._until(functools.partial(answers_ping, port), f"node {port} answers")
         cli = shutil.which("redis-cli") or "redis-cli"
         create = [
             cli,
@@ -85,9 +87,9 @@ class RedisCluster:
         self._until(self.healthy, "the cluster is ok again")
 
     @staticmethod
-    def _until(condition: object, what: str, attempts: int = 300) -> None:
+    def _until(condition: Callable[[], bool], what: str, attempts: int = 300) -> None:
         for _ in range(attempts):
-            if condition():  # type: ignore[operator]
+            if condition():
                 return
             time.sleep(0.05)
         raise RuntimeError(f"redis cluster: never {what}")

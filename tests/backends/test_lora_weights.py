@@ -133,7 +133,9 @@ def test_bfloat16_weights_make_a_bf16_tensor(tmp_path: Path) -> None:
         ({"base_model.model.lm_head.lora_A.weight": [[1.0]]}, {"r": 1}, "lm_head.lora_A.weight has no place"),
     ],
 )
-def test_refusals_name_the_problem(tmp_path: Path, tensors: dict, config: dict, message: str) -> None:
+def test_refusals_name_the_problem(
+    tmp_path: Path, tensors: dict[str, list[list[float]]], config: dict[str, object], message: str
+) -> None:
     root = _adapter(tmp_path, tensors or {"unrelated.weight": [[0.0]]}, **config)
     with pytest.raises(AdapterFormatError, match=message):
         convert_peft(root)

@@ -61,7 +61,7 @@ def _adapter(lane: TritonProcess, source: str) -> AdapterRef:
     return AdapterRef(f"{source}-{uuid.uuid4().hex[:8]}", lane.adapters[source])
 
 
-def _completion(prompt: str = "hello world", **fields: object) -> EngineRequest:
+def _completion(prompt: str = "hello world", /, **fields: object) -> EngineRequest:
     body = {"model": "m", "prompt": prompt, "max_tokens": 6, **fields}
     return EngineRequest("/v1/completions", json.dumps(body).encode(), bool(fields.get("stream")))
 

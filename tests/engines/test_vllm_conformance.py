@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from openai.types.completion_create_params import CompletionCreateParamsBase as CompletionParams
 
 from tests.servers import EngineProcess
 
@@ -76,17 +77,18 @@ def test_completion_is_deterministic_and_adapters_differ(client: openai.OpenAI) 
 
 
 def test_completion_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
-    args = {"model": "a1", "prompt": "hello world", "max_tokens": 6, "temperature": 0}
+    args: CompletionParams = {"model": "a1", "prompt": "hello world", "max_tokens": 6, "temperature": 0}
     whole = client.completions.create(**args)
-    chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    with_usage: CompletionParams = {**args, "stream_options": {"include_usage": True}}
+    chunks = list(client.completions.create(**with_usage, stream=True))
     token_chunks = [c for c in chunks if c.choices]
     assert "".join(c.choices[0].text for c in token_chunks) == whole.choices[0].text
     assert [c.choices[0].finish_reason for c in token_chunks][-1] == whole.choices[0].finish_reason
     assert all(c.choices[0].finish_reason is None for c in token_chunks[:-1])
     usage_chunk = chunks[-1]
     assert usage_chunk.choices == []
-    assert usage_chunk.usage is not None
-    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+    assert usage_chunk.usage is not None and whole.usage is not None
+    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
 
 
 def test_streaming_without_usage_has_no_usage_chunk(client: openai.OpenAI) -> None:

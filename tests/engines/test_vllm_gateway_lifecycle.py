@@ -19,8 +19,12 @@ from tests.servers import EngineProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
-GREEDY = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0.0}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def greedy(client: openai.OpenAI, model: str) -> str:
+    answer = client.completions.create(model=model, prompt="The quick brown fox", max_tokens=8, temperature=0.0)
+    return answer.choices[0].text
 
 
 def registered(engine: EngineProcess) -> set[str]:
@@ -53,12 +57,12 @@ def test_load_use_evict_and_unload_real_adapters(engine_as_found: EngineProcess,
         client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=api_key("acme"), max_retries=0, timeout=120)
         direct = openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
-        through_gateway = client.completions.create(model="a3", **GREEDY).choices[0].text  # type: ignore[call-overload]
+        through_gateway = greedy(client, "a3")
         assert "a3" in registered(engine)
-        from_vllm = direct.completions.create(model="a3", **GREEDY).choices[0].text  # type: ignore[call-overload]
+        from_vllm = greedy(direct, "a3")
         assert through_gateway == from_vllm and through_gateway
 
-        client.completions.create(model="a4", **GREEDY)  # type: ignore[call-overload]
+        greedy(client, "a4")
         now = registered(engine)
         assert "a4" in now and "a3" in now  # a3 was used last: one of the adapters found there made room
         assert len(now) == len(found) + 1 and len(found - now) == 1
@@ -67,5 +71,5 @@ def test_load_use_evict_and_unload_real_adapters(engine_as_found: EngineProcess,
         assert answer.status_code == 200 and answer.json()["unloaded_from"] == ["r0"]
         assert "a3" not in registered(engine)
 
-        again = client.completions.create(model="a3", **GREEDY).choices[0].text  # type: ignore[call-overload]
+        again = greedy(client, "a3")
         assert again == from_vllm  # loaded again on demand, same greedy answer

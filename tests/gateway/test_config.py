@@ -73,7 +73,7 @@ def test_check_config_cli(tmp_path: Path) -> None:
 def test_config_is_frozen() -> None:
     config = load_config(EXAMPLE)
     with pytest.raises(ValueError):
-        config.routing.vnodes = 3  # type: ignore[misc]
+        config.routing.vnodes = 3
 
 
 TRITON_POOL = """

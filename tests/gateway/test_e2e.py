@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types.chat.completion_create_params import CompletionCreateParamsBase as ChatParams
+from openai.types.completion_create_params import CompletionCreateParamsBase as CompletionParams
 
 from loadtests.fleet import ADMIN_TOKEN, RunningFleet, api_key, fleet_with_gateway, sim_stats
 
@@ -45,23 +47,25 @@ def home_of(fleet: RunningFleet, tenant: str, adapter: str | None = None) -> str
     return home
 
 
-def direct(fleet: RunningFleet, replica: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def direct(fleet: RunningFleet, replica: str, path: str, body: Mapping[str, object]) -> dict[str, Any]:
     answer: dict[str, Any] = httpx.post(fleet.replica_urls[replica] + path, json=body, timeout=30).json()
     return answer
 
 
 def test_completion_text_is_what_the_replica_answers_for_the_adapter(fleet: RunningFleet) -> None:
-    args = {"model": "support-acme", "prompt": "summarise my ticket", "max_tokens": 7}
-    through_gateway = sdk(fleet, "acme").completions.create(**args)  # type: ignore[call-overload]
+    args: CompletionParams = {"model": "support-acme", "prompt": "summarise my ticket", "max_tokens": 7}
+    through_gateway = sdk(fleet, "acme").completions.create(**args)
     from_replica = direct(fleet, home_of(fleet, "acme"), "/v1/completions", args)
     assert through_gateway.choices[0].text == from_replica["choices"][0]["text"]
     assert through_gateway.usage is not None and through_gateway.usage.completion_tokens == 7
 
 
 def test_streaming_completion_matches_the_whole_answer(fleet: RunningFleet) -> None:
-    args = {"model": "support-acme", "prompt": "stream me", "max_tokens": 9, "extra_body": {"ignore_eos": True}}
-    whole = sdk(fleet, "acme").completions.create(**args)  # type: ignore[call-overload]
-    chunks = list(sdk(fleet, "acme").completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    args: CompletionParams = {"model": "support-acme", "prompt": "stream me", "max_tokens": 9}
+    ignore_eos = {"ignore_eos": True}
+    whole = sdk(fleet, "acme").completions.create(**args, extra_body=ignore_eos)
+    with_usage: CompletionParams = {**args, "stream_options": {"include_usage": True}}
+    chunks = list(sdk(fleet, "acme").completions.create(**with_usage, stream=True, extra_body=ignore_eos))
     token_chunks = [c for c in chunks if c.choices]
     assert len(token_chunks) == 9
     assert "".join(c.choices[0].text for c in token_chunks) == whole.choices[0].text
@@ -91,13 +95,18 @@ def test_stream_reaches_the_client_before_the_engine_has_finished(fleet: Running
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streaming"])
 def test_chat_completions(fleet: RunningFleet, stream: bool) -> None:
-    args = {"model": "sql-globex", "messages": [{"role": "user", "content": "list tables"}], "max_tokens": 5}
+    args: ChatParams = {
+        "model": "sql-globex",
+        "messages": [{"role": "user", "content": "list tables"}],
+        "max_tokens": 5,
+    }
     client = sdk(fleet, "globex")
+    answer: str | None
     if stream:
-        chunks = list(client.chat.completions.create(**args, stream=True))  # type: ignore[call-overload]
+        chunks = list(client.chat.completions.create(**args, stream=True))
         answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     else:
-        answer = client.chat.completions.create(**args).choices[0].message.content  # type: ignore[call-overload]
+        answer = client.chat.completions.create(**args).choices[0].message.content
     from_replica = direct(fleet, home_of(fleet, "globex"), "/v1/chat/completions", args)  # loaded there by now
     assert answer == from_replica["choices"][0]["message"]["content"]
 

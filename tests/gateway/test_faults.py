@@ -40,7 +40,8 @@ def config_for(
 
 @contextlib.contextmanager
 def gateway(root: Path, config: dict[str, Any]) -> Iterator[GatewayUnderTest]:
-    process = GatewayUnderTest(root, config).start()
+    process = GatewayUnderTest(root, config)
+    process.start()  # it returns the base class (loadtests/faultkit.py), so keep the subclass's name
     try:
         yield process
     finally:
@@ -183,7 +184,8 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(tmp_path: Path) -> N
     with sim_replicas(tmp_path, 2, *slow) as replicas:
         config = config_for(tmp_path, replicas)
         config["shutdown"] = {"drain_delay_s": 2, "drain_timeout_s": 30}  # readiness is polled within the delay
-        gw = GatewayUnderTest(tmp_path, config).start()
+        gw = GatewayUnderTest(tmp_path, config)
+        gw.start()
         engines = list(replicas.values())
         try:
 

@@ -8,15 +8,17 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import pydantic
 import pytest
 import yaml
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionStreamOptionsParam
 
 from backends.base import AdapterRef, Endpoint, EngineRequest
 from backends.lora_weights import task_id
@@ -97,7 +99,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MixedFleet]:
             yield MixedFleet(url, sims, adapters)
 
 
-def _shape(value: Any) -> Any:
+def _shape(value: object) -> object:
     """The structure of an answer without its values: keys and the types of leaves."""
     if isinstance(value, dict):
         return {key: _shape(item) for key, item in value.items()}
@@ -106,24 +108,24 @@ def _shape(value: Any) -> Any:
     return type(value).__name__ if value is not None else None
 
 
-def _streamed(stream: Any) -> list[dict[str, Any]]:
+def _streamed(stream: Iterable[pydantic.BaseModel]) -> list[dict[str, Any]]:
     return [chunk.model_dump() for chunk in stream]
 
 
 @pytest.mark.parametrize("model_of", [{"vt": "v-a", "tt": "t-a"}, {"vt": BASE_MODEL, "tt": TRITON_BASE}],
                          ids=["adapter", "base"])  # fmt: skip
 def test_tenants_of_both_engines_get_the_same_answer_shapes(fleet: MixedFleet, model_of: dict[str, str]) -> None:
-    shapes: dict[str, list[Any]] = {}
+    shapes: dict[str, list[object]] = {}
     for tenant, model in model_of.items():
         client = fleet.client(tenant)
-        chat = [{"role": "user", "content": "hello there"}]
+        chat: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
         completion = client.completions.create(model=model, prompt="hello world", max_tokens=4).model_dump()
-        answer = client.chat.completions.create(model=model, messages=chat, max_tokens=4).model_dump()  # type: ignore[arg-type]
-        usage = {"include_usage": True}
+        answer = client.chat.completions.create(model=model, messages=chat, max_tokens=4).model_dump()
+        usage: ChatCompletionStreamOptionsParam = {"include_usage": True}
         chunks = _streamed(client.completions.create(model=model, prompt="hi", max_tokens=4, stream=True,
-                                                     stream_options=usage))  # type: ignore[arg-type]  # fmt: skip
+                                                     stream_options=usage))  # fmt: skip
         chat_chunks = _streamed(client.chat.completions.create(model=model, messages=chat, max_tokens=4, stream=True,
-                                                               stream_options=usage))  # type: ignore[arg-type]  # fmt: skip
+                                                               stream_options=usage))  # fmt: skip
         assert completion["model"] == model and completion["usage"]["completion_tokens"] >= 1
         assert chunks[-1]["usage"]["completion_tokens"] >= 1 and chunks[-1]["choices"] == []
         assert chat_chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -140,10 +142,11 @@ def test_triton_weights_go_once_per_replica_and_task(fleet: MixedFleet) -> None:
     others = [sim for sim in fleet.sims if sim is not home]
     client = fleet.client("tt2")
     for index in range(6):
-        stream = index % 2 == 1
-        answer = client.completions.create(model="t-b", prompt=f"request {index}", max_tokens=3, stream=stream)
-        if stream:
-            assert _streamed(answer)  # type: ignore[arg-type]
+        prompt = f"request {index}"
+        if index % 2 == 1:
+            assert _streamed(client.completions.create(model="t-b", prompt=prompt, max_tokens=3, stream=True))
+        else:
+            assert client.completions.create(model="t-b", prompt=prompt, max_tokens=3).choices
     task = str(task_id("t-b", fleet.adapters["t-b"]))
     stats = sim_stats(home.http_url)
     assert stats["weights_received"].get(task) == 1

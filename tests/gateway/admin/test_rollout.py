@@ -24,7 +24,8 @@ class Traffic:
     """Requests one after another for the name, cycling through end users; records (time, user, variant, status)."""
 
     def __init__(self, gateway_url: str) -> None:
-        self.url, self.seen = gateway_url, []  # type: list[tuple[float, str, str, int]]
+        self.url = gateway_url
+        self.seen: list[tuple[float, str, str, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 

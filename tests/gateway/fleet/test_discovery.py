@@ -79,7 +79,8 @@ def test_replicas_appearing_and_disappearing_in_dns_change_homes_as_a_config_cha
         config: dict[str, Any] = gateway_config({}, tenants, adapters, port=free_port(), max_adapters=12)
         config["routing"]["home_placement"] = placement
         config["pools"][0]["discovery"] = {"name": "sims.test", "nameservers": [stub.nameserver], "interval_s": 0.3}
-        gateway = GatewayUnderTest(tmp_path, config).start()
+        gateway = GatewayUnderTest(tmp_path, config)
+        gateway.start()
         try:
             before = {t: gateway.home_of(t) for t in tenants}
             assert set(before.values()) <= {"r0", "r1", "r2"}

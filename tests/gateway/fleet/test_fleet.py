@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from backends.base import Endpoint
+from backends.base import AdapterRef, Endpoint
 from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
 from gateway.fleet.pool import Pool
 from gateway.residency.lifecycle import PoolResidency
@@ -47,13 +47,12 @@ async def test_a_replica_back_from_down_is_rewarmed_before_it_takes_traffic() ->
     engine.loaded["r0"].clear()  # it restarted: its adapters are gone
     engine.down.discard("r0")
     gate = asyncio.Event()
-    real_load = pool.driver.load_adapter
 
-    async def held_load(*args: object) -> None:
+    async def held_load(replica: Endpoint, adapter: AdapterRef) -> None:
         await gate.wait()
-        await real_load(*args)  # type: ignore[arg-type]
 
-    pool.driver.load_adapter = held_load  # type: ignore[method-assign,assignment]
+    assert isinstance(pool.driver, FakeDriver)
+    pool.driver.before_load = held_load
     await pool.probe()
     await pool.probe()  # healthy_after: 2
     assert pool.replicas["r0"].health.returning

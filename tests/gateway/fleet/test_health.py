@@ -17,9 +17,9 @@ class Clock:
         return self.now
 
 
-def health(clock: Clock, **outlier: float) -> ReplicaHealth:
+def health(clock: Clock, outlier: OutlierConfig | None = None) -> ReplicaHealth:
     return ReplicaHealth(
-        HealthConfig(unhealthy_after=2, healthy_after=3), OutlierConfig(**outlier), slow_start_s=10, clock=clock
+        HealthConfig(unhealthy_after=2, healthy_after=3), outlier or OutlierConfig(), slow_start_s=10, clock=clock
     )
 
 
@@ -33,7 +33,7 @@ def test_probe_thresholds() -> None:
 
 def test_consecutive_failures_eject_with_doubling_backoff() -> None:
     clock = Clock()
-    replica = health(clock, consecutive_failures=3, base_ejection_s=10, max_ejection_s=25)
+    replica = health(clock, OutlierConfig(consecutive_failures=3, base_ejection_s=10, max_ejection_s=25))
     assert [replica.request_failed(True) for _ in range(3)] == [False, False, True]
     assert not replica.available() and replica.ejected_until == 110
     clock.now = 110
@@ -48,7 +48,7 @@ def test_consecutive_failures_eject_with_doubling_backoff() -> None:
 
 
 def test_the_pool_cap_can_forbid_an_ejection() -> None:
-    replica = health(Clock(), consecutive_failures=1)
+    replica = health(Clock(), OutlierConfig(consecutive_failures=1))
     assert not replica.request_failed(may_eject=False)
     assert replica.available()
 

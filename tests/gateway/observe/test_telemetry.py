@@ -214,7 +214,8 @@ async def test_span_tree_of_a_streaming_request_and_traceparent_reaches_the_engi
     assert all(format(s.context.trace_id, "032x") == trace_id for s in spans.values())
     assert root.parent is not None and format(root.parent.span_id, "016x") == parent_span
     for child in ("admission", "route", "adapter.load", "upstream"):
-        assert spans[child].parent is not None and spans[child].parent.span_id == root.context.span_id, child
+        parent = spans[child].parent
+        assert parent is not None and parent.span_id == root.context.span_id, child
     assert spans["route"].attributes is not None and spans["route"].attributes["tenantgate.route.reasons"] == ("home",)
     assert [event.name for event in spans["upstream"].events] == ["first_byte"]
     assert root.attributes is not None and root.attributes["http.response.status_code"] == 200

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from backends.base import AdapterRef, Endpoint, EngineRequest
+from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad, EngineRequest
 
 
 def ref(name: str) -> AdapterRef:
@@ -28,14 +28,22 @@ class FakeEngine:
 
 
 class FakeDriver:
-    def __init__(self, engine: FakeEngine) -> None:
+    def __init__(self, engine: FakeEngine, load: EngineLoad | None = None) -> None:
         self.engine = engine
+        self.load = load  # what load_signals reports for every replica (None: the engine reports nothing)
         self.prepared: list[str] = []
+        # Hooks a test sets to hold a preparation or a load where it wants (awaited before the work is done).
+        self.before_prepare: Callable[[AdapterRef], Awaitable[None]] | None = None
+        self.before_load: Callable[[Endpoint, AdapterRef], Awaitable[None]] | None = None
 
     async def prepare_adapter(self, adapter: AdapterRef) -> None:
+        if self.before_prepare is not None:
+            await self.before_prepare(adapter)
         self.prepared.append(adapter.engine_name)
 
     async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
+        if self.before_load is not None:
+            await self.before_load(replica, adapter)
         await asyncio.sleep(0.01)  # a load takes time: concurrent callers overlap
         loaded = self.engine.loaded[replica.id]
         if adapter.engine_name in loaded:
@@ -59,6 +67,9 @@ class FakeDriver:
     async def healthy(self, replica: Endpoint) -> bool:
         return replica.id not in self.engine.down
 
+    async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
+        return self.load
+
     async def close(self) -> None:
         return None
 
@@ -75,3 +86,6 @@ class FakeResponse:
 
     def release(self) -> None:
         return None
+
+
+_: EngineDriver = FakeDriver(FakeEngine())  # mypy checks the fake against the driver interface, member by member

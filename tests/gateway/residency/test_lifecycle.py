@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import pytest
 
-from backends.base import Endpoint
+from backends.base import AdapterRef, Endpoint
 from gateway.config import ResidencyConfig
 from gateway.errors import WorkingSetFull
 from gateway.residency.lifecycle import PoolResidency
-from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
+from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable, Uses
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
 
 REPLICAS = [Endpoint("r0", "http://r0"), Endpoint("r1", "http://r1")]
@@ -33,14 +33,14 @@ def lifecycle(
     *,
     max_adapters: int = 2,
     shared: bool = False,
-    **cfg: float,
+    config: ResidencyConfig | None = None,
 ) -> PoolResidency:
     return PoolResidency(
         "llama",
         REPLICAS,
         FakeDriver(engine),
         store,
-        ResidencyConfig(**cfg),  # type: ignore[arg-type]
+        config or ResidencyConfig(),
         max_adapters=max_adapters,
         load_timeout_s=30.0,
         shared=shared,
@@ -94,7 +94,7 @@ async def test_a_working_set_of_pinned_adapters_refuses_another_at_once(store: R
 
 async def test_the_timer_evicts_idle_adapters_and_keeps_headroom(store: ResidencyStore) -> None:
     engine, clock = FakeEngine(), Clock()
-    life = lifecycle(store, engine, clock, max_adapters=4, idle_evict_s=60, headroom=1)
+    life = lifecycle(store, engine, clock, max_adapters=4, config=ResidencyConfig(idle_evict_s=60, headroom=1))
     for name in ("old", "p", "x", "y"):
         await life.ensure("r0", ref(name), pinned=name == "p")
         clock.now += 10
@@ -108,7 +108,7 @@ async def test_the_timer_evicts_idle_adapters_and_keeps_headroom(store: Residenc
 
 async def test_headroom_brings_a_full_replica_down_by_lru(store: ResidencyStore) -> None:
     engine, clock = FakeEngine(), Clock()
-    life = lifecycle(store, engine, clock, max_adapters=3, idle_evict_s=600, headroom=1)
+    life = lifecycle(store, engine, clock, max_adapters=3, config=ResidencyConfig(idle_evict_s=600, headroom=1))
     for name in ("a", "b", "c"):
         await life.ensure("r0", ref(name))
         clock.now += 1
@@ -169,27 +169,49 @@ async def test_unload_everywhere(store: ResidencyStore) -> None:
 
 
 class FlakyStore:
-    """A store that can be switched off, as Redis going away."""
+    """A store that can be switched off, as Redis going away: every call then raises ``StoreUnavailable``."""
 
     def __init__(self, inner: ResidencyStore) -> None:
         self.inner = inner
         self.down = False
 
-    def __getattr__(self, name: str) -> object:
-        method = getattr(self.inner, name)
+    def _up(self) -> ResidencyStore:
+        if self.down:
+            raise StoreUnavailable("switched off")
+        return self.inner
 
-        async def call(*args: object, **kwargs: object) -> object:
-            if self.down:
-                raise StoreUnavailable("switched off")
-            return await method(*args, **kwargs)
+    async def record(self, pool: str, replica: str) -> ReplicaRecord:
+        return await self._up().record(pool, replica)
 
-        return call
+    async def acquire(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
+        return await self._up().acquire(pool, replica, holder, ttl_s)
+
+    async def release(self, pool: str, replica: str, holder: str) -> None:
+        await self._up().release(pool, replica, holder)
+
+    async def add(self, pool: str, replica: str, adapter: str, used_at: float, *, pinned: bool = False) -> None:
+        await self._up().add(pool, replica, adapter, used_at, pinned=pinned)
+
+    async def remove(self, pool: str, replica: str, adapters: Collection[str]) -> None:
+        await self._up().remove(pool, replica, adapters)
+
+    async def touch(self, uses: Uses) -> None:
+        await self._up().touch(uses)
+
+    async def reconcile(self, pool: str, replica: str, on_engine: Collection[str], now: float) -> ReplicaRecord:
+        return await self._up().reconcile(pool, replica, on_engine, now)
+
+    async def ping(self) -> None:
+        await self._up().ping()
+
+    async def close(self) -> None:
+        await self._up().close()
 
 
 async def test_a_store_outage_loses_nothing_and_resyncs_from_the_engines(store: ResidencyStore) -> None:
     engine, clock = FakeEngine(), Clock()
     flaky = FlakyStore(store)
-    life = lifecycle(flaky, engine, clock)  # type: ignore[arg-type]
+    life = lifecycle(flaky, engine, clock)
     await life.ensure("r0", ref("a"))
     flaky.down = True
     await life.ensure("r0", ref("b"))  # loads go on from the local view
@@ -214,15 +236,14 @@ async def test_preparing_an_adapter_does_not_hold_the_replicas_lock(store: Resid
     assert isinstance(driver, FakeDriver)
     entered, release = asyncio.Event(), asyncio.Event()
 
-    async def slow_prepare(adapter: object) -> None:
+    async def slow_prepare(adapter: AdapterRef) -> None:
         entered.set()
         await release.wait()
 
-    prepare = driver.prepare_adapter
-    driver.prepare_adapter = slow_prepare  # type: ignore[method-assign]
+    driver.before_prepare = slow_prepare
     slow = asyncio.create_task(life.ensure("r0", ref("big")))
     await asyncio.wait_for(entered.wait(), timeout=5)  # the slow load waits in its preparation
-    driver.prepare_adapter = prepare  # type: ignore[method-assign]
+    driver.before_prepare = None
     await asyncio.wait_for(life.ensure("r0", ref("small")), timeout=5)
     assert life.is_resident("r0", "small") and not slow.done()
     release.set()

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from loadtests.sim.defaults import SimParams
@@ -21,7 +22,8 @@ from loadtests.sim.vllm_server import create_app
 from tests.servers import write_adapter
 
 FAST = SimParams(time_scale=0.001)
-Sim = Callable[..., Any]
+SimClient = TestClient[web.Request, web.Application]
+Sim = Callable[..., AbstractAsyncContextManager[SimClient]]  # sim(preload=(...), **SimParams overrides)
 
 
 @pytest.fixture
@@ -32,7 +34,7 @@ def adapter_dirs(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def sim(adapter_dirs: dict[str, str]) -> Sim:
     @asynccontextmanager
-    async def start(preload: tuple[str, ...] = ("a1", "a2", "a3"), **overrides: Any) -> AsyncIterator[TestClient]:
+    async def start(preload: tuple[str, ...] = ("a1", "a2", "a3"), **overrides: Any) -> AsyncIterator[SimClient]:
         engine = SimEngine(dataclasses.replace(FAST, **overrides), "base")
         app = create_app(engine, {name: adapter_dirs[name] for name in preload})
         # handler_cancellation as `tenantgate sim` runs it: a dropped client cancels its handler.
@@ -42,23 +44,23 @@ def sim(adapter_dirs: dict[str, str]) -> Sim:
     return start
 
 
-async def complete(client: TestClient, model: str, prompt: str = "hello", max_tokens: int = 4) -> dict[str, Any]:
+async def complete(client: SimClient, model: str, prompt: str = "hello", max_tokens: int = 4) -> dict[str, Any]:
     response = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens})
     assert response.status == 200, await response.text()
     body: dict[str, Any] = await response.json()
     return body
 
 
-async def stats(client: TestClient) -> dict[str, Any]:
+async def stats(client: SimClient) -> dict[str, Any]:
     body: dict[str, Any] = await (await client.get("/sim/stats")).json()
     return body
 
 
-async def paused(client: TestClient, paused: bool) -> None:
+async def paused(client: SimClient, paused: bool) -> None:
     assert (await client.post("/sim/control", json={"paused": paused})).status == 200
 
 
-async def submit_in_order(client: TestClient, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def submit_in_order(client: SimClient, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Queue requests on a paused engine in exactly this order, then let it step; return the answers."""
     await paused(client, True)
     sent = []
@@ -206,7 +208,7 @@ async def test_run_steps_refuses_what_is_not_a_step_count(sim: Sim, steps: objec
         assert "run_steps" in await response.text()
 
 
-async def _until(client: TestClient, condition: Callable[[dict[str, Any]], bool], what: str) -> None:
+async def _until(client: SimClient, condition: Callable[[dict[str, Any]], bool], what: str) -> None:
     for _ in range(500):  # bounded: each poll is one loopback round trip
         if condition(await stats(client)):
             return

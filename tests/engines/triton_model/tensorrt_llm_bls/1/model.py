@@ -35,6 +35,13 @@ def _optional(request: Any, name: str) -> np.ndarray | None:
     return None if tensor is None else tensor.as_numpy()
 
 
+def _required(request: Any, name: str) -> np.ndarray:
+    array = _optional(request, name)
+    if array is None:  # Triton refuses a request that lacks a required input before the model sees it
+        raise Refused(f"input '{name}' is required")
+    return array
+
+
 def _scalar(request: Any, name: str, default: Any = None) -> Any:
     array = _optional(request, name)
     return default if array is None else array.reshape(-1)[0].item()
@@ -159,7 +166,7 @@ class TritonPythonModel:
                 self.workers.discard(threading.current_thread())
 
     def _generate(self, request: Any, sender: Any, digest: str) -> None:
-        prompt = _optional(request, "text_input").reshape(-1)[0]
+        prompt = _required(request, "text_input").reshape(-1)[0]
         prompt = prompt.decode() if isinstance(prompt, bytes) else str(prompt)
         max_tokens = int(_scalar(request, "max_tokens"))
         seed = _scalar(request, "seed", 0)
