@@ -196,15 +196,17 @@ class Lease:
     says why) there is nothing to release. The lease keeps the pool it placed on: a reload that swaps fleets
     meanwhile retires that pool only after every lease on it has ended."""
 
-    __slots__ = ("adapter", "decision", "pool", "replica")
+    __slots__ = ("adapter", "decision", "pool", "replica", "replica_id")
 
     def __init__(self, pool: Pool, decision: RoutingDecision, adapter: AdapterRef | None) -> None:
         self.pool = pool
         self.decision = decision
         self.adapter = adapter
         self.replica: Replica | None = None
+        self.replica_id = ""  # "" when nothing was placed
         if decision.chosen is not None:
             self.replica = pool.replicas[decision.chosen]
+            self.replica_id = decision.chosen
             if adapter is not None:
                 pool.residency.begin_use(decision.chosen, adapter.engine_name)
 
@@ -218,11 +220,6 @@ class Lease:
         self.pool.release(self.decision)
         if self.adapter is not None:
             self.pool.residency.end_use(chosen, self.adapter.engine_name)
-
-    @property
-    def replica_id(self) -> str:
-        assert self.decision.chosen is not None, "nothing was placed"
-        return self.decision.chosen
 
     def adapter_resident(self) -> bool:
         """Whether the record holds the request's adapter resident on the leased replica (counted as a hit)."""

@@ -7,7 +7,6 @@ import time
 
 from aiohttp import web
 
-from backends.base import AdapterRef
 from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord
@@ -61,6 +60,7 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         state.admission.check_max_tokens(tenant.id, inference.max_tokens)
         estimate = estimate_tokens(inference.prompt_chars, inference.max_tokens, inference.choices)
         ticket = await state.admission.admit(tenant.id, estimate)
+        tenant_limits = state.admission.limits(tenant.id)
     try:
         # What serves now: a reload may have swapped fleets while the body was read or admission awaited. From here
         # to placing the request there is no await, so the fleet counts it before it could be retired.
@@ -69,14 +69,13 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
             raise Overloaded("The gateway is at its limit of requests in flight; retry shortly.", headers=RETRY_SOON)
         record.adapter, record.pool = target.model, target.pool
         pool = serving.fleet.pools[target.pool]
-        tenant_limits = state.admission.limits(tenant.id)
         timeout_s = (tenant_limits and tenant_limits.request_timeout_s) or pool.config.request_timeout_s
         ctx = RequestContext(
             tenant=tenant,
             target=target,
             variant=routed.variant,
             key=routed.key,
-            adapter=AdapterRef(target.engine_model, target.adapter.source) if target.adapter is not None else None,
+            adapter=target.adapter_ref,
             engine_path=_PATHS[kind],
             body=inference.for_engine(target.engine_model),
             stream=inference.stream,

@@ -8,6 +8,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
+from backends.base import AdapterRef
 from gateway.config import AdapterConfig, GatewayConfig, RoutingConfig
 from gateway.errors import ModelNotFound
 
@@ -22,6 +23,8 @@ class Target:
     engine_model: str
     adapter: AdapterConfig | None
     variants: tuple[tuple[float, Target], ...] = ()
+    # The adapter as the engine knows it (built once here, not per request); None for the base model.
+    adapter_ref: AdapterRef | None = None
 
     def pick(self, tenant_id: str, user: str | None) -> Target:
         """The variant for this end user: a hash of tenant, split and user, so the same user always gets the same
@@ -61,7 +64,10 @@ class TenantDirectory:
         def target(name: str) -> Target:
             if name in adapters:
                 adapter = adapters[name]
-                return Target(name, adapter.pool, adapter.engine_name or adapter.name, adapter)
+                engine_name = adapter.engine_name or adapter.name
+                return Target(
+                    name, adapter.pool, engine_name, adapter, adapter_ref=AdapterRef(engine_name, adapter.source)
+                )
             pool = pools_by_base[name]
             return Target(name, pool.name, pool.base_model, None)
 
@@ -73,7 +79,9 @@ class TenantDirectory:
                 bound += variant.weight / total
                 variants.append((bound, target(variant.model)))
             first = variants[0][1]
-            splits[split.name] = Target(split.name, first.pool, first.engine_model, first.adapter, tuple(variants))
+            splits[split.name] = Target(
+                split.name, first.pool, first.engine_model, first.adapter, tuple(variants), first.adapter_ref
+            )
         for tenant_config in config.tenants:
             targets: dict[str, Target] = {}
             for name in tenant_config.adapters:
