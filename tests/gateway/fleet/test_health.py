@@ -7,14 +7,9 @@ import pytest
 from gateway.config import HealthConfig, OutlierConfig
 from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.retry_budget import RetryBudget
+from tests.clock import Clock
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+START = 100.0  # the fake clock's first reading
 
 
 def health(clock: Clock, outlier: OutlierConfig | None = None) -> ReplicaHealth:
@@ -24,7 +19,7 @@ def health(clock: Clock, outlier: OutlierConfig | None = None) -> ReplicaHealth:
 
 
 def test_probe_thresholds() -> None:
-    replica = health(Clock())
+    replica = health(Clock(START))
     assert replica.probed(False) is None and not replica.up  # the start-up probe sets the state outright
     assert [replica.probed(True) for _ in range(3)] == [None, None, "up"]
     assert [replica.probed(False), replica.probed(True), replica.probed(False)] == [None, None, None]  # no streak
@@ -32,47 +27,47 @@ def test_probe_thresholds() -> None:
 
 
 def test_consecutive_failures_eject_with_doubling_backoff() -> None:
-    clock = Clock()
+    clock = Clock(START)
     replica = health(clock, OutlierConfig(consecutive_failures=3, base_ejection_s=10, max_ejection_s=25))
     assert [replica.request_failed(True) for _ in range(3)] == [False, False, True]
     assert not replica.available() and replica.ejected_until == 110
-    clock.now = 110
+    clock.advance(10)
     assert replica.available() and replica.weight() == pytest.approx(0.1)  # slow start from the ejection's end
     replica.request_failed(True)
     replica.request_succeeded()  # a success breaks the streak
     assert [replica.request_failed(True) for _ in range(3)] == [False, False, True]
     assert replica.ejected_until == 130  # 20 s: doubled
-    clock.now = 130
+    clock.advance(20)
     assert [replica.request_failed(True) for _ in range(3)] == [False, False, True]
     assert replica.ejected_until == 155  # 40 s capped at 25
 
 
 def test_the_pool_cap_can_forbid_an_ejection() -> None:
-    replica = health(Clock(), OutlierConfig(consecutive_failures=1))
+    replica = health(Clock(START), OutlierConfig(consecutive_failures=1))
     assert not replica.request_failed(may_eject=False)
     assert replica.available()
 
 
 def test_slow_start_after_coming_back() -> None:
-    clock = Clock()
+    clock = Clock(START)
     replica = health(clock)
     assert replica.weight() == 1.0  # serving since before the gateway started
     replica.returning = True
     assert not replica.available()
     replica.back_in_service()
     assert replica.available() and replica.weight() == pytest.approx(0.1)
-    clock.now += 5
+    clock.advance(5)
     assert replica.weight() == pytest.approx(0.5)
-    clock.now += 5
+    clock.advance(5)
     assert replica.weight() == 1.0
 
 
 def test_retry_budget_is_a_ratio_of_recent_requests_with_a_floor() -> None:
-    clock = Clock()
+    clock = Clock(START)
     budget = RetryBudget(ratio=0.2, min_per_s=0.1, window_s=10, clock=clock)  # floor: 1 retry per 10 s
     assert budget.try_spend() and not budget.try_spend()
     for _ in range(20):
         budget.request()
     assert [budget.try_spend() for _ in range(4)] == [True, True, True, False]  # 20% of 20 = 4 in the window
-    clock.now += 10  # the window has moved on
+    clock.advance(10)  # the window has moved on
     assert budget.try_spend() and not budget.try_spend()

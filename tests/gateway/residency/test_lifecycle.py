@@ -13,17 +13,11 @@ from gateway.config import ResidencyConfig
 from gateway.errors import WorkingSetFull
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable, Uses
+from tests.clock import Clock
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
 
 REPLICAS = [Endpoint("r0", "http://r0"), Endpoint("r1", "http://r1")]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
+START = 1_000.0  # the fake wall clock's first reading, unix seconds
 
 
 def lifecycle(
@@ -49,15 +43,15 @@ def lifecycle(
 
 
 async def test_a_full_working_set_evicts_the_least_recently_used_idle_adapter(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock)
     await life.ensure("r0", ref("a"))
-    clock.now += 1
+    clock.advance(1)
     await life.ensure("r0", ref("b"))
-    clock.now += 1
+    clock.advance(1)
     life.begin_use("r0", "a")
     life.end_use("r0", "a")  # a was used after b: b is the least recently used
-    clock.now += 1
+    clock.advance(1)
     await life.ensure("r0", ref("c"))
     assert engine.unloads == [("r0", "b")]
     assert engine.loaded["r0"] == {"a", "c"}
@@ -66,13 +60,13 @@ async def test_a_full_working_set_evicts_the_least_recently_used_idle_adapter(st
 
 
 async def test_pinned_and_in_use_adapters_are_never_evicted(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock)
     await life.ensure("r0", ref("pinned"), pinned=True)
     await life.ensure("r0", ref("busy"))
     life.begin_use("r0", "busy")
     newcomer = asyncio.create_task(life.ensure("r0", ref("newcomer")))  # waits for room, as an engine queues
-    clock.now += 10_000
+    clock.advance(10_000)
     await life.evict_idle(lambda _: True)  # the timer evicts neither
     assert not newcomer.done()
     assert engine.unloads == [] and engine.loaded["r0"] == {"pinned", "busy"}
@@ -83,7 +77,7 @@ async def test_pinned_and_in_use_adapters_are_never_evicted(store: ResidencyStor
 
 
 async def test_a_working_set_of_pinned_adapters_refuses_another_at_once(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock)
     await life.ensure("r0", ref("p1"), pinned=True)
     await life.ensure("r0", ref("p2"), pinned=True)
@@ -93,12 +87,12 @@ async def test_a_working_set_of_pinned_adapters_refuses_another_at_once(store: R
 
 
 async def test_the_timer_evicts_idle_adapters_and_keeps_headroom(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock, max_adapters=4, config=ResidencyConfig(idle_evict_s=60, headroom=1))
     for name in ("old", "p", "x", "y"):
         await life.ensure("r0", ref(name), pinned=name == "p")
-        clock.now += 10
-    clock.now += 35  # old: idle 75 s; p (pinned) 65 s; x 55 s; y 45 s
+        clock.advance(10)
+    clock.advance(35)  # old: idle 75 s; p (pinned) 65 s; x 55 s; y 45 s
     await life.evict_idle(lambda _: True)
     # old is past the idle limit; that leaves 3 = max_adapters - headroom, so x and y stay
     assert engine.unloads == [("r0", "old")]
@@ -107,17 +101,17 @@ async def test_the_timer_evicts_idle_adapters_and_keeps_headroom(store: Residenc
 
 
 async def test_headroom_brings_a_full_replica_down_by_lru(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock, max_adapters=3, config=ResidencyConfig(idle_evict_s=600, headroom=1))
     for name in ("a", "b", "c"):
         await life.ensure("r0", ref(name))
-        clock.now += 1
+        clock.advance(1)
     await life.evict_idle(lambda _: True)
     assert engine.unloads == [("r0", "a")]
 
 
 async def test_concurrent_requests_share_one_load(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock)
     await asyncio.gather(*(life.ensure("r0", ref("a")) for _ in range(20)))
     assert engine.loads == {("r0", "a"): 1}
@@ -137,7 +131,7 @@ async def test_two_gateways_sharing_a_store_never_load_twice_nor_overfill(store:
 
 
 async def test_reconcile_takes_the_engines_truth(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock)
     await life.ensure("r0", ref("a"))
     await life.ensure("r0", ref("b"))
@@ -149,7 +143,7 @@ async def test_reconcile_takes_the_engines_truth(store: ResidencyStore) -> None:
 
 
 async def test_warm_loads_pins_and_sends_one_token(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock)
     await life.warm("r1", ref("a"), pinned=True)
     assert engine.loaded["r1"] == {"a"}
@@ -159,7 +153,7 @@ async def test_warm_loads_pins_and_sends_one_token(store: ResidencyStore) -> Non
 
 
 async def test_unload_everywhere(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock)
     await life.ensure("r0", ref("a"), pinned=True)
     await life.ensure("r1", ref("a"))
@@ -209,7 +203,7 @@ class FlakyStore:
 
 
 async def test_a_store_outage_loses_nothing_and_resyncs_from_the_engines(store: ResidencyStore) -> None:
-    engine, clock = FakeEngine(), Clock()
+    engine, clock = FakeEngine(), Clock(START)
     flaky = FlakyStore(store)
     life = lifecycle(flaky, engine, clock)
     await life.ensure("r0", ref("a"))
@@ -231,7 +225,7 @@ async def test_a_store_outage_loses_nothing_and_resyncs_from_the_engines(store: 
 async def test_preparing_an_adapter_does_not_hold_the_replicas_lock(store: ResidencyStore) -> None:
     """A slow preparation (reading a large adapter's weights) must not stall another adapter's load there."""
     engine = FakeEngine()
-    life = lifecycle(store, engine, Clock())
+    life = lifecycle(store, engine, Clock(START))
     driver = life.driver
     assert isinstance(driver, FakeDriver)
     entered, release = asyncio.Event(), asyncio.Event()

@@ -13,14 +13,7 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.store import StoreUnavailable
 from gateway.tenants.admission import Admission, Bucket, RateLimit, estimate_tokens
 from gateway.tenants.rate_buckets import RedisBuckets
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def test_a_bucket_refills_continuously_and_says_how_long_to_wait() -> None:
@@ -28,7 +21,7 @@ def test_a_bucket_refills_continuously_and_says_how_long_to_wait() -> None:
     bucket = Bucket(capacity=60, per_s=1, clock=clock)
     assert bucket.take(60) == 0
     assert bucket.take(1) == pytest.approx(1.0)
-    clock.now = 10
+    clock.advance(10)
     assert bucket.take(10) == 0 and bucket.take(1) == pytest.approx(1.0)
     bucket.give(5)  # a request used 5 tokens fewer than counted
     assert bucket.take(5) == 0
