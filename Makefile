@@ -35,7 +35,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-# Each real engine runs in its own venv, never imported by the gateway (shared/notes/vllm-on-cpu.md).
+# Each real engine runs in its own venv, never imported by the gateway (docs/engines-on-cpu.md).
 engines: $(VLLM_VENV)/.installed $(TRITON_VENV)/.installed $(TINY_MODEL)/.made-v1
 
 $(VLLM_VENV)/.installed:
@@ -46,7 +46,7 @@ $(VLLM_VENV)/.installed:
 	touch $@
 
 # A real Triton server: the nvidia-pytriton wheel ships tritonserver and its Python backend
-# (shared/notes/triton-on-cpu.md); the engine lane runs it natively on tests/engines/triton_model.
+# (docs/engines-on-cpu.md); the engine lane runs it natively on tests/engines/triton_model.
 $(TRITON_VENV)/.installed:
 	$(PYTHON) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/pip install --quiet nvidia-pytriton==0.7.0 'numpy<2'
