@@ -1,21 +1,25 @@
-"""The one interface every engine driver implements. A new engine is one new file beside this one."""
+"""The one interface every engine driver implements. A new engine is one new module that implements it and
+registers itself (backends/registry.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One engine replica."""
+    """One engine replica: its id and base URL. An engine that needs more (Triton: its gRPC address and metrics
+    page) subclasses it, and its registered spec builds its replicas' endpoints (backends/registry.py)."""
 
     id: str
     url: str
-    # Engines with more than one port (Triton): its gRPC address (host:port) and metrics page.
-    grpc_address: str = ""
-    metrics_url: str = ""
+
+
+# An engine's report about an adapter on a replica: (replica id, adapter engine name, event), e.g. Triton's
+# "cache_miss" (the engine had dropped it) and "cache_full" (it could not take one more).
+AdapterEvent = Callable[[str, str, str], None]
 
 
 @dataclass(frozen=True)

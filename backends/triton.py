@@ -5,7 +5,9 @@ HTTP endpoints.
 Every call is one request on its own ``ModelStreamInfer`` stream, streaming or not: decoupled models (the only
 ones that stream) refuse unary calls, and the end of the stream is the end of the answer whether or not the
 model sends an empty final response. The messages are tritonclient's generated protobufs, built and read by
-``backends/triton_wire.py``. docs/triton.md has the model contract and how adapters are handled.
+``backends/triton_wire.py``. docs/triton.md has the model contract and how adapters are handled. The pool's
+``triton:`` section, its replicas' ``grpc`` and ``metrics_url`` and the checks on its adapters are in
+``backends/triton_config.py``; this module registers them with the driver as engine ``triton``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -22,7 +24,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest
+from backends.base import AdapterEvent, AdapterRef, Endpoint, EngineLoad, EngineRequest
 from backends.errors import (
     AdapterCacheFull,
     AdapterLoadFailed,
@@ -34,6 +36,9 @@ from backends.errors import (
     StreamBroken,
 )
 from backends.lora_weights import AdapterFormatError, TrtLoraWeights, convert_peft, task_id
+from backends.registry import EngineSpec, PoolSettings, register
+from backends.triton_config import TritonConfig, TritonEndpoint, TritonReplica, adapters_convert, task_id_collisions
+from backends.triton_config import triton_endpoint as _endpoint
 from backends.triton_openai import AnswerWriter, ChatTemplate, TritonCall, parse_request, usage
 from backends.triton_wire import Input, array, first_int32, first_text, output, scalar, texts
 from backends.triton_wire import request as wire_request
@@ -43,8 +48,8 @@ log = logging.getLogger(__name__)
 # TensorRT-LLM's texts (a substring: Triton and ensembles wrap them in their own words).
 CACHE_MISS = "not found in cache"
 CACHE_FULL = "Cache is full"
-# The adapter-related events a driver reports: the engine had dropped an adapter (miss), or could not take one.
-EngineEvent = Callable[[str, str, str], None]  # (replica id, adapter engine name, "cache_miss" | "cache_full")
+# The adapter events this driver reports (backends.base.AdapterEvent): "cache_miss" (the engine had dropped the
+# adapter) and "cache_full" (it could not take one more).
 _CLIENT_FAULT = re.compile(r"\b(exceeds|invalid|must be)\b", re.IGNORECASE)
 _OLD_NAMES = {"seed": "random_seed", "min_tokens": "min_length"}
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
@@ -130,7 +135,7 @@ class TritonDriver:
         adapter_load_timeout_s: float,
         probe_timeout_s: float,
         weights_cache_bytes: int = 1 << 30,
-        on_event: EngineEvent | None = None,
+        on_event: AdapterEvent | None = None,
     ) -> None:
         self._model = model
         self._lora_dtype = lora_dtype
@@ -303,7 +308,7 @@ class TritonDriver:
     def _channel(self, replica: Endpoint) -> tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]:
         known = self._channels.get(replica.id)
         if known is None:
-            channel = grpc.aio.insecure_channel(replica.grpc_address, options=_CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(_triton(replica).grpc_address, options=_CHANNEL_OPTIONS)
             known = self._channels[replica.id] = (channel, service_pb2_grpc.GRPCInferenceServiceStub(channel))
         return known
 
@@ -321,6 +326,8 @@ class TritonDriver:
 
     async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
         """TensorRT-LLM's request and KV-cache gauges where the model reports them, else Triton's queue depth."""
+        if not isinstance(replica, TritonEndpoint):
+            return None
         try:
             async with self._http.get(replica.metrics_url) as response:
                 if response.status != 200:
@@ -393,6 +400,13 @@ def _inputs(
     return tensors
 
 
+def _triton(replica: Endpoint) -> TritonEndpoint:
+    """The replica's Triton addresses: the pool's spec builds every replica's endpoint as a ``TritonEndpoint``."""
+    if not isinstance(replica, TritonEndpoint):
+        raise TypeError(f"{replica.id}: a Triton driver needs a TritonEndpoint (gRPC address), not {replica!r}")
+    return replica
+
+
 def _rpc_error(replica: Endpoint, exc: grpc.aio.AioRpcError) -> BackendError:
     code, details = exc.code(), exc.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE:
@@ -409,3 +423,30 @@ def _reraise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+def _driver(settings: TritonConfig, pool: PoolSettings) -> TritonDriver:
+    return TritonDriver(
+        model=settings.model,
+        lora_dtype=settings.lora_dtype,
+        default_max_tokens=settings.default_max_tokens,
+        chat_template=settings.chat_template,
+        request_timeout_s=pool.request_timeout_s,
+        adapter_load_timeout_s=pool.adapter_load_timeout_s,
+        probe_timeout_s=pool.probe_timeout_s,
+        weights_cache_bytes=settings.weights_cache_mib << 20,
+        on_event=pool.on_adapter_event,
+    )
+
+
+SPEC = register(
+    EngineSpec(
+        name="triton",
+        settings=TritonConfig,
+        driver=_driver,
+        replica=TritonReplica,
+        endpoint=_endpoint,
+        checks=task_id_collisions,
+        read_adapters=adapters_convert,
+    )
+)

@@ -2,7 +2,8 @@
 
 Adapters are loaded with ``POST /v1/load_lora_adapter`` (the engine needs
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``). vLLM answers 400 "has already been loaded" for a name it knows, which
-this driver takes as success: another gateway, or an operator, loaded it first.
+this driver takes as success: another gateway, or an operator, loaded it first. Registered as engine ``vllm``
+(backends/registry.py): no settings section, replicas are a URL each.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from backends.errors import (
     EngineUnavailable,
     StreamBroken,
 )
+from backends.registry import EngineSpec, NoSettings, PoolSettings, register
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -187,3 +189,16 @@ def _error_message(text: str) -> str:
         return str(error.get("message", text))
     except (ValueError, AttributeError):
         return text[:500]
+
+
+def _driver(settings: NoSettings, pool: PoolSettings) -> VllmDriver:
+    return VllmDriver(
+        connect_timeout_s=pool.connect_timeout_s,
+        request_timeout_s=pool.request_timeout_s,
+        adapter_load_timeout_s=pool.adapter_load_timeout_s,
+        max_connections_per_replica=pool.max_connections_per_replica,
+        probe_timeout_s=pool.probe_timeout_s,
+    )
+
+
+SPEC = register(EngineSpec(name="vllm", settings=NoSettings, driver=_driver))

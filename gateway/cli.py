@@ -48,7 +48,8 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.add_argument(
         "--read-adapters", action="store_true",
-        help="also read and convert every Triton pool's adapter (the gateway sends their weights), as serving would",
+        help="also read every adapter the gateway itself reads, as serving would (a Triton pool's: the gateway "
+        "converts them and sends their weights)",
     )  # fmt: skip
     check.set_defaults(run=_check_config)
     hash_key = commands.add_parser(
@@ -124,25 +125,23 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _adapters_readable(config: GatewayConfig) -> bool:
-    """Whether every adapter of a Triton pool converts to TensorRT-LLM's layout; prints each that does not."""
-    from backends.lora_weights import AdapterFormatError, convert_peft
+    """Whether every pool's engine can read its adapters, by the engine's own check (Triton: each converts to
+    TensorRT-LLM's layout; vLLM reads its adapters itself, from its own disk: no check); prints each problem."""
+    from backends.registry import spec
+    from gateway.config import pool_adapters
 
-    pools = config.pools_by_name
-    ok = True
-    for adapter in config.adapters:
-        pool = pools[adapter.pool]
-        if pool.backend != "triton":
-            continue  # vLLM reads its adapters itself, from its own disk
-        try:
-            convert_peft(adapter.source, pool.triton.lora_dtype)
-        except AdapterFormatError as exc:
-            print(f"adapter {adapter.name!r}: {exc}", file=sys.stderr)
-            ok = False
-    return ok
+    problems = []
+    for pool in config.pools:
+        read = spec(pool.backend).read_adapters
+        if read is not None:
+            problems += read(pool.name, pool.settings, pool_adapters(config, pool.name))
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return not problems
 
 
 def _hash_key(args: argparse.Namespace) -> int:
-    from gateway.tenants.directory import hash_key
+    from gateway.tenants.identity import hash_key
 
     key = sys.stdin.readline().strip()
     if not key:

@@ -2,6 +2,10 @@
 
 Cross-references (an adapter's pool, a tenant's adapters) are checked here, so a config that loads is one the
 gateway can serve. ``load_config`` raises ``ConfigError`` listing every problem with the path of its field.
+
+Engines are registered (backends/registry.py), not listed here: a pool's ``backend`` names a registered engine,
+whose spec validates the pool's section under the engine's name (``triton: {...}``) and its replicas' own keys,
+and checks its adapters. The top-level ``engines:`` list names modules to import first, which register more.
 """
 
 from __future__ import annotations
@@ -9,29 +13,36 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from jinja2 import TemplateSyntaxError
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     HttpUrl,
+    InstanceOf,
     IPvAnyNetwork,
+    ModelWrapValidatorHandler,
+    SerializeAsAny,
+    SerializerFunctionWrapHandler,
     ValidationError,
-    field_validator,
+    model_serializer,
     model_validator,
 )
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
+from pydantic_core.core_schema import ErrorType
 
-from backends.lora_weights import task_id
-from backends.triton_openai import ChatTemplate
+from backends import registry as engines
+from backends.base import AdapterRef
+from backends.registry import EngineSpec, NoSettings
 
 # "@" for versions: support-acme@2 is version 2 of the tenant-facing name support-acme.
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
 KeyHash = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 Policy = Literal["bounded_consistent_hash", "consistent_hash", "round_robin", "least_loaded"]
+_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+ModuleName = Annotated[str, Field(pattern=_MODULE)]
 
 
 class _Frozen(BaseModel):
@@ -66,47 +77,20 @@ class RoutingConfig(_Frozen):
 
 
 class ReplicaConfig(_Frozen):
+    """A replica entry. ``id`` and ``url`` are every engine's; any other key is the pool's engine's own (Triton:
+    ``grpc``, ``metrics_url``), validated by its spec's replica model when the pool is, and held in ``extras``
+    (written back as the entry's own keys when the config is dumped)."""
+
     id: Name
     # The engine's HTTP endpoint (vLLM: its OpenAI API; Triton: health and metadata).
     url: HttpUrl
-    # Triton only, when not on the pool's default ports of the url's host: gRPC address (host:port) and metrics.
-    grpc: Annotated[str, Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")] | None = None
-    metrics_url: HttpUrl | None = None
+    extras: SerializeAsAny[InstanceOf[BaseModel]] | None = None
 
-    @field_validator("grpc")
-    @classmethod
-    def _grpc_port_in_range(cls, address: str | None) -> str | None:
-        if address is not None and not 1 <= int(address.rsplit(":", 1)[1]) <= 65535:
-            raise ValueError("the gRPC port must be between 1 and 65535")
-        return address
-
-
-class TritonConfig(_Frozen):
-    """How a Triton pool's TensorRT-LLM model is called (docs/triton.md)."""
-
-    # The model tenants' requests go to: `ensemble` or `tensorrt_llm_bls` in TensorRT-LLM's model repository.
-    model: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")] = "ensemble"
-    grpc_port: int = Field(default=8001, ge=1, le=65535)
-    metrics_port: int = Field(default=8002, ge=1, le=65535)
-    # The engine's weight dtype: LoRA weights must match it.
-    lora_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
-    # TensorRT-LLM needs max_tokens; chat requests may omit it (completions then default to 16, as OpenAI's API).
-    # Keep it within the engine's own output limit.
-    default_max_tokens: int = Field(default=1024, ge=1, le=2**31 - 1)
-    # Converted adapter weights kept in the gateway's memory (each is resent from there after an engine evicts it).
-    weights_cache_mib: int = Field(default=1024, ge=1)
-    # Jinja over `messages` (role, content) and `add_generation_prompt`; None: ChatML (backends/triton_openai.py).
-    chat_template: str | None = None
-
-    @field_validator("chat_template")
-    @classmethod
-    def _template_compiles(cls, template: str | None) -> str | None:
-        if template is not None:
-            try:
-                ChatTemplate(template)
-            except TemplateSyntaxError as exc:
-                raise ValueError(f"chat_template is not valid Jinja (line {exc.lineno}): {exc.message}") from exc
-        return template
+    @model_serializer(mode="wrap")
+    def _extras_as_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        extras = data.pop("extras", None)
+        return {**data, **(extras or {})}
 
 
 class HealthConfig(_Frozen):
@@ -155,9 +139,10 @@ class DiscoveryConfig(_Frozen):
 
 class PoolConfig(_Frozen):
     name: Name
-    backend: Literal["vllm", "triton"]
-    # Triton pools only: how its model is called.
-    triton: TritonConfig = TritonConfig()
+    # The engine: a registered one (backends/registry.py): vllm, triton, or one a module of `engines:` registers.
+    backend: Name
+    # The engine's own section, written under its name (`triton: {...}`) and validated by its spec's model.
+    settings: SerializeAsAny[InstanceOf[BaseModel]] = NoSettings()
     base_model: Name
     policy: Policy = "bounded_consistent_hash"
     # Resident adapters per replica the gateway plans for (at most the engine's own --max-cpu-loras).
@@ -181,12 +166,125 @@ class PoolConfig(_Frozen):
             raise ValueError("a pool needs replicas, or discovery to find them")
         _reject_duplicates("replica id", [r.id for r in self.replicas])
         _reject_duplicates("replica url", [str(r.url) for r in self.replicas])
-        if self.backend != "triton":
-            if self.triton != TritonConfig():
-                raise ValueError(f"pool {self.name!r}: `triton` settings on a {self.backend} pool")
-            if any(r.grpc or r.metrics_url for r in self.replicas):
-                raise ValueError(f"pool {self.name!r}: replica `grpc` and `metrics_url` are for Triton pools")
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _engine_keys(cls, data: Any, handler: ModelWrapValidatorHandler[PoolConfig]) -> PoolConfig:
+        """The engine's own keys, by its registered spec: the section under the engine's name into ``settings``,
+        each replica's extra keys into its ``extras``. Their problems are reported with every other one."""
+        if not isinstance(data, dict):
+            return handler(data)
+        data, problems = _engine_keys(data)
+        try:
+            pool = handler(data)
+        except ValidationError as exc:
+            if not problems:
+                raise
+            problems += [_relocated(error, ()) for error in exc.errors()]
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        return pool
+
+    @model_serializer(mode="wrap")
+    def _section_under_engine_name(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumped as written: the engine's section under its name (none for an engine without settings)."""
+        data: dict[str, Any] = handler(self)
+        settings = data.pop("settings", None)
+        if type(self.settings).model_fields:
+            data[self.backend] = settings
+        return data
+
+
+_REPLICA_KEYS = frozenset({"id", "url"})
+_ERROR_TYPES = frozenset(get_args(ErrorType))
+
+
+def _engine_keys(data: dict[str, Any]) -> tuple[dict[str, Any], list[InitErrorDetails]]:
+    """A pool's raw entry with its engine's keys validated: (the entry for the model's own fields, problems)."""
+    data = dict(data)
+    problems: list[InitErrorDetails] = []
+    backend = data.get("backend")
+    engine = engines.find(backend) if isinstance(backend, str) else None
+    if isinstance(backend, str) and engine is None:
+        known = ", ".join(engines.names())
+        message = f"unknown engine {backend!r}; registered engines: {known} (modules in `engines:` register more)"
+        problems.append(_problem(("backend",), backend, message))
+    elif engine is not None and engine.name in PoolConfig.model_fields:
+        message = f"engine {engine.name!r} cannot have a section: its name is a pool key"
+        problems.append(_problem(("backend",), backend, message))
+        engine = None
+    for name in engines.names():
+        if name != backend and name in data and name not in PoolConfig.model_fields:
+            article = "an" if str(backend)[:1] in tuple("aeiou") else "a"
+            problems.append(_problem((name,), data.pop(name), f"`{name}` settings on {article} {backend} pool"))
+    if "settings" in data and (engine is None or not isinstance(data["settings"], engine.settings)):
+        problems.append(_extra(("settings",), data.pop("settings")))  # not a key of the file: the section is
+    if engine is None:
+        return data, problems
+    if engine.name in data or "settings" not in data:
+        settings = _validated(engine.settings, data.pop(engine.name, None) or {}, (engine.name,), problems)
+        data.pop("settings", None)
+        if settings is not None:
+            data["settings"] = settings
+    replicas = data.get("replicas")
+    if isinstance(replicas, list):
+        data["replicas"] = [
+            _replica_keys(engine, entry, index, problems) if isinstance(entry, dict) else entry
+            for index, entry in enumerate(replicas)
+        ]
+    return data, problems
+
+
+def _replica_keys(
+    engine: EngineSpec[Any], entry: dict[str, Any], index: int, problems: list[InitErrorDetails]
+) -> dict[str, Any]:
+    """A replica entry with its engine's own keys validated into ``extras``."""
+    own = {key: value for key, value in entry.items() if key not in _REPLICA_KEYS}
+    entry = {key: value for key, value in entry.items() if key in _REPLICA_KEYS}
+    accepted = engine.replica.model_fields if engine.replica is not None else {}
+    for key in [key for key in own if key not in accepted]:
+        owners = [name for name in engines.names() if key in (engines.spec(name).replica or NoSettings).model_fields]
+        if owners:
+            message = f"replica `{key}` is for {' and '.join(owners)} pools, not {engine.name}"
+            problems.append(_problem(("replicas", index, key), own.pop(key), message))
+        elif engine.replica is None:
+            problems.append(_extra(("replicas", index, key), own.pop(key)))
+    if engine.replica is not None:
+        extras = _validated(engine.replica, own, ("replicas", index), problems)
+        if extras is not None:
+            entry["extras"] = extras
+    return entry
+
+
+def _validated(
+    model: type[BaseModel], value: Any, where: tuple[str | int, ...], problems: list[InitErrorDetails]
+) -> BaseModel | None:
+    """``value`` validated by ``model``, or None after adding its problems, located under ``where``."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        problems += [_relocated(error, where) for error in exc.errors()]
+        return None
+
+
+def _relocated(error: ErrorDetails, where: tuple[str | int, ...]) -> InitErrorDetails:
+    """A problem found by a nested validation, located under ``where``."""
+    location = (*where, *error["loc"])
+    if error["type"] not in _ERROR_TYPES:  # a model's own error kind: keep its message
+        return {"type": PydanticCustomError(error["type"], error["msg"]), "loc": location, "input": error["input"]}
+    details: InitErrorDetails = {"type": error["type"], "loc": location, "input": error["input"]}
+    if "ctx" in error:
+        details["ctx"] = error["ctx"]
+    return details
+
+
+def _problem(where: tuple[str | int, ...], value: Any, message: str) -> InitErrorDetails:
+    return {"type": "value_error", "loc": where, "input": value, "ctx": {"error": ValueError(message)}}
+
+
+def _extra(where: tuple[str | int, ...], value: Any) -> InitErrorDetails:
+    return {"type": "extra_forbidden", "loc": where, "input": value}
 
 
 class StateConfig(_Frozen):
@@ -329,6 +427,9 @@ class ShutdownConfig(_Frozen):
 
 
 class GatewayConfig(_Frozen):
+    # Modules that register more engines (backends/registry.py), imported before the pools are validated, e.g.
+    # `engines: [mycompany.sglang_engine]`; vllm and triton are always registered.
+    engines: list[ModuleName] = Field(default_factory=list)
     listen: ListenConfig = ListenConfig()
     routing: RoutingConfig = RoutingConfig()
     pools: list[PoolConfig] = Field(min_length=1)
@@ -347,6 +448,27 @@ class GatewayConfig(_Frozen):
     def pools_by_name(self) -> dict[str, PoolConfig]:
         return {pool.name: pool for pool in self.pools}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _import_engines(cls, data: Any) -> Any:
+        """Import the ``engines:`` modules first: they register the engines the pools' ``backend`` may name."""
+        modules = data.get("engines") if isinstance(data, dict) else None
+        if not isinstance(modules, list):
+            return data  # none, or not a list (the field says so)
+        problems: list[InitErrorDetails] = []
+        for index, module in enumerate(modules):
+            if not isinstance(module, str) or not re.match(_MODULE, module):
+                message = "not a module name (dotted, as in `mycompany.sglang_engine`)"
+                problems.append(_problem(("engines", index), module, message))
+                continue
+            try:
+                engines.load_engine(module)
+            except engines.EngineImportError as exc:
+                problems.append(_problem(("engines", index), module, str(exc)))
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        return data
+
     @model_validator(mode="after")
     def _references_resolve(self) -> GatewayConfig:
         _reject_duplicates("pool name", [p.name for p in self.pools])
@@ -364,7 +486,7 @@ class GatewayConfig(_Frozen):
         engine_names = Counter((a.pool, a.engine_name or a.name) for a in self.adapters)
         problems += [f"engine name {name!r} is used by more than one adapter in pool {pool!r}"
                      for (pool, name), count in engine_names.items() if count > 1]  # fmt: skip
-        problems += _task_id_collisions(self)
+        problems += _engine_checks(self)
         catalog = {a.name for a in self.adapters}
         borrowed = [a for a in self.adapters if a.engine_name not in (None, a.name) and a.engine_name in catalog]
         problems += [f"adapter {a.name!r} has engine_name {a.engine_name!r}, another adapter's name" for a in borrowed]
@@ -405,20 +527,19 @@ def _split_problems(config: GatewayConfig, adapters: set[str], base_models: set[
     return problems
 
 
-def _task_id_collisions(config: GatewayConfig) -> list[str]:
-    """Triton pools name adapters to the engine by a task id hashed from engine name and source: two must never
-    meet."""
-    triton_pools = {p.name for p in config.pools if p.backend == "triton"}
-    names: dict[tuple[str, int], set[str]] = {}
-    for adapter in config.adapters:
-        if adapter.pool in triton_pools:
-            name = adapter.engine_name or adapter.name
-            names.setdefault((adapter.pool, task_id(name, adapter.source)), set()).add(name)
-    return [
-        f"adapters {sorted(clash)} of pool {pool!r} share lora_task_id {tid}: rename one"
-        for (pool, tid), clash in names.items()
-        if len(clash) > 1
-    ]
+def pool_adapters(config: GatewayConfig, pool: str) -> dict[str, AdapterRef]:
+    """A pool's catalog adapters as its engine knows them, by catalog name."""
+    return {a.name: AdapterRef(a.engine_name or a.name, a.source) for a in config.adapters if a.pool == pool}
+
+
+def _engine_checks(config: GatewayConfig) -> list[str]:
+    """Each pool's engine's own checks of the pool's adapters (Triton: no two share a task id)."""
+    problems = []
+    for pool in config.pools:
+        check = engines.spec(pool.backend).checks
+        if check is not None:
+            problems += check(pool.name, pool.settings, pool_adapters(config, pool.name))
+    return problems
 
 
 def _reject_duplicates(what: str, values: list[str]) -> None:

@@ -10,6 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from backends.base import Endpoint
 from backends.triton import TritonDriver
+from backends.triton_config import TritonEndpoint
 
 TRT_LLM_PAGE = """\
 # TYPE nv_inference_pending_request_count gauge
@@ -54,7 +55,7 @@ async def _serve(page: str, status: int = 200) -> TestServer:
 
 def _replica(server: TestServer) -> Endpoint:
     url = str(server.make_url("")).rstrip("/")
-    return Endpoint("r0", url, "127.0.0.1:1", url + "/metrics")
+    return TritonEndpoint("r0", url, "127.0.0.1:1", url + "/metrics")
 
 
 async def test_tensorrt_llm_gauges_when_present(driver: TritonDriver) -> None:

@@ -16,6 +16,7 @@ import pytest
 from backends.base import AdapterRef, Endpoint, EngineRequest
 from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable, StreamBroken
 from backends.triton import TritonDriver
+from backends.triton_config import TritonEndpoint
 from loadtests.processes import free_port
 from tests.servers import TritonProcess
 
@@ -53,7 +54,7 @@ async def driver(triton_lane: TritonProcess, events: Events) -> AsyncIterator[Tr
 
 @pytest.fixture
 def replica(triton_lane: TritonProcess) -> Endpoint:
-    return Endpoint("r0", triton_lane.http_url, triton_lane.grpc_address, triton_lane.metrics_url)
+    return TritonEndpoint("r0", triton_lane.http_url, triton_lane.grpc_address, triton_lane.metrics_url)
 
 
 def _adapter(lane: TritonProcess, source: str) -> AdapterRef:
@@ -199,7 +200,7 @@ async def test_a_client_that_leaves_mid_stream_frees_the_engine(driver: TritonDr
 
 async def test_an_unreachable_replica_is_unavailable(driver: TritonDriver) -> None:
     port = free_port()
-    gone = Endpoint("gone", f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
+    gone = TritonEndpoint("gone", f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
     with pytest.raises(EngineUnavailable):
         await driver.send(gone, _completion())
     assert await driver.load_signals(gone) is None

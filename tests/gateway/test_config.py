@@ -93,16 +93,20 @@ def _with_triton_pool(extra_adapters: str = "") -> str:
 
 
 def test_a_triton_pool_beside_a_vllm_pool() -> None:
+    from backends.triton_config import TritonConfig, TritonEndpoint
     from gateway.fleet.engines import endpoint
 
     config = parse_config(_with_triton_pool())
     pool = config.pools_by_name["trt"]
-    assert pool.backend == "triton" and pool.triton.model == "tensorrt_llm_bls"
-    assert pool.triton.lora_dtype == "bfloat16" and pool.triton.default_max_tokens == 1024
+    assert pool.backend == "triton" and isinstance(pool.settings, TritonConfig)
+    assert pool.settings.model == "tensorrt_llm_bls"
+    assert pool.settings.lora_dtype == "bfloat16" and pool.settings.default_max_tokens == 1024
     derived, explicit = (endpoint(pool, replica) for replica in pool.replicas)
+    assert isinstance(derived, TritonEndpoint) and isinstance(explicit, TritonEndpoint)
     assert (derived.grpc_address, derived.metrics_url) == ("10.0.0.5:8001", "http://10.0.0.5:8002/metrics")
     assert (explicit.grpc_address, explicit.metrics_url) == ("10.0.0.6:9001", "http://10.0.0.6:9002/metrics")
     v6 = endpoint(pool, ReplicaConfig.model_validate({"id": "t6", "url": "http://[::1]:8000"}))
+    assert isinstance(v6, TritonEndpoint)
     assert (v6.grpc_address, v6.metrics_url) == ("[::1]:8001", "http://[::1]:8002/metrics")
 
 
@@ -112,7 +116,7 @@ def test_a_triton_pool_beside_a_vllm_pool() -> None:
         pytest.param(_with("backend: vllm", "backend: vllm\n    triton: {model: x}"), "`triton` settings on a vllm",
                      id="triton-settings-on-vllm"),
         pytest.param(_with('url: "http://127.0.0.1:9002"', 'url: "http://127.0.0.1:9002", grpc: "127.0.0.1:1"'),
-                     "are for Triton pools", id="grpc-on-vllm"),
+                     "replica `grpc` is for triton pools", id="grpc-on-vllm"),
         pytest.param(_with_triton_pool().replace("lora_dtype: bfloat16", "lora_dtype: int4"), "lora_dtype",
                      id="bad-dtype"),
         pytest.param(_with_triton_pool().replace("lora_dtype: bfloat16", 'chat_template: "{% for %}"'),
@@ -130,9 +134,9 @@ def test_triton_settings_are_validated(text: str, expected: str) -> None:
 
 
 def test_adapters_whose_task_ids_collide_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gateway.config
+    from backends import triton_config
 
-    monkeypatch.setattr(gateway.config, "task_id", lambda name, source: 42)  # a 63-bit collision, made to happen
+    monkeypatch.setattr(triton_config, "task_id", lambda name, source: 42)  # a 63-bit collision, made to happen
     text = _with_triton_pool("  - {name: t-a, pool: trt, source: /a}\n  - {name: t-b, pool: trt, source: /b}\n")
     with pytest.raises(ConfigError) as caught:
         parse_config(text)

@@ -23,6 +23,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionStreamOp
 from backends.base import AdapterRef, Endpoint, EngineRequest
 from backends.lora_weights import task_id
 from backends.triton import TritonDriver
+from backends.triton_config import TritonEndpoint
 from loadtests.fleet import (
     ADMIN_TOKEN,
     BASE_MODEL,
@@ -49,7 +50,7 @@ class TritonSim:
     grpc_address: str
 
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.id, self.http_url, self.grpc_address, self.http_url + "/metrics")
+        return TritonEndpoint(self.id, self.http_url, self.grpc_address, self.http_url + "/metrics")
 
 
 @contextlib.contextmanager
