@@ -67,3 +67,35 @@ async def test_a_replica_back_from_down_is_rewarmed_before_it_takes_traffic() ->
     view = pool.residency.views["r0"]
     assert set(view.resident) == {"pinned"} and view.pinned == {"pinned"}  # the record was reset, then re-warmed
     assert [replica for replica, _ in engine.warm_requests] == ["r0", "r0"]
+
+
+async def test_a_lease_holds_its_place_until_it_ends_whatever_happens() -> None:
+    pool = make_pool(FakeEngine())
+    await pool.probe()
+    adapter = ref("a")
+    with pool.lease("acme", adapter) as lease:
+        replica = lease.replica_id
+        assert (pool.in_flight, pool.replicas[replica].in_flight) == (1, 1)
+        assert pool.residency.views[replica].in_flight == {"a": 1}  # eviction leaves it alone
+        assert not pool.idle.is_set()  # a retired pool waits for this lease before it closes
+    assert (pool.in_flight, pool.replicas[replica].in_flight, pool.residency.views[replica].in_flight) == (0, 0, {})
+    assert pool.idle.is_set()
+
+    try:
+        with pool.lease("acme", adapter):
+            raise RuntimeError("the request failed")
+    except RuntimeError:
+        pass
+    assert (pool.in_flight, pool.residency.views[replica].in_flight) == (0, {})
+
+
+async def test_a_lease_with_nowhere_to_go_holds_nothing_and_says_why() -> None:
+    pool = make_pool(FakeEngine())
+    await pool.probe()
+    with pool.lease("acme", None, avoid=("r0", "r1")) as lease:
+        assert (lease.replica, lease.decision.unavailable, lease.decision.reasons) == (
+            None,
+            "down",
+            ["no_healthy_replica"],
+        )
+    assert pool.in_flight == 0
