@@ -11,14 +11,7 @@ from gateway.routing.decision import KeyStanding, ReplicaLoad, RoutingDecision
 from gateway.routing.pipeline import decide
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def test_a_key_reserves_its_home_between_requests_and_lapses_after_the_window() -> None:
@@ -28,10 +21,10 @@ def test_a_key_reserves_its_home_between_requests_and_lapses_after_the_window() 
     assert reservations.reserved("r0") == 0  # in flight at home: it holds the slot itself
     reservations.finished("acme", chosen="r0")
     assert reservations.reserved("r0") == 1 and reservations.standing("acme") == KeyStanding(0, True)
-    clock.now = 1.9
+    clock.advance(1.9)
     reservations.expire()
     assert reservations.standing("acme").holds_reservation
-    clock.now = 2.1
+    clock.advance(0.2)
     reservations.expire()
     assert reservations.reserved("r0") == 0 and reservations.standing("acme") == KeyStanding()
 
@@ -48,7 +41,7 @@ def test_a_request_longer_than_the_window_keeps_the_key_tracked() -> None:
     clock = Clock()
     reservations = HomeReservations(window_s=2.0, clock=clock)
     reservations.arrived("acme", home="r0", chosen="r0")
-    clock.now = 10.0
+    clock.advance(10.0)
     reservations.expire()
     reservations.finished("acme", chosen="r0")
     assert reservations.reserved("r0") == 1  # not dropped while in flight, so its completion is still counted
@@ -136,7 +129,7 @@ def test_bounded_loads_over_in_flight_plus_reserved(
     pool = _Pool(n, factor)
     running: list[RoutingDecision] = []
     for arrival, index, elapsed in events:
-        pool.clock.now += elapsed
+        pool.clock.advance(elapsed)
         pool.reservations.expire()  # place() expires lapsed keys first; measure after that
         if arrival:
             before = {r: pool.effective(r) for r in pool.ids}
@@ -177,7 +170,7 @@ def test_a_light_key_stays_home_whatever_a_hot_key_does(
         pool.in_flight[decision.chosen or ""] -= 1
         pool.reservations.finished(light, decision.chosen or "")
     for actor, pick in events:
-        pool.clock.now += 0.01
+        pool.clock.advance(0.01)
         if actor == 7:  # the hot key: add a request, or finish one when at its concurrency
             if len(hot_running) < hot_concurrency:
                 hot_running.append(pool.place("hot")[0])
