@@ -164,11 +164,33 @@ class NoCycles:
         return [] if cycle is None else ["import cycle: " + " -> ".join(cycle)]
 
 
+@dataclass(frozen=True)
+class InterfaceOnly:
+    """Modules under ``importers`` reach ``package`` only through its ``interface`` modules (a new engine in
+    backends/ must not need an edit in the gateway, so the gateway never names one)."""
+
+    importers: tuple[str, ...]
+    package: str
+    interface: tuple[str, ...]
+
+    def violations(self, graph: Graph) -> list[str]:
+        return [
+            str(imp)
+            for module, imports in graph.imports.items()
+            if under(module, self.importers)
+            for imp in imports
+            if under(imp.target, (self.package,)) and not under(imp.target, self.interface)
+        ]
+
+
 ROUTING_NO_IO = Layer(("gateway.routing",), allowed=ROUTING_ALLOWED)
 BACKENDS_BELOW_GATEWAY = Layer(("backends",), forbidden=("gateway",))
 SIM_STANDS_ALONE = Layer(("loadtests.sim",), forbidden=("gateway", "backends"))
 ONLY_CLI_REACHES_LOADTESTS = Layer(("gateway", "backends"), forbidden=("loadtests",), exempt=("gateway.cli",))
 NO_CYCLES = NoCycles(("gateway", "backends"))
+GATEWAY_SEES_NO_ENGINE = InterfaceOnly(
+    ("gateway",), "backends", ("backends.base", "backends.errors", "backends.registry")
+)
 
 CHECKS = [
     pytest.param(ROUTING_NO_IO, id="routing-imports-no-io"),
@@ -176,6 +198,7 @@ CHECKS = [
     pytest.param(SIM_STANDS_ALONE, id="sim-imports-no-gateway-or-backends"),
     pytest.param(ONLY_CLI_REACHES_LOADTESTS, id="only-the-cli-imports-loadtests"),
     pytest.param(NO_CYCLES, id="no-import-cycles"),
+    pytest.param(GATEWAY_SEES_NO_ENGINE, id="gateway-imports-only-the-backends-interface"),
 ]
 
 
@@ -203,6 +226,7 @@ FAKE_TREE = {
     "gateway/cli.py": "import importlib\ndef sim():\n    return importlib.import_module(f'loadtests.{name}')\n",
     "backends/__init__.py": "",
     "backends/d.py": "def g():\n    from ..gateway.routing import ok\n",
+    "gateway/c.py": "from backends.base import Endpoint\nfrom backends.d import g\n",
     "loadtests/__init__.py": "",
     "loadtests/sim/__init__.py": "",
     "loadtests/sim/engine.py": "import backends.d as d\n",
@@ -226,6 +250,11 @@ PLANTED = [
         id="only-the-cli-imports-loadtests",
     ),
     pytest.param(NO_CYCLES, ["import cycle: gateway.a -> gateway.b -> gateway.a"], id="no-import-cycles"),
+    pytest.param(
+        GATEWAY_SEES_NO_ENGINE,
+        ["gateway.c -> backends.d.g (gateway/c.py:2)"],
+        id="gateway-imports-only-the-backends-interface",
+    ),
 ]
 
 
