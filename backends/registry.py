@@ -93,6 +93,10 @@ class EngineSpec(Generic[S]):
     endpoint: Callable[[ConfiguredReplica, S], Endpoint] = plain_endpoint
     checks: AdapterCheck[S] | None = None
     read_adapters: AdapterCheck[S] | None = None
+    # The engine queues a request whose adapter finds no free slot until one frees (vLLM), rather than refusing
+    # it (TensorRT-LLM: "PEFT Cache is full"). The gateway then lets a working set run over its bound briefly
+    # instead of failing a request the engine would serve.
+    queues_when_full: bool = True
 
 
 class UnknownEngine(LookupError):

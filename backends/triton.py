@@ -448,5 +448,6 @@ SPEC = register(
         endpoint=_endpoint,
         checks=task_id_collisions,
         read_adapters=adapters_convert,
+        queues_when_full=False,
     )
 )

@@ -308,6 +308,12 @@ class ResidencyConfig(_Frozen):
     evict_interval_s: float = Field(default=30.0, gt=0, le=3600)
     idle_evict_s: float = Field(default=600.0, gt=0)
     headroom: int = Field(default=1, ge=0)
+    # A load that finds every slot of a replica's working set in use waits (outside the replica's lock) up to this
+    # long for one to free. Then an engine that queues such requests itself (vLLM) gets the adapter anyway, over
+    # max_adapters until the timer brings it back; one that refuses them (TensorRT-LLM) answers 503 Retry-After.
+    slot_wait_timeout_s: float = Field(default=2.0, gt=0, le=600)
+    # Loads waiting for a slot at once, per replica; past it a newcomer does not wait (over, or 503, as above).
+    slot_wait_queue: int = Field(default=64, ge=1, le=100_000)
     # A load or eviction holds the replica's lock at most this long if its gateway dies mid-way.
     lock_ttl_s: float = Field(default=120.0, gt=0)
 

@@ -48,6 +48,10 @@ class FleetCollector(Collector):
             "tenantgate_engine_kv_cache_usage_ratio", "The engine's KV cache usage (0-1), last scraped",
             labels=replica_labels,
         )  # fmt: skip
+        slot_waiters = GaugeMetricFamily(
+            "tenantgate_adapter_slot_waiters", "Loads waiting now for a slot in the replica's working set",
+            labels=replica_labels,
+        )  # fmt: skip
         fixes = CounterMetricFamily(
             "tenantgate_residency_reconcile_fixes", "Record entries corrected to match an engine", labels=["pool"]
         )
@@ -57,9 +61,10 @@ class FleetCollector(Collector):
                 healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
                 in_flight.add_metric(labels, replica.in_flight)
                 resident.add_metric(labels, len(pool.residency.views[replica_id].resident))
+                slot_waiters.add_metric(labels, pool.residency.slot_waiters[replica_id])
                 if replica.engine_load is not None:
                     waiting.add_metric(labels, replica.engine_load.waiting)
                     running.add_metric(labels, replica.engine_load.running)
                     kv_usage.add_metric(labels, replica.engine_load.kv_cache_usage)
             fixes.add_metric([name], pool.residency.counters.reconcile_fixes)
-        yield from (healthy, in_flight, resident, waiting, running, kv_usage, fixes)
+        yield from (healthy, in_flight, resident, slot_waiters, waiting, running, kv_usage, fixes)

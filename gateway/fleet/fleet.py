@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from backends import registry
 from backends.base import AdapterRef
 from gateway.config import GatewayConfig
 from gateway.fleet.engines import endpoint, make_driver
@@ -87,6 +88,7 @@ class Fleet:
                 max_adapters=pool_config.max_adapters,
                 load_timeout_s=pool_config.adapter_load_timeout_s,
                 shared=config.state.redis_url is not None,
+                overcommit=registry.spec(pool_config.backend).queues_when_full,
                 metrics=self.metrics,
             )
             self.pools[pool_config.name] = Pool(

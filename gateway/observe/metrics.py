@@ -67,6 +67,11 @@ class GatewayMetrics:
             "evicted (cache_miss, resent with weights) or no room for one (cache_full)", ["pool", "replica", "event"],
             registry=r,
         )  # fmt: skip
+        self.slot_waits = Counter(
+            "tenantgate_adapter_slot_waits", "Loads that found every slot of a replica's working set in use: "
+            "waited (woke to look again), over (loaded over max_adapters: the engine queues for slots) or refused "
+            "(503: the engine refuses when full)", ["pool", "replica", "outcome"], registry=r,
+        )  # fmt: skip
         self.residency_lookups = Counter(
             "tenantgate_residency_lookups", "Requests whose adapter was resident on their replica (hit) or not (miss)",
             ["pool", "result"], registry=r,

@@ -63,6 +63,7 @@ class PoolResidency:
         max_adapters: int,
         load_timeout_s: float,
         shared: bool,
+        overcommit: bool = False,
         metrics: GatewayMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -77,6 +78,11 @@ class PoolResidency:
         # only as use marks, renewed at every flush while they run.
         self.in_use_window_s = max(1.0, 4 * config.use_flush_interval_s) if shared else 0.0
         self.views = {replica_id: ReplicaView() for replica_id in self.endpoints}
+        # The engine queues a request whose adapter has no slot (vLLM) rather than refusing it: a load past the
+        # slot wait then runs the working set over max_adapters instead of failing the request.
+        self.overcommit = overcommit
+        # Loads waiting for a slot now, per replica (a gauge at scrape time).
+        self.slot_waiters = dict.fromkeys(self.endpoints, 0)
         self.counters = ResidencyCounters()
         self.store_up = True
         self.metrics = metrics or GatewayMetrics()
@@ -147,35 +153,53 @@ class PoolResidency:
     # --- loads and evictions, under the replica's lock ---------------------------------------------------------
 
     async def _load(self, replica_id: str, adapter: AdapterRef, pinned: bool) -> None:
-        deadline = time.monotonic() + self.load_timeout_s
         await self.driver.prepare_adapter(adapter)  # outside the lock: other loads on the replica need not wait
-        async with self._locked(replica_id, adapter.engine_name) as record:
-            if adapter.engine_name not in record.resident:
-                resident = dict(record.resident)
-                while len(resident) >= self.max_adapters:
-                    victim = self._victim(replica_id, resident, record.pinned)
-                    if victim is None:
-                        await self._wait_for_room(replica_id, resident, record.pinned, deadline)
-                        record = await self._fresh_record(replica_id)
-                        resident = dict(record.resident)
-                        continue
-                    await self._unload(replica_id, victim)
-                    resident.pop(victim)
-                    self.counters.evictions_on_request_path += 1
-                    self.metrics.evictions.labels(self.pool, replica_id, "request_path").inc()
-                started = time.monotonic()
-                await self.driver.load_adapter(self.endpoints[replica_id], adapter)
-                self.metrics.adapter_load_seconds.labels(self.pool).observe(time.monotonic() - started)
-                self.metrics.adapter_loads.labels(self.pool, replica_id, adapter.engine_name).inc()
-                self.metrics.activity.cold_load(adapter.engine_name)
-                self.counters.cold_loads += 1
-                log.info("loaded adapter %s on %s/%s", adapter.engine_name, self.pool, replica_id)
-            now = self._now()
-            await self._store_call(self.store.add(self.pool, replica_id, adapter.engine_name, now, pinned=pinned))
-            view = self.views[replica_id]
-            view.resident[adapter.engine_name] = now
-            if pinned:
-                view.pinned.add(adapter.engine_name)
+        give_up_at = time.monotonic() + self.config.slot_wait_timeout_s
+        while True:
+            async with self._locked(replica_id, adapter.engine_name) as record:
+                if adapter.engine_name in record.resident or await self._made_room(replica_id, record, give_up_at):
+                    await self._load_locked(replica_id, adapter, pinned, record)
+                    return
+            # Wait with the lock released: the holders of the slots may need it to finish (another gateway's
+            # request for an adapter this one loaded, say), and other adapters' loads may find room meanwhile.
+            await self._wait_for_room(replica_id, record, give_up_at)
+
+    async def _load_locked(self, replica_id: str, adapter: AdapterRef, pinned: bool, record: ReplicaRecord) -> None:
+        if adapter.engine_name not in record.resident:
+            started = time.monotonic()
+            await self.driver.load_adapter(self.endpoints[replica_id], adapter)
+            self.metrics.adapter_load_seconds.labels(self.pool).observe(time.monotonic() - started)
+            self.metrics.adapter_loads.labels(self.pool, replica_id, adapter.engine_name).inc()
+            self.metrics.activity.cold_load(adapter.engine_name)
+            self.counters.cold_loads += 1
+            log.info("loaded adapter %s on %s/%s", adapter.engine_name, self.pool, replica_id)
+        now = self._now()
+        await self._store_call(self.store.add(self.pool, replica_id, adapter.engine_name, now, pinned=pinned))
+        view = self.views[replica_id]
+        view.resident[adapter.engine_name] = now
+        if pinned:
+            view.pinned.add(adapter.engine_name)
+
+    async def _made_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> bool:
+        """Evict least recently used idle adapters until one more fits; whether it fits now. When none is idle, an
+        engine that queues requests for a full set takes it anyway once the wait is over (or hopeless)."""
+        resident = dict(record.resident)
+        while len(resident) >= self.max_adapters:
+            victim = self._victim(replica_id, resident, record.pinned)
+            if victim is None:
+                if self.overcommit and not self._may_wait(replica_id, record, give_up_at):
+                    log.warning(
+                        "%s/%s: every slot in use; loading over max_adapters (%d), as the engine queues for slots",
+                        self.pool, replica_id, self.max_adapters,
+                    )  # fmt: skip
+                    self.metrics.slot_waits.labels(self.pool, replica_id, "over").inc()
+                    return True
+                return False
+            await self._unload(replica_id, victim)
+            resident.pop(victim)
+            self.counters.evictions_on_request_path += 1
+            self.metrics.evictions.labels(self.pool, replica_id, "request_path").inc()
+        return True
 
     async def _unload(self, replica_id: str, engine_name: str) -> None:
         """Forget it locally first (so new requests stop choosing it), then in the engine, then in the store."""
@@ -193,26 +217,38 @@ class PoolResidency:
         idle = [(used, name) for name, used in resident.items() if name not in busy and used <= in_use_since]
         return min(idle)[1] if idle else None
 
-    async def _wait_for_room(
-        self, replica_id: str, resident: dict[str, float], pinned: Iterable[str], deadline: float
-    ) -> None:
+    def _may_wait(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> bool:
+        """Whether a load may still wait for a slot: some resident adapter can become idle, the wait is not over,
+        and the replica's wait queue has room."""
+        evictable = any(name not in record.pinned for name in record.resident)
+        queue = self.slot_waiters[replica_id] < self.config.slot_wait_queue
+        return evictable and queue and time.monotonic() < give_up_at
+
+    async def _wait_for_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> None:
         """Wait until an adapter may be evicted: one of ours finishes its requests, or another gateway's use mark
-        ages out. Raise ``WorkingSetFull`` when all are pinned or the load's deadline has passed."""
-        pinned = set(pinned)
-        in_flight = self.views[replica_id].in_flight
-        unpinned = [name for name in resident if name not in pinned]
-        remaining = deadline - time.monotonic()
-        if not unpinned or remaining <= 0:
+        ages out. Raise ``WorkingSetFull`` (503, Retry-After) when the wait is over or hopeless. Waiters wake in
+        the order they came and take the replica's lock in that order: one tenant's burst is one load, so it
+        cannot starve another tenant's first request."""
+        if not self._may_wait(replica_id, record, give_up_at):
+            self.metrics.slot_waits.labels(self.pool, replica_id, "refused").inc()
             log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
-            raise WorkingSetFull("The model's replica has no room for another adapter now; retry shortly.")
-        marked = [resident[name] for name in unpinned if name not in in_flight]
-        timeout = remaining
-        if marked:
-            timeout = min(remaining, max(0.01, min(marked) + self.in_use_window_s - self._now()))
-        idle = self._adapter_idle[replica_id]
-        idle.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(idle.wait(), timeout)
+            raise WorkingSetFull(
+                "The model's replica has no room for another adapter now; retry shortly.", headers={"Retry-After": "1"}
+            )
+        in_flight = self.views[replica_id].in_flight
+        marked = [used for name, used in record.resident.items() if name not in record.pinned and name not in in_flight]
+        timeout = give_up_at - time.monotonic()
+        if marked:  # another gateway's mark ages out of the in-use window then
+            timeout = min(timeout, max(0.01, min(marked) + self.in_use_window_s - self._now()))
+        self.slot_waiters[replica_id] += 1
+        try:
+            idle = self._adapter_idle[replica_id]
+            idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(idle.wait(), timeout)
+        finally:
+            self.slot_waiters[replica_id] -= 1
+        self.metrics.slot_waits.labels(self.pool, replica_id, "waited").inc()
 
     @contextlib.asynccontextmanager
     async def _locked(self, replica_id: str, purpose: str) -> AsyncIterator[ReplicaRecord]:
@@ -242,7 +278,9 @@ class PoolResidency:
                 return False
             if time.monotonic() >= deadline:
                 log.warning("%s/%s: another gateway's load did not end in time", self.pool, replica_id)
-                raise WorkingSetFull("The model's replica is busy loading adapters; retry shortly.")
+                raise WorkingSetFull(
+                    "The model's replica is busy loading adapters; retry shortly.", headers={"Retry-After": "1"}
+                )
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
 

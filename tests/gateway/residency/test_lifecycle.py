@@ -28,7 +28,10 @@ def lifecycle(
     max_adapters: int = 2,
     shared: bool = False,
     config: ResidencyConfig | None = None,
+    overcommit: bool = False,
 ) -> PoolResidency:
+    """A gateway's lifecycle; ``overcommit``: the engine queues requests for a full working set (vLLM), else it
+    refuses them (TensorRT-LLM), as the lifecycle's older tests assume."""
     return PoolResidency(
         "llama",
         REPLICAS,
@@ -38,6 +41,7 @@ def lifecycle(
         max_adapters=max_adapters,
         load_timeout_s=30.0,
         shared=shared,
+        overcommit=overcommit,
         wall_clock=clock,
     )
 
@@ -243,3 +247,89 @@ async def test_preparing_an_adapter_does_not_hold_the_replicas_lock(store: Resid
     release.set()
     await slow
     assert life.is_resident("r0", "big")
+
+
+@pytest.mark.parametrize("overcommit", [False, True], ids=["engine-refuses-when-full", "engine-queues-when-full"])
+async def test_a_load_waiting_for_a_slot_does_not_hold_the_lock_the_slot_holders_need(
+    store: ResidencyStore, overcommit: bool
+) -> None:
+    """Gateway A fills r0's two slots and waits to load a third; gateway B, which has not yet heard of A's loads,
+    has a request in flight for one of them and must take the replica's lock to find it resident. While it waits,
+    B's flushes keep marking that adapter in use, so a waiter holding the lock waits for itself (it used to, until
+    the load timeout, then failed both). Real time: the in-use window is real seconds."""
+    engine = FakeEngine()
+    config = ResidencyConfig(use_flush_interval_s=0.05, slot_wait_timeout_s=10.0)
+    a, b = (lifecycle(store, engine, time.time, shared=True, config=config, overcommit=overcommit) for _ in "ab")
+    await a.ensure("r0", ref("t0"))
+    await a.ensure("r0", ref("t1"))
+    a.begin_use("r0", "t0")
+    a.begin_use("r0", "t1")
+    third = asyncio.create_task(a.ensure("r0", ref("t2")))
+    await asyncio.sleep(0.1)  # let it find the set full and start waiting (a yield point, not a timing assertion)
+    b.begin_use("r0", "t0")  # B's request for t0: B does not know t0 is resident yet
+    stop = asyncio.Event()
+
+    async def b_flushes() -> None:
+        while not stop.is_set():
+            await b.flush_uses()
+            await asyncio.sleep(config.use_flush_interval_s)
+
+    flusher = asyncio.create_task(b_flushes())
+    try:
+        await asyncio.wait_for(b.ensure("r0", ref("t0")), 5)  # found resident, not loaded again
+        a.end_use("r0", "t0")
+        a.end_use("r0", "t1")
+        b.end_use("r0", "t0")  # B's request done: its mark ages out of the window
+        await asyncio.wait_for(third, 8)
+    finally:
+        stop.set()
+        await flusher
+    assert engine.duplicate_loads == 0 and engine.loads[("r0", "t0")] == 1
+    assert "t2" in engine.loaded["r0"]
+    assert engine.peak["r0"] <= 2 or overcommit
+
+
+async def test_an_engine_that_queues_for_slots_gets_its_adapter_over_a_full_pinned_set(
+    store: ResidencyStore,
+) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, overcommit=True)
+    await life.ensure("r0", ref("p1"), pinned=True)
+    await life.ensure("r0", ref("p2"), pinned=True)
+    await life.ensure("r0", ref("newcomer"))  # vLLM would queue it for a slot, not refuse it: neither does the gateway
+    assert engine.loaded["r0"] == {"p1", "p2", "newcomer"} and engine.unloads == []
+
+
+async def test_a_slot_wait_ends_at_its_timeout_with_retry_after_when_the_engine_refuses(
+    store: ResidencyStore,
+) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, config=ResidencyConfig(slot_wait_timeout_s=0.2))
+    await life.ensure("r0", ref("a"))
+    await life.ensure("r0", ref("b"))
+    life.begin_use("r0", "a")
+    life.begin_use("r0", "b")
+    with pytest.raises(WorkingSetFull) as refused:
+        await asyncio.wait_for(life.ensure("r0", ref("c")), 5)
+    assert refused.value.headers == {"Retry-After": "1"}
+    assert life.slot_waiters["r0"] == 0 and engine.loaded["r0"] == {"a", "b"}
+
+
+async def test_a_full_slot_wait_queue_refuses_a_newcomer_at_once(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, config=ResidencyConfig(slot_wait_queue=1, slot_wait_timeout_s=30))
+    await life.ensure("r0", ref("a"))
+    await life.ensure("r0", ref("b"))
+    life.begin_use("r0", "a")
+    life.begin_use("r0", "b")
+    waiting = asyncio.create_task(life.ensure("r0", ref("c")))
+    for _ in range(5_000):  # a bounded poll until the first load waits
+        if life.slot_waiters["r0"]:
+            break
+        await asyncio.sleep(0.001)
+    assert life.slot_waiters["r0"] == 1
+    with pytest.raises(WorkingSetFull):
+        await asyncio.wait_for(life.ensure("r0", ref("d")), 5)
+    life.end_use("r0", "a")
+    await asyncio.wait_for(waiting, 5)  # the one in the queue gets the slot a left
+    assert engine.loaded["r0"] == {"b", "c"}

@@ -107,12 +107,17 @@ def test_the_eviction_timer_unloads_idle_adapters_but_not_pinned_ones(tmp_path: 
 
 @contextlib.contextmanager
 def two_gateways(
-    root: Path, tenants: dict[str, list[str]], replicas: int, redis_url: str, **residency: float
+    root: Path,
+    tenants: dict[str, list[str]],
+    replicas: int,
+    redis_url: str,
+    sim_args: tuple[str, ...] = tuple(FAST_SIM),
+    **residency: float,
 ) -> Iterator[tuple[dict[str, str], list[str]]]:
     adapters = write_adapters(root, sorted({name for names in tenants.values() for name in names}))
     # A slow Redis answer must not make a gateway fall back to its local view here: this test is not about that.
     extra = {"state": {"redis_url": redis_url, "operation_timeout_s": 5}, "residency": residency}
-    with simulated_replicas(root, replicas, *FAST_SIM) as urls, contextlib.ExitStack() as stack:
+    with simulated_replicas(root, replicas, *sim_args) as urls, contextlib.ExitStack() as stack:
         gateways = []
         for name in ("gw-a", "gw-b"):
             config = gateway_config(urls, tenants, adapters, port=free_port(), max_adapters=2, extra=extra)
