@@ -100,15 +100,19 @@ class AdapterCaches:
     def can_activate(self, name: str) -> bool:
         return name in self._gpu or len(self._gpu) < self._params.max_loras or self._idle_gpu_adapter() is not None
 
-    def activate(self, name: str) -> float:
-        """Give ``name`` a GPU slot for a request that is being admitted; ``can_activate`` must be true."""
+    def activate(self, name: str, info: AdapterInfo | None = None) -> float:
+        """Give ``name`` a GPU slot for a request that is being admitted; ``can_activate`` must be true. ``info``:
+        the adapter as the request got it, used when its name has been unloaded since (vLLM serves such a request
+        from the path its LoRARequest carries)."""
         self.running[name] += 1
         if name in self._gpu:
             self._gpu.move_to_end(name)
             self._host.move_to_end(name)
             return 0.0
         cost = 0.0
-        info = self.registered[name]
+        known = self.registered.get(name, info)
+        assert known is not None, f"no adapter {name!r} for a request admitted with it"
+        info = known
         if name in self._host:
             self._host.move_to_end(name)
         else:

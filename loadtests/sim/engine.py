@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from loadtests.sim.adapters import AdapterCaches, read_adapter
+from loadtests.sim.adapters import AdapterCaches, AdapterInfo, read_adapter
 from loadtests.sim.defaults import SimParams
 from loadtests.sim.kvcache import Allocation, KVCache
 from loadtests.sim.stats import SimStats
@@ -44,6 +44,9 @@ class SimRequest:
     allocation: Allocation | None = None
     waited_for: set[str] = field(default_factory=set)
     first_token_wall: float | None = None
+    # The adapter as it was when the request arrived: like vLLM's LoRARequest, a queued request keeps it, so an
+    # unload (which only forgets the name) does not take it away from a request already accepted.
+    adapter_info: AdapterInfo | None = None
 
 
 class SimEngine:
@@ -128,6 +131,7 @@ class SimEngine:
             answer = natural = answer[: stopped + 1]
         request = SimRequest(
             adapter=adapter,
+            adapter_info=self.adapters.registered.get(adapter) if adapter is not None else None,
             cache_salt=model,
             prompt_tokens=prompt_tokens,
             answer=answer,
@@ -230,7 +234,7 @@ class SimEngine:
                 break
             request.allocation = allocation
             if request.adapter is not None:
-                cost += self.adapters.activate(request.adapter)
+                cost += self.adapters.activate(request.adapter, request.adapter_info)
             uncached = len(request.prompt_tokens) - allocation.cached_tokens
             self.stats.prefix_hit_tokens += allocation.cached_tokens
             self.stats.prefix_miss_tokens += uncached

@@ -222,3 +222,18 @@ async def test_request_over_the_context_is_rejected_and_counted(sim: Sim) -> Non
         counters = await stats(client)
     assert counters["rejected"] == 1
     assert counters["requests"] == 0
+
+
+async def test_a_queued_request_is_served_after_its_adapter_is_unloaded(sim: Sim) -> None:
+    """vLLM's unload only forgets the name: a request already accepted keeps its adapter (its LoRARequest) and is
+    served. The simulator used to die on it (the engine loop raised on the missing name, every later request hung)."""
+    async with sim(max_loras=1) as client:
+        await paused(client, True)
+        first = asyncio.create_task(complete(client, "a1"))
+        queued = asyncio.create_task(complete(client, "a2"))
+        await _until(client, lambda counters: counters["requests"] == 2, "both requests accepted")
+        unloaded = await client.post("/v1/unload_lora_adapter", json={"lora_name": "a2"})
+        assert unloaded.status == 200
+        await paused(client, False)
+        await asyncio.wait_for(asyncio.gather(first, queued), 10)
+        assert (await complete(client, "a1"))["choices"]  # and the engine still serves
