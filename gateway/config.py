@@ -64,6 +64,9 @@ class RoutingConfig(_Frozen):
     # 1 s). 1 gives the plain bound.
     capacity_floor: int = Field(default=8, ge=1, le=100_000)
     vnodes: int = Field(default=160, ge=1, le=10_000)
+    # A decision weighs the first `candidates` replicas of the key's ring order (and any replica where its adapter
+    # is resident), not the whole pool, so it costs the same at any fleet size. Pools this size or smaller: all.
+    candidates: int = Field(default=8, ge=1, le=1024)
     # balanced: the tenants (or adapters) this file names get homes balanced over each pool's replicas, at most
     # ceil(keys / replicas) each (gateway/routing/ring.py); ring: every home where the ring puts it. Sessions and
     # tenants added at run time keep their ring home.

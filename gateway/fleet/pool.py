@@ -21,6 +21,9 @@ from gateway.routing.ring import Ring
 
 log = logging.getLogger(__name__)
 
+# Policies that spread requests over the whole pool by design: they weigh every replica.
+_SPREADING = frozenset({"round_robin", "least_loaded"})
+
 
 @dataclass
 class Replica:
@@ -53,6 +56,7 @@ class Pool:
         self.capacity_floor = routing.capacity_floor
         self.max_in_flight_per_replica = max_in_flight_per_replica
         self.prefer_resident = routing.prefer_resident
+        self.candidate_count = routing.candidates
         self.replicas = {
             replica_id: Replica(endpoint, ReplicaHealth(config.health, config.outlier, config.slow_start_s))
             for replica_id, endpoint in residency.endpoints.items()
@@ -103,20 +107,24 @@ class Pool:
     def _decide(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
         reservations = self.reservations
         reservations.expire()
-        loads = [
-            ReplicaLoad(
-                replica_id,
-                r.healthy,
-                r.in_flight,
-                reservations.reserved(replica_id),
-                r.health.weight(),
-                r.in_flight >= self.max_in_flight_per_replica,
-            )
-            for replica_id, r in self.replicas.items()
-        ]
         resident = self.residency.resident_on(engine_model) if engine_model and self.prefer_resident else frozenset()
+        order = self._candidates(key, resident)
+        replicas = self.replicas
+        loads = []
+        for replica_id in order:
+            replica = replicas[replica_id]
+            loads.append(
+                ReplicaLoad(
+                    replica_id,
+                    replica.healthy,
+                    replica.in_flight,
+                    reservations.reserved(replica_id),
+                    replica.health.weight(),
+                    replica.in_flight >= self.max_in_flight_per_replica,
+                )
+            )
         return decide(
-            self.ring,
+            order,
             key,
             loads,
             pool=self.name,
@@ -128,6 +136,19 @@ class Pool:
             resident=resident,
             avoid=avoid,
         )
+
+    def _candidates(self, key: str, resident: frozenset[str]) -> tuple[str, ...]:
+        """The replicas a decision weighs, in the key's preference order: the first ``routing.candidates`` of it,
+        then up to as many other replicas where the adapter is resident (by name: a spill finds a warm one); so a
+        decision costs the same at any fleet size. The baselines that spread load (round robin, least loaded)
+        weigh every replica."""
+        if self.config.policy in _SPREADING:
+            return self.ring.preference(key)
+        head = self.ring.head(key, self.candidate_count)
+        if not resident or resident.issubset(head):
+            return head
+        warm = sorted(resident.difference(head))[: self.candidate_count]
+        return head + tuple(warm)
 
     def is_healthy(self, replica_id: str) -> bool:
         return self.replicas[replica_id].healthy

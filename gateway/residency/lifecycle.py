@@ -83,6 +83,7 @@ class PoolResidency:
         self.overcommit = overcommit
         # Loads waiting for a slot now, per replica (a gauge at scrape time).
         self.slot_waiters = dict.fromkeys(self.endpoints, 0)
+        self._resident_on: dict[str, frozenset[str]] = {}  # adapter -> replicas holding it (resident_on's memo)
         self.counters = ResidencyCounters()
         self.store_up = True
         self.metrics = metrics or GatewayMetrics()
@@ -106,7 +107,17 @@ class PoolResidency:
         self._hits.inc()
 
     def resident_on(self, engine_name: str) -> frozenset[str]:
-        return frozenset(r for r, view in self.views.items() if engine_name in view.resident)
+        """The replicas whose record holds the adapter: a scan of the pool once per change of any replica's set,
+        then a dict lookup per request."""
+        replicas = self._resident_on.get(engine_name)
+        if replicas is None:
+            replicas = frozenset(r for r, view in self.views.items() if engine_name in view.resident)
+            self._resident_on[engine_name] = replicas
+        return replicas
+
+    def _sets_changed(self) -> None:
+        """Some replica's resident set changed (not only a use time): the per-adapter answers are stale."""
+        self._resident_on.clear()
 
     def begin_use(self, replica_id: str, engine_name: str) -> None:
         in_flight = self.views[replica_id].in_flight
@@ -148,6 +159,7 @@ class PoolResidency:
         """The engine answered that it does not know the adapter: forget it, so the next ``ensure`` loads it."""
         self.views[replica_id].resident.pop(engine_name, None)
         self.views[replica_id].pinned.discard(engine_name)
+        self._sets_changed()
         await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
 
     # --- loads and evictions, under the replica's lock ---------------------------------------------------------
@@ -177,6 +189,7 @@ class PoolResidency:
         await self._store_call(self.store.add(self.pool, replica_id, adapter.engine_name, now, pinned=pinned))
         view = self.views[replica_id]
         view.resident[adapter.engine_name] = now
+        self._sets_changed()
         if pinned:
             view.pinned.add(adapter.engine_name)
 
@@ -206,6 +219,7 @@ class PoolResidency:
         view = self.views[replica_id]
         view.resident.pop(engine_name, None)
         view.pinned.discard(engine_name)
+        self._sets_changed()
         await self.driver.unload_adapter(self.endpoints[replica_id], engine_name)
         await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
         log.info("unloaded adapter %s from %s/%s", engine_name, self.pool, replica_id)
@@ -298,6 +312,8 @@ class PoolResidency:
     def _adopt(self, replica_id: str, record: ReplicaRecord) -> None:
         """Take the store's record as this gateway's view, keeping newer local use times."""
         view = self.views[replica_id]
+        if view.resident.keys() != record.resident.keys():
+            self._sets_changed()
         view.resident = {name: max(used, view.resident.get(name, 0.0)) for name, used in record.resident.items()}
         view.pinned = set(record.pinned)
 
@@ -358,6 +374,7 @@ class PoolResidency:
             log.warning("%s/%s has adapters the record lacked %s", self.pool, replica_id, sorted(appeared))
         self.counters.reconcile_fixes += len(gone) + len(appeared)
         view.resident = {name: view.resident.get(name, before.resident.get(name, now)) for name in on_engine}
+        self._sets_changed()
         view.pinned &= on_engine
 
     async def evict_idle(self, healthy: Callable[[str], bool]) -> None:

@@ -20,11 +20,10 @@ from collections.abc import Collection, Sequence
 from gateway.routing.decision import NEW_KEY, KeyStanding, ReplicaLoad, RoutingDecision
 from gateway.routing.filters import filter_replicas
 from gateway.routing.pickers import PICKERS, PickInput
-from gateway.routing.ring import Ring
 
 
 def decide(
-    ring: Ring,
+    order: Sequence[str],
     key: str,
     replicas: Sequence[ReplicaLoad],
     *,
@@ -37,13 +36,13 @@ def decide(
     resident: frozenset[str] = frozenset(),
     avoid: Collection[str] = (),
 ) -> RoutingDecision:
-    """Choose a replica for ``key``; ``decision.chosen`` is None only when the filters left none, and then
+    """Choose a replica for ``key`` among ``order`` (the candidates in the key's preference order, home first;
+    ``replicas`` describes each of them); ``decision.chosen`` is None only when the filters left none, and then
     ``decision.unavailable`` says why. ``avoid``: replicas this request already failed on."""
     picker = PICKERS.get(policy)
     if picker is None:
         raise ValueError(f"unknown routing policy {policy!r}")
     by_id = {replica.id: replica for replica in replicas}
-    order = ring.preference(key)
     decision = RoutingDecision(pool=pool, policy=policy, key=key, home=order[0] if order else "")
     decision.loads = {replica.id: replica.in_flight for replica in replicas}
     decision.reserved = {replica.id: replica.reserved for replica in replicas if replica.reserved}

@@ -1,5 +1,10 @@
 """A consistent-hash ring per pool (uhashring, ketama-compatible) and each key's preference order.
 
+uhashring places the points (ketama positions); walking them is ours. A decision needs only the first few
+replicas of a key's order (``head``): one bisect into the sorted points, then steps clockwise until that many
+distinct replicas are found, O(log points + K) at any fleet size, where building the whole order (uhashring's
+``range`` copies its point list) costs O(points).
+
 Homes can be balanced over the keys the gateway knows ahead (tenants, or adapters). With a few keys per replica a
 ring's arcs give one replica twice another's share, and its working set churns (docs/benchmarks.md measures the
 cold loads). ``balance`` places every known key, in the order of its ring position, on the first replica of its
@@ -10,7 +15,8 @@ in every gateway, with no coordination. Other keys (sessions, tenants added at r
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from bisect import bisect
+from collections.abc import Collection, Iterator, Sequence
 
 from uhashring import HashRing
 
@@ -23,35 +29,42 @@ class Ring:
     def __init__(self, replica_ids: Sequence[str], vnodes: int) -> None:
         self.replica_ids = tuple(replica_ids)
         self._ring = HashRing(nodes={replica_id: {"vnodes": vnodes} for replica_id in replica_ids})
-        self._memo: dict[str, tuple[str, ...]] = {}
+        points = self._ring.get_points() if replica_ids else []
+        self._positions: list[int] = [position for position, _ in points]  # sorted, as uhashring keeps them
+        self._owners: list[str] = [owner for _, owner in points]
+        self._heads: dict[tuple[str, int], tuple[str, ...]] = {}
         self._homes: dict[str, str] = {}  # balanced homes that differ from the ring's
 
     def preference(self, key: str) -> tuple[str, ...]:
-        """Every replica once: the key's home first, then the rest clockwise from the key's point."""
-        if not self.replica_ids:  # a discovery pool DNS has no replicas for yet
+        """Every replica once: the key's home first, then the rest clockwise from the key's point (O(points): for
+        the status page and explanations; a decision takes ``head``)."""
+        return self.head(key, len(self.replica_ids))
+
+    def head(self, key: str, count: int) -> tuple[str, ...]:
+        """The first ``count`` replicas of ``key``'s preference order (all of them when the pool is smaller)."""
+        if not self.replica_ids:
             return ()
-        order = self._memo.get(key)
+        memo_key = (key, count)
+        order = self._heads.get(memo_key)
         if order is None:
-            order = self._ring_order(key)
             home = self._homes.get(key)
-            if home is not None:
-                order = (home, *(replica_id for replica_id in order if replica_id != home))
-            if len(self._memo) >= _MEMO_LIMIT:
-                self._memo.clear()
-            self._memo[key] = order
+            order = self._walk(key, count, first=home)
+            if len(self._heads) >= _MEMO_LIMIT:
+                self._heads.clear()
+            self._heads[memo_key] = order
         return order
 
     def home(self, key: str) -> str:
-        return self.preference(key)[0]
+        return self.head(key, 1)[0]
 
     def ring_home(self, key: str) -> str:
         """Where the ring alone puts ``key`` (what ``home`` is without balancing); "" while the pool is empty."""
-        return self._ring_order(key)[0] if self.replica_ids else ""
+        return self._walk(key, 1)[0] if self.replica_ids else ""
 
     def balance(self, keys: Collection[str]) -> None:
         """Balance the homes of ``keys`` (replacing the previous set; empty: ring homes for every key)."""
-        self._homes = balanced_homes(self._ring, self.replica_ids, set(keys))
-        self._memo.clear()
+        self._homes = balanced_homes(self, set(keys))
+        self._heads.clear()
 
     def arcs(self) -> list[tuple[float, float, str]]:
         """The ring as (start, end, replica) arcs in [0, 1): each point owns the keys up to it (for drawing)."""
@@ -68,20 +81,53 @@ class Ring:
     def position(self, key: str) -> float:
         return float(self._ring.hashi(key)) / _SPACE
 
-    def _ring_order(self, key: str) -> tuple[str, ...]:
-        return tuple(self._ring.iterate_nodes(key, distinct=True))
+    def hashi(self, key: str) -> int:
+        """``key``'s point on the ring (ketama's md5 position)."""
+        return int(self._ring.hashi(key))
 
 
-def balanced_homes(ring: HashRing, replica_ids: Sequence[str], keys: Collection[str]) -> dict[str, str]:
+    def _walk(self, key: str, count: int, first: str | None = None) -> tuple[str, ...]:
+        """The first ``count`` of ``key``'s distinct owners clockwise (``first``, a balanced home, before them)."""
+        found = [first] if first is not None else []
+        count = min(count, len(self.replica_ids))
+        if len(found) < count:
+            for owner in self._owners_from(key):
+                if owner not in found:
+                    found.append(owner)
+                    if len(found) >= count:
+                        break
+        return tuple(found)
+
+    def _owners_from(self, key: str) -> Iterator[str]:
+        """Every point's owner clockwise from ``key``'s point, once round the ring (repeats included)."""
+        positions, owners = self._positions, self._owners
+        total = len(positions)
+        start = bisect(positions, self._ring.hashi(key))
+        for step in range(total):
+            yield owners[(start + step) % total]
+
+    def distinct_from(self, key: str) -> Iterator[str]:
+        """The ring's own order for ``key`` (no balanced homes), lazily: stop as soon as you have what you need."""
+        seen: set[str] = set()
+        for owner in self._owners_from(key):
+            if owner not in seen:
+                seen.add(owner)
+                yield owner
+                if len(seen) == len(self.replica_ids):
+                    return
+
+
+def balanced_homes(ring: Ring, keys: Collection[str]) -> dict[str, str]:
     """Each key's home where it differs from its ring home: keys in ring-position order (ties by name) take the
     first replica of their ring preference with fewer than ``ceil(len(keys) / len(replicas))`` keys."""
+    replica_ids = ring.replica_ids
     if not replica_ids or not keys:
         return {}
     cap = math.ceil(len(keys) / len(replica_ids))
     counts = dict.fromkeys(replica_ids, 0)
     moved: dict[str, str] = {}
     for key in sorted(keys, key=lambda k: (ring.hashi(k), k)):
-        for rank, replica_id in enumerate(ring.iterate_nodes(key, distinct=True)):
+        for rank, replica_id in enumerate(ring.distinct_from(key)):
             if counts[replica_id] < cap:
                 counts[replica_id] += 1
                 if rank:

@@ -45,7 +45,7 @@ def replicas(home: int = 0, second: int = 0, third: int = 0, down: tuple[str, ..
     ],
 )
 def test_decisions(policy: str, fleet: list[ReplicaLoad], chosen: str, reasons: list[str]) -> None:
-    decision = decide(RING, KEY, fleet, pool="p", policy=policy, balance_factor=1.25)
+    decision = decide(RING.preference(KEY), KEY, fleet, pool="p", policy=policy, balance_factor=1.25)
     assert decision.home == HOME
     assert decision.chosen == chosen
     assert decision.reasons == reasons
@@ -63,14 +63,25 @@ def test_the_capacity_never_falls_below_the_floor(
     fleet: list[ReplicaLoad], floor: int, chosen: str, capacity: int
 ) -> None:
     decision = decide(
-        RING, KEY, fleet, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, capacity_floor=floor
+        RING.preference(KEY),
+        KEY,
+        fleet,
+        pool="p",
+        policy="bounded_consistent_hash",
+        balance_factor=1.25,
+        capacity_floor=floor,
     )
     assert (decision.chosen, decision.capacity) == (chosen, capacity)
 
 
 def test_no_healthy_replica() -> None:
     decision = decide(
-        RING, KEY, replicas(down=("r0", "r1", "r2")), pool="p", policy="consistent_hash", balance_factor=1
+        RING.preference(KEY),
+        KEY,
+        replicas(down=("r0", "r1", "r2")),
+        pool="p",
+        policy="consistent_hash",
+        balance_factor=1,
     )
     assert decision.chosen is None
     assert decision.reasons == ["no_healthy_replica"]
@@ -78,7 +89,8 @@ def test_no_healthy_replica() -> None:
 
 def test_round_robin_cycles_through_healthy_replicas() -> None:
     picks = [
-        decide(RING, KEY, replicas(), pool="p", policy="round_robin", balance_factor=1, tick=t).chosen for t in range(6)
+        decide(RING.preference(KEY), KEY, replicas(), pool="p", policy="round_robin", balance_factor=1, tick=t).chosen
+        for t in range(6)
     ]
     assert picks == ["r0", "r1", "r2", "r0", "r1", "r2"]
 
@@ -99,7 +111,13 @@ def test_a_spill_prefers_a_replica_where_the_adapter_is_resident(
     fleet: list[ReplicaLoad], resident: set[str], chosen: str, reasons: list[str]
 ) -> None:
     decision = decide(
-        RING, KEY, fleet, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, resident=frozenset(resident)
+        RING.preference(KEY),
+        KEY,
+        fleet,
+        pool="p",
+        policy="bounded_consistent_hash",
+        balance_factor=1.25,
+        resident=frozenset(resident),
     )
     assert (decision.chosen, decision.reasons) == (chosen, reasons)
 
@@ -107,10 +125,12 @@ def test_a_spill_prefers_a_replica_where_the_adapter_is_resident(
 def test_a_replica_in_slow_start_takes_a_share_of_the_capacity() -> None:
     # Loads home 1, second 1, third 1: cap ceil(1.25 * 4 / 3) = 2; home at weight 0.4 may hold ceil(0.8) = 1.
     loads = [ReplicaLoad(r, True, 1, weight=0.4 if r == HOME else 1.0) for r in ("r0", "r1", "r2")]
-    decision = decide(RING, KEY, loads, pool="p", policy="bounded_consistent_hash", balance_factor=1.25)
+    decision = decide(RING.preference(KEY), KEY, loads, pool="p", policy="bounded_consistent_hash", balance_factor=1.25)
     assert decision.chosen == SECOND and decision.reasons[0] == "spill:over_capacity"
     everyone_slow = [ReplicaLoad(r, True, 1, weight=0.1) for r in ("r0", "r1", "r2")]
-    decision = decide(RING, KEY, everyone_slow, pool="p", policy="bounded_consistent_hash", balance_factor=1.25)
+    decision = decide(
+        RING.preference(KEY), KEY, everyone_slow, pool="p", policy="bounded_consistent_hash", balance_factor=1.25
+    )
     assert decision.chosen == HOME  # all in slow start: the plain bound decides
 
 
@@ -138,7 +158,9 @@ def test_a_replica_in_slow_start_takes_a_share_of_the_capacity() -> None:
 def test_a_decision_names_every_replica_it_left_out_and_why(
     fleet: list[ReplicaLoad], avoid: tuple[str, ...], chosen: str, reasons: list[str], excluded: dict[str, str]
 ) -> None:
-    decision = decide(RING, KEY, fleet, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, avoid=avoid)
+    decision = decide(
+        RING.preference(KEY), KEY, fleet, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, avoid=avoid
+    )
     assert (decision.chosen, decision.reasons, decision.excluded, decision.unavailable) == (
         chosen,
         reasons,
@@ -165,5 +187,5 @@ def test_no_replica_says_whether_the_pool_is_down_or_full(
     fleet: list[ReplicaLoad], avoid: tuple[str, ...], unavailable: str, reason: str
 ) -> None:
     for policy in ("bounded_consistent_hash", "consistent_hash", "round_robin", "least_loaded"):
-        decision = decide(RING, KEY, fleet, pool="p", policy=policy, balance_factor=1.25, avoid=avoid)
+        decision = decide(RING.preference(KEY), KEY, fleet, pool="p", policy=policy, balance_factor=1.25, avoid=avoid)
         assert (decision.chosen, decision.unavailable, decision.reasons) == (None, unavailable, [reason])

@@ -62,7 +62,13 @@ def test_a_held_reservation_is_taken_even_at_the_cap_and_busy_keys_count_reserva
 
     def decide_for(standing: KeyStanding) -> RoutingDecision:
         return decide(
-            ring, "acme", loads, pool="p", policy="bounded_consistent_hash", balance_factor=1.25, standing=standing
+            ring.preference("acme"),
+            "acme",
+            loads,
+            pool="p",
+            policy="bounded_consistent_hash",
+            balance_factor=1.25,
+            standing=standing,
         )
 
     taken = decide_for(KeyStanding(0, holds_reservation=True))
@@ -76,7 +82,9 @@ def test_a_key_with_nothing_in_flight_is_not_bound_by_reservations() -> None:
     home = ring.home("newcomer")
     # An idle fleet where another key reserved the newcomer's home: the cap is ceil(1.25 * 2 / 3) = 1.
     loads = [ReplicaLoad(r, True, 0, reserved=1 if r == home else 0) for r in ring.replica_ids]
-    decision = decide(ring, "newcomer", loads, pool="p", policy="bounded_consistent_hash", balance_factor=1.25)
+    decision = decide(
+        ring.preference("newcomer"), "newcomer", loads, pool="p", policy="bounded_consistent_hash", balance_factor=1.25
+    )
     assert decision.chosen == home and not decision.used_reservation
 
 
@@ -101,7 +109,7 @@ class _Pool:
         snapshot = [ReplicaLoad(r, True, self.in_flight[r], self.reservations.reserved(r)) for r in self.ids]
         cap = math.ceil(self.factor * (sum(self.effective(r) for r in self.ids) + 1) / len(self.ids))
         decision = decide(
-            self.ring,
+            self.ring.preference(key),
             key,
             snapshot,
             pool="p",

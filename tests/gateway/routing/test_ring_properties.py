@@ -55,7 +55,7 @@ def test_bounded_loads_never_exceed_the_cap_while_another_replica_has_room(
             key = f"k{key_index}"
             snapshot = [ReplicaLoad(r, True, in_flight[r]) for r in ids]
             decision = decide(
-                ring, key, snapshot, pool="p", policy="bounded_consistent_hash", balance_factor=factor,
+                ring.preference(key), key, snapshot, pool="p", policy="bounded_consistent_hash", balance_factor=factor,
                 capacity_floor=floor,
             )  # fmt: skip
             assert decision.chosen is not None

@@ -1,0 +1,90 @@
+"""Properties of the real pool's decisions (Pool.lease over the routing pipeline, not a copy of its logic): whatever
+the fleet's health, loads, retries and size, the pick is never a replica a filter left out, and bounded loads never
+send a request over the cap while a candidate under it exists. And the ring's bounded walk is the ring's order."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.base import Endpoint
+from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
+from gateway.fleet.pool import Pool
+from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.memory import MemoryStore
+from gateway.routing.ring import Ring
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine
+
+
+def pool_of(size: int, candidates: int, cap: int) -> Pool:
+    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(size)]
+    config = PoolConfig.model_validate({"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas})
+    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
+    driver = FakeDriver(FakeEngine())
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    routing = RoutingConfig(candidates=candidates, capacity_floor=1, home_reservation_s=0)
+    pool = Pool(config, routing, driver, residency, max_in_flight_per_replica=cap)
+    for replica in pool.replicas.values():
+        replica.health.probed(True)
+    return pool
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(1, 12),
+    candidates=st.integers(1, 12),
+    cap=st.integers(1, 6),
+    down=st.sets(st.integers(0, 11), max_size=6),
+    arrivals=st.lists(st.tuples(st.sampled_from([f"k{i}" for i in range(20)]), st.integers(0, 11)), max_size=40),
+)
+def test_a_pick_is_never_a_replica_left_out_nor_over_the_bound_while_one_under_it_exists(
+    size: int, candidates: int, cap: int, down: set[int], arrivals: list[tuple[str, int]]
+) -> None:
+    pool = pool_of(size, candidates, cap)
+    for index in down:
+        if index < size:
+            pool.replicas[f"r{index}"].health.up = False
+    held = []
+    for key, avoid_index in arrivals:
+        avoid = (f"r{avoid_index}",)
+        before = {r: replica.in_flight for r, replica in pool.replicas.items()}
+        lease = pool.lease(key, None, avoid)
+        decision = lease.decision
+        if decision.chosen is None:
+            assert decision.unavailable in ("down", "full")
+            assert not decision.candidates
+            continue
+        held.append(lease.__enter__())
+        chosen = decision.chosen
+        assert chosen not in decision.excluded or decision.excluded[chosen] == "over_capacity"
+        assert pool.replicas[chosen].healthy and chosen not in avoid
+        assert before[chosen] < cap  # never past the hard per-replica cap
+        bound = decision.capacity
+        assert bound is not None
+        under = [r for r in decision.candidates if before[r] < bound]
+        if under:  # a replica under the bound existed among the candidates: the pick is one of them
+            assert before[chosen] < bound
+        assert len(decision.candidates) + len(decision.excluded) >= min(size, candidates)
+    for lease in held:
+        lease.__exit__(None, None, None)
+    assert pool.in_flight == 0 and all(replica.in_flight == 0 for replica in pool.replicas.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 40), count=st.integers(1, 45), salt=st.integers(0, 10_000))
+def test_the_bounded_walk_is_the_head_of_the_rings_own_order(size: int, count: int, salt: int) -> None:
+    ring = Ring([f"r{i}" for i in range(size)], vnodes=40)
+    for key in (f"tenant-{salt}-{i}" for i in range(20)):
+        full = tuple(ring._ring.iterate_nodes(key, distinct=True))  # uhashring's own walk, O(points)
+        assert tuple(ring.distinct_from(key)) == full
+        assert ring.head(key, count) == full[: min(count, size)]
+        assert ring.home(key) == full[0]
+
+
+def test_a_decision_weighs_only_its_candidates_at_any_fleet_size() -> None:
+    pool = pool_of(200, 8, 100)
+    decision = pool.lease("acme", None).decision
+    assert len(decision.loads) == 8 and decision.chosen == pool.ring.home("acme")
+    assert pool.ring.head("acme", 8) == pool.ring.preference("acme")[:8]
