@@ -314,9 +314,12 @@ class ResidencyConfig(_Frozen):
     # A load that finds every slot of a replica's working set in use waits (outside the replica's lock) up to this
     # long for one to free. Then an engine that queues such requests itself (vLLM) gets the adapter anyway, over
     # max_adapters until the timer brings it back; one that refuses them (TensorRT-LLM) answers 503 Retry-After.
-    slot_wait_timeout_s: float = Field(default=2.0, gt=0, le=600)
+    # It must outlast the in-use window (1 s, or 4 x use_flush_interval_s): an adapter freed during the wait is
+    # evictable only once its last use has left that window.
+    slot_wait_timeout_s: float = Field(default=3.0, gt=0, le=600)
     # Loads waiting for a slot at once, per replica; past it a newcomer does not wait (over, or 503, as above).
     slot_wait_queue: int = Field(default=64, ge=1, le=100_000)
+
     # A load or eviction holds the replica's lock at most this long if its gateway dies mid-way.
     lock_ttl_s: float = Field(default=120.0, gt=0)
 
@@ -477,6 +480,19 @@ class GatewayConfig(_Frozen):
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         return data
+
+    @model_validator(mode="after")
+    def _slot_wait_outlasts_the_in_use_window(self) -> GatewayConfig:
+        """Gateways sharing Redis see each other's uses as marks that count for the in-use window: a slot freed
+        during a wait is evictable only once its last use has left that window, so the wait must outlast it."""
+        residency = self.residency
+        window = max(1.0, 4 * residency.use_flush_interval_s)
+        if self.state.redis_url is not None and residency.slot_wait_timeout_s <= window:
+            raise ValueError(
+                f"residency.slot_wait_timeout_s ({residency.slot_wait_timeout_s} s) must be longer than the in-use "
+                f"window of gateways sharing Redis ({window} s: 1 s or 4 x use_flush_interval_s)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _references_resolve(self) -> GatewayConfig:

@@ -24,6 +24,8 @@ class ReplicaHealth:
     # Drained by an operator: no new requests; those in flight finish.
     drained: bool = False
     consecutive_failures: int = 0
+    # When the last failure was counted (clock time): a success only clears failures from before it started.
+    last_failure_at: float = -math.inf
     ejections: int = 0
     ejected_until: float = 0.0
     # Since when it takes traffic again (slow start counts from here); -inf: since before the gateway started.
@@ -70,12 +72,17 @@ class ReplicaHealth:
         self.ejected_until = 0.0
         self.serving_since = self.clock()
 
-    def request_succeeded(self) -> None:
-        self.consecutive_failures = 0
+    def request_succeeded(self, started_at: float = math.inf) -> None:
+        """A request that started at ``started_at`` (clock time) succeeded. It clears the failures in a row only
+        if none was counted since it started: a long stream that ends well says nothing of the requests the
+        replica has refused meanwhile."""
+        if started_at >= self.last_failure_at:
+            self.consecutive_failures = 0
 
     def request_failed(self, may_eject: bool) -> bool:
         """Count a failed request; True when this failure ejects the replica (``may_eject``: the pool's cap)."""
         self.consecutive_failures += 1
+        self.last_failure_at = self.clock()
         if self.consecutive_failures < self.outlier.consecutive_failures or self.ejected or not may_eject:
             return False
         duration = min(self.outlier.base_ejection_s * 2**self.ejections, self.outlier.max_ejection_s)

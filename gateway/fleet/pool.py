@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -82,6 +83,8 @@ class Pool:
         """Place ``key``'s request now and hold its place until the lease's ``with`` block ends: see ``Lease``.
         ``avoid``: replicas this request already failed on (a retry goes elsewhere)."""
         decision = self.place(key, adapter.engine_name if adapter is not None else None, avoid)
+        if decision.chosen is not None and not avoid:  # a request placed: what the retry budget's share counts
+            self.retry_budget.request()
         return Lease(self, decision, adapter)
 
     def place(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
@@ -173,11 +176,13 @@ class Pool:
                 self._welcomes.add(task)
                 task.add_done_callback(self._welcomes.discard)
 
-    def report(self, replica_id: str, ok: bool) -> None:
-        """A request's outcome on a replica (passive outlier detection): failures in a row eject it."""
+    def report(self, replica_id: str, ok: bool, started_at: float = math.inf) -> None:
+        """A request's outcome on a replica (passive outlier detection): failures in a row eject it.
+        ``started_at``: when the request was placed there (health's clock), so a success clears only the failures
+        counted before it started."""
         health = self.replicas[replica_id].health
         if ok:
-            health.request_succeeded()
+            health.request_succeeded(started_at)
             return
         ejected_now = sum(r.health.ejected for r in self.replicas.values())
         may_eject = ejected_now + 1 <= len(self.replicas) * self.config.outlier.max_ejected_percent // 100
@@ -217,7 +222,7 @@ class Lease:
     says why) there is nothing to release. The lease keeps the pool it placed on: a reload that swaps fleets
     meanwhile retires that pool only after every lease on it has ended."""
 
-    __slots__ = ("adapter", "decision", "pool", "replica", "replica_id")
+    __slots__ = ("adapter", "decision", "pool", "replica", "replica_id", "started_at")
 
     def __init__(self, pool: Pool, decision: RoutingDecision, adapter: AdapterRef | None) -> None:
         self.pool = pool
@@ -225,9 +230,11 @@ class Lease:
         self.adapter = adapter
         self.replica: Replica | None = None
         self.replica_id = ""  # "" when nothing was placed
+        self.started_at = math.inf
         if decision.chosen is not None:
             self.replica = pool.replicas[decision.chosen]
             self.replica_id = decision.chosen
+            self.started_at = self.replica.health.clock()
             if adapter is not None:
                 pool.residency.begin_use(decision.chosen, adapter.engine_name)
 
@@ -263,4 +270,4 @@ class Lease:
 
     def report(self, ok: bool) -> None:
         """The outcome of the request on the leased replica, for passive outlier detection."""
-        self.pool.report(self.replica_id, ok)
+        self.pool.report(self.replica_id, ok, self.started_at)

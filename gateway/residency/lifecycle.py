@@ -7,10 +7,11 @@ so two gateways never load on one replica at once and never push it past ``max_a
 
 An adapter counts as in use, and is never evicted, while this gateway has requests in flight for it or, when
 gateways share the store, any gateway marked a use within ``in_use_window_s`` (gateways re-mark adapters with
-requests in flight at every flush). A load that finds every resident adapter in use waits, under the lock, until
-one is free (its requests end, or its mark leaves that window), up to the load timeout, as an engine queues a
-request whose adapter has no slot. If the store is unreachable the lifecycle goes on
-from its local view alone, says so in ``store_up``, and resynchronises from the engines when the store answers.
+requests in flight at every flush). A load that finds every resident adapter in use waits, with the lock released,
+until one is free (its requests end, or its mark leaves that window), up to ``slot_wait_timeout_s``; then an engine
+that queues such requests (vLLM) gets the adapter over the bound, and one that refuses them answers 503. If the
+store is unreachable the lifecycle goes on from its local view alone, says so in ``store_up``, and resynchronises
+from the engines when the store answers.
 """
 
 from __future__ import annotations
@@ -194,25 +195,26 @@ class PoolResidency:
             view.pinned.add(adapter.engine_name)
 
     async def _made_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> bool:
-        """Evict least recently used idle adapters until one more fits; whether it fits now. When none is idle, an
-        engine that queues requests for a full set takes it anyway once the wait is over (or hopeless)."""
-        resident = dict(record.resident)
-        while len(resident) >= self.max_adapters:
-            victim = self._victim(replica_id, resident, record.pinned)
-            if victim is None:
-                if self.overcommit and not self._may_wait(replica_id, record, give_up_at):
-                    log.warning(
-                        "%s/%s: every slot in use; loading over max_adapters (%d), as the engine queues for slots",
-                        self.pool, replica_id, self.max_adapters,
-                    )  # fmt: skip
-                    self.metrics.slot_waits.labels(self.pool, replica_id, "over").inc()
-                    return True
-                return False
+        """Whether one more adapter fits now: there is a free slot, or evicting the least recently used idle adapter
+        makes one (one eviction per load: a set run over its bound comes back down by the timer, not all at once
+        on one request's path). When none is idle, an engine that queues requests for a full set takes it anyway
+        once the wait is over or hopeless."""
+        if len(record.resident) < self.max_adapters:
+            return True
+        victim = self._victim(replica_id, dict(record.resident), record.pinned)
+        if victim is not None:
             await self._unload(replica_id, victim)
-            resident.pop(victim)
             self.counters.evictions_on_request_path += 1
             self.metrics.evictions.labels(self.pool, replica_id, "request_path").inc()
-        return True
+            return True
+        if self.overcommit and not self._may_wait(replica_id, record, give_up_at):
+            log.warning(
+                "%s/%s: every slot in use; loading over max_adapters (%d), as the engine queues for slots",
+                self.pool, replica_id, self.max_adapters,
+            )  # fmt: skip
+            self.metrics.slot_waits.labels(self.pool, replica_id, "over").inc()
+            return True
+        return False
 
     async def _unload(self, replica_id: str, engine_name: str) -> None:
         """Forget it locally first (so new requests stop choosing it), then in the engine, then in the store."""
@@ -239,30 +241,43 @@ class PoolResidency:
         return evictable and queue and time.monotonic() < give_up_at
 
     async def _wait_for_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> None:
-        """Wait until an adapter may be evicted: one of ours finishes its requests, or another gateway's use mark
-        ages out. Raise ``WorkingSetFull`` (503, Retry-After) when the wait is over or hopeless. Waiters wake in
-        the order they came and take the replica's lock in that order: one tenant's burst is one load, so it
-        cannot starve another tenant's first request."""
+        """Wait, without the replica's lock, until an adapter may be evicted: one of ours finishes its requests
+        (woken at once), or another gateway's use mark ages out of the in-use window (woken then), or the wait is
+        over. When it is over or hopeless: return at once for an engine that queues for slots (the caller then
+        loads over the bound), else raise ``WorkingSetFull`` (503, Retry-After)."""
         if not self._may_wait(replica_id, record, give_up_at):
+            if self.overcommit:
+                return
             self.metrics.slot_waits.labels(self.pool, replica_id, "refused").inc()
             log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
             raise WorkingSetFull(
                 "The model's replica has no room for another adapter now; retry shortly.", headers={"Retry-After": "1"}
             )
+        self.metrics.slot_waits.labels(self.pool, replica_id, "waited").inc()
+        view, idle = self.views[replica_id], self._adapter_idle[replica_id]
+        self.slot_waiters[replica_id] += 1
+        try:
+            while (timeout := self._slot_wait_timeout(replica_id, record, give_up_at)) > 0:
+                idle.clear()
+                try:
+                    await asyncio.wait_for(idle.wait(), timeout)
+                except TimeoutError:
+                    return  # a mark may have aged out, or the wait is over: look again under the lock
+                # One of ours went idle: look again under the lock only if that made an adapter evictable here
+                # (every waiter wakes; most find nothing and wait on without touching the store).
+                if self._victim(replica_id, dict(view.resident), view.pinned) is not None:
+                    return
+        finally:
+            self.slot_waiters[replica_id] -= 1
+
+    def _slot_wait_timeout(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> float:
+        """How long to wait before looking again: until the oldest other-gateway mark ages out, or the wait ends."""
         in_flight = self.views[replica_id].in_flight
         marked = [used for name, used in record.resident.items() if name not in record.pinned and name not in in_flight]
         timeout = give_up_at - time.monotonic()
-        if marked:  # another gateway's mark ages out of the in-use window then
+        if marked:
             timeout = min(timeout, max(0.01, min(marked) + self.in_use_window_s - self._now()))
-        self.slot_waiters[replica_id] += 1
-        try:
-            idle = self._adapter_idle[replica_id]
-            idle.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(idle.wait(), timeout)
-        finally:
-            self.slot_waiters[replica_id] -= 1
-        self.metrics.slot_waits.labels(self.pool, replica_id, "waited").inc()
+        return timeout
 
     @contextlib.asynccontextmanager
     async def _locked(self, replica_id: str, purpose: str) -> AsyncIterator[ReplicaRecord]:

@@ -85,7 +85,6 @@ class Ring:
         """``key``'s point on the ring (ketama's md5 position)."""
         return int(self._ring.hashi(key))
 
-
     def _walk(self, key: str, count: int, first: str | None = None) -> tuple[str, ...]:
         """The first ``count`` of ``key``'s distinct owners clockwise (``first``, a balanced home, before them)."""
         found = [first] if first is not None else []

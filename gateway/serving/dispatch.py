@@ -34,12 +34,11 @@ async def dispatch(
     request: web.Request, telemetry: Telemetry, pool: Pool, ctx: RequestContext, record: RequestRecord
 ) -> web.StreamResponse:
     """Serve ``ctx`` on ``pool`` and return the client's response; raises a ``GatewayError`` when it cannot."""
-    pool.retry_budget.request()
-    avoid: tuple[str, ...] = ()
+    lease = _first_lease(telemetry, record, pool, ctx)
+    if lease.replica is None:
+        raise _unavailable(lease.decision)
     while True:
-        with _lease(telemetry, record, pool, ctx, avoid) as lease:
-            if lease.replica is None:
-                raise _unavailable(lease.decision)
+        with lease:
             record.replica = lease.replica_id
             try:
                 response, broken = await _attempt(request, telemetry, ctx, record, lease)
@@ -48,15 +47,18 @@ async def dispatch(
                 record.error = type(exc).__name__
                 if verdict.replica_fault:
                     lease.report(ok=False)
-                if not (verdict.retryable and _may_retry(pool, record, ctx.deadline)):
-                    raise verdict.error from exc
-                avoid = (lease.replica_id,)
-                record.retries += 1
+                failure, failed_on = exc, lease.replica_id
             else:
                 # The attempt's one outcome report, once the client has its answer: a stream that broke mid-way
-                # counts against the replica only when the break says the replica is at fault.
+                # counts against the replica only when the break says the replica is at fault. A success does
+                # not wipe out failures the replica had since this attempt started (health.py).
                 lease.report(ok=broken is None or not broken.replica_fault)
                 return response
+        # The failed attempt's lease is released: try once more elsewhere, or answer its error.
+        retry = _retry_lease(record, pool, ctx, verdict, failed_on) if verdict.retryable else None
+        if retry is None:
+            raise verdict.error from failure
+        lease = retry
 
 
 async def _attempt(
@@ -66,34 +68,33 @@ async def _attempt(
     byte (None if it did not). Raises ``BackendError`` only before the client has seen a byte."""
     if ctx.adapter is not None and not lease.adapter_resident():
         await _load_within_deadline(telemetry, lease, ctx.deadline)
-    broken: Verdict | None = None
-
-    def stream_broke(exc: BackendError) -> GatewayError:
-        nonlocal broken
-        log.warning("stream from %s/%s broke after it started: %s", lease.pool.name, lease.replica_id, exc)
-        broken = classify(exc, ctx.tenant_deadline)
-        record.error = type(exc).__name__
-        return broken.error
-
     with telemetry.span("upstream", **{"server.address": lease.replica_id}):
-        engine_request = EngineRequest(
-            ctx.engine_path, ctx.body, ctx.stream, telemetry.upstream_headers(), _remaining(ctx.deadline), ctx.adapter
-        )
-        upstream = await _send(lease, engine_request)
+        upstream = await _send(telemetry, lease, ctx)
         try:
-            if ctx.stream:
-                return await relay.stream(request, telemetry, ctx, record, upstream, stream_broke), broken
-            answer = await upstream.read()
-            return relay.respond(telemetry, ctx, record, upstream, answer), None
+            if not ctx.stream:
+                answer = await upstream.read()
+                return relay.respond(telemetry, ctx, record, upstream, answer), None
+            broken: Verdict | None = None
+
+            def stream_broke(exc: BackendError) -> GatewayError:
+                nonlocal broken
+                log.warning("stream from %s/%s broke after it started: %s", lease.pool.name, lease.replica_id, exc)
+                broken = classify(exc, ctx.tenant_deadline)
+                record.error = type(exc).__name__
+                return broken.error
+
+            response = await relay.stream(request, telemetry, ctx, record, upstream, stream_broke)
+            return response, broken
         finally:
             upstream.release()
 
 
-async def _send(lease: Lease, engine_request: EngineRequest) -> EngineResponse:
-    """Send to the leased replica; an engine that no longer holds the adapter gets it once more."""
+async def _send(telemetry: Telemetry, lease: Lease, ctx: RequestContext) -> EngineResponse:
+    """Send to the leased replica; an engine that no longer holds the adapter gets it once more, within the
+    request's deadline."""
     driver, endpoint = lease.pool.driver, lease.pool.replicas[lease.replica_id].endpoint
     try:
-        return await driver.send(endpoint, engine_request)
+        return await driver.send(endpoint, _engine_request(telemetry, ctx))
     except AdapterCacheFull:
         if lease.adapter is not None:  # the engine does not hold it: stop routing by it being there
             await lease.adapter_lost()
@@ -106,8 +107,14 @@ async def _send(lease: Lease, engine_request: EngineRequest) -> EngineResponse:
             "adapter %s vanished from %s/%s; reloading", lease.adapter.engine_name, lease.pool.name, lease.replica_id
         )
         await lease.adapter_lost()
-        await lease.load_adapter()
-        return await driver.send(endpoint, engine_request)
+        await _load_within_deadline(telemetry, lease, ctx.deadline)
+        return await driver.send(endpoint, _engine_request(telemetry, ctx))
+
+
+def _engine_request(telemetry: Telemetry, ctx: RequestContext) -> EngineRequest:
+    """The request for the engine, with what is left of its deadline now."""
+    remaining = _remaining(ctx.deadline)
+    return EngineRequest(ctx.engine_path, ctx.body, ctx.stream, telemetry.upstream_headers(), remaining, ctx.adapter)
 
 
 async def _load_within_deadline(telemetry: Telemetry, lease: Lease, deadline: float) -> None:
@@ -131,20 +138,33 @@ def _remaining(deadline: float) -> float:
     return remaining
 
 
-def _lease(
-    telemetry: Telemetry, record: RequestRecord, pool: Pool, ctx: RequestContext, avoid: tuple[str, ...]
-) -> Lease:
-    """Place the request (a retry: away from where it failed) and record why it went where it did."""
-    if avoid:
-        lease = pool.lease(ctx.key, ctx.adapter, avoid)
-        lease.decision.reasons.append("retry")
-        record.reasons = record.reasons + lease.decision.reasons
-        return lease
+def _first_lease(telemetry: Telemetry, record: RequestRecord, pool: Pool, ctx: RequestContext) -> Lease:
+    """Place the request and record why it went where it did. Nothing between placing and the caller's ``with``
+    can raise: a lease placed must be released."""
     with telemetry.span("route") as span:
         lease = pool.lease(ctx.key, ctx.adapter)
         record.reasons = lease.decision.reasons
-        if span is not None:
+        if span is not None:  # telemetry never raises: OpenTelemetry drops a bad attribute with a warning
             span.set_attributes(lease.decision.span_attributes())
+    return lease
+
+
+def _retry_lease(
+    record: RequestRecord, pool: Pool, ctx: RequestContext, verdict: Verdict, failed_on: str
+) -> Lease | None:
+    """A lease on another replica for the request's one retry, or None: retries off, already retried, past its
+    deadline, nowhere else to go (then the client gets the first failure's own error), or over the retry budget."""
+    if not (pool.config.retry.enabled and record.retries == 0 and time.monotonic() < ctx.deadline):
+        return None
+    lease = pool.lease(ctx.key, ctx.adapter, (failed_on,))
+    if lease.replica is None:
+        return None
+    if not pool.retry_budget.try_spend():
+        with lease:  # placed, not used: give its place back
+            return None
+    lease.decision.reasons.append("retry")
+    record.reasons = record.reasons + lease.decision.reasons
+    record.retries += 1
     return lease
 
 
@@ -154,12 +174,3 @@ def _unavailable(decision: RoutingDecision) -> GatewayError:
             "Every replica of this model is at its limit of requests in flight; retry shortly.", headers=RETRY_SOON
         )
     return NoHealthyReplica("No replica of this model is available right now; try again shortly.")
-
-
-def _may_retry(pool: Pool, record: RequestRecord, deadline: float) -> bool:
-    return (
-        pool.config.retry.enabled
-        and record.retries == 0
-        and time.monotonic() < deadline
-        and pool.retry_budget.try_spend()
-    )

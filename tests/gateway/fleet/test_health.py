@@ -71,3 +71,19 @@ def test_retry_budget_is_a_ratio_of_recent_requests_with_a_floor() -> None:
     assert [budget.try_spend() for _ in range(4)] == [True, True, True, False]  # 20% of 20 = 4 in the window
     clock.advance(10)  # the window has moved on
     assert budget.try_spend() and not budget.try_spend()
+
+
+def test_a_long_request_that_ends_well_does_not_clear_failures_counted_while_it_ran() -> None:
+    """Streams report their outcome at their end: a stream that began before the replica started refusing must not
+    wipe out the refusals since (it would keep a broken replica from ever being ejected)."""
+    clock = Clock(START)
+    replica = health(clock, OutlierConfig(consecutive_failures=3))
+    stream_started = clock()
+    clock.advance(1)
+    assert [replica.request_failed(True) for _ in range(2)] == [False, False]
+    replica.request_succeeded(stream_started)  # the long stream ends well
+    assert replica.request_failed(True)  # the third refusal in a row still ejects it
+    clock.advance(60)
+    replica.request_failed(True)
+    replica.request_succeeded(clock())  # a request that started after that failure does clear it
+    assert replica.consecutive_failures == 0

@@ -127,8 +127,6 @@ async def test_one_request_enters_each_stage_once(tmp_path: Path, stream: bool) 
             "gateway.tenants.directory",
             "gateway.tenants.admission",
             "gateway.fleet.fleet",
-            "gateway.serving.context",
-            "gateway.fleet.retry_budget",
             "gateway.fleet.pool",
             "backends.base",
             "gateway.serving.relay",
