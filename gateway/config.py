@@ -67,6 +67,13 @@ class RoutingConfig(_Frozen):
     # A decision weighs the first `candidates` replicas of the key's ring order (and any replica where its adapter
     # is resident), not the whole pool, so it costs the same at any fleet size. Pools this size or smaller: all.
     candidates: int = Field(default=8, ge=1, le=1024)
+    # What the bound counts on each replica: "gateway", this gateway's own requests in flight (with N gateways it
+    # sees about 1/N of a replica's queue); "engine", the engine's own queue (running + waiting, scraped every
+    # load_scrape_interval_s) plus this gateway's change since that scrape, falling back to its own count when the
+    # scrape is older than 3 intervals or failed. "engine" is to become the default once `make bench` shows it
+    # wins with several gateways.
+    load_view: Literal["gateway", "engine"] = "gateway"
+    load_scrape_interval_s: float = Field(default=0.5, gt=0, le=60)
     # balanced: the tenants (or adapters) this file names get homes balanced over each pool's replicas, at most
     # ceil(keys / replicas) each (gateway/routing/ring.py); ring: every home where the ring puts it. Sessions and
     # tenants added at run time keep their ring home.

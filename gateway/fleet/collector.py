@@ -4,6 +4,7 @@ The names are documented beside the others in gateway/observe/metrics.py's modul
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -48,6 +49,15 @@ class FleetCollector(Collector):
             "tenantgate_engine_kv_cache_usage_ratio", "The engine's KV cache usage (0-1), last scraped",
             labels=replica_labels,
         )  # fmt: skip
+        load_view = GaugeMetricFamily(
+            "tenantgate_replica_load_view", "The load routing counts on the replica: with routing.load_view engine, "
+            "the engine's queue at the last scrape plus this gateway's change since (its own count when the scrape "
+            "is stale); else this gateway's requests in flight", labels=replica_labels,
+        )  # fmt: skip
+        scrape_age = GaugeMetricFamily(
+            "tenantgate_engine_scrape_age_seconds", "Seconds since the replica's metrics last answered a scrape",
+            labels=replica_labels,
+        )  # fmt: skip
         slot_waiters = GaugeMetricFamily(
             "tenantgate_adapter_slot_waiters", "Loads waiting now for a slot in the replica's working set",
             labels=replica_labels,
@@ -55,6 +65,7 @@ class FleetCollector(Collector):
         fixes = CounterMetricFamily(
             "tenantgate_residency_reconcile_fixes", "Record entries corrected to match an engine", labels=["pool"]
         )
+        now = time.monotonic()
         for name, pool in fleet.pools.items():
             for replica_id, replica in pool.replicas.items():
                 labels = [name, replica_id]
@@ -62,9 +73,23 @@ class FleetCollector(Collector):
                 in_flight.add_metric(labels, replica.in_flight)
                 resident.add_metric(labels, len(pool.residency.views[replica_id].resident))
                 slot_waiters.add_metric(labels, pool.residency.slot_waiters[replica_id])
+                max_age = pool.engine_view_max_age_s
+                load_view.add_metric(labels, replica.in_flight if max_age is None else replica.load_view(now, max_age))
                 if replica.engine_load is not None:
+                    scrape_age.add_metric(labels, now - replica.scraped_at)
                     waiting.add_metric(labels, replica.engine_load.waiting)
                     running.add_metric(labels, replica.engine_load.running)
                     kv_usage.add_metric(labels, replica.engine_load.kv_cache_usage)
             fixes.add_metric([name], pool.residency.counters.reconcile_fixes)
-        yield from (healthy, in_flight, resident, slot_waiters, waiting, running, kv_usage, fixes)
+        yield from (
+            healthy,
+            in_flight,
+            load_view,
+            scrape_age,
+            resident,
+            slot_waiters,
+            waiting,
+            running,
+            kv_usage,
+            fixes,
+        )

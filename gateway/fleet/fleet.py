@@ -120,12 +120,19 @@ class Fleet:
                 (residency.sync_interval_s, life.sync, "residency sync"),
                 (residency.reconcile_interval_s, life.reconcile, "reconciliation"),
                 (residency.evict_interval_s, partial(life.evict_idle, pool.is_healthy), "eviction"),
-                (self.config.telemetry.engine_scrape_interval_s, pool.scrape_engines, "engine metrics scrape"),
+                (self._scrape_interval_s(), pool.scrape_engines, "engine metrics scrape"),
             ]
             self._tasks += [
                 asyncio.create_task(every(interval, work, f"{what} of pool {pool.name}"), name=f"{what} {pool.name}")
                 for interval, work, what in loops
             ]
+
+    def _scrape_interval_s(self) -> float:
+        """How often the engines' own load is read: for the dashboards, or often enough to route by."""
+        interval = self.config.telemetry.engine_scrape_interval_s
+        if self.config.routing.load_view == "engine":
+            interval = min(interval, self.config.routing.load_scrape_interval_s)
+        return interval
 
     async def started_up(self) -> None:
         """Wait until the start-up work (reconciliation, pre-warm) is done."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -31,8 +32,20 @@ class Replica:
     endpoint: Endpoint
     health: ReplicaHealth
     in_flight: int = 0
-    # The engine's own load signals, as last scraped (None until the first scrape answers).
+    # The engine's own load signals, as last scraped (None until the first scrape answers, or if the last failed).
     engine_load: EngineLoad | None = None
+    # When that scrape answered (monotonic seconds) and this gateway's requests in flight there at that moment.
+    scraped_at: float = -math.inf
+    in_flight_at_scrape: int = 0
+
+    def load_view(self, now: float, max_age_s: float) -> int:
+        """The replica's load as the engine last reported it (every gateway's requests) plus this gateway's change
+        since, never below this gateway's own count; its own count alone when the scrape is stale or missing."""
+        own = self.in_flight
+        load = self.engine_load
+        if load is None or now - self.scraped_at > max_age_s:
+            return own
+        return max(own, round(load.running + load.waiting) + own - self.in_flight_at_scrape)
 
     @property
     def healthy(self) -> bool:
@@ -58,6 +71,9 @@ class Pool:
         self.max_in_flight_per_replica = max_in_flight_per_replica
         self.prefer_resident = routing.prefer_resident
         self.candidate_count = routing.candidates
+        # The engine's view of load, when routing.load_view is "engine": how stale a scrape may be before the
+        # gateway routes on its own count again.
+        self.engine_view_max_age_s = 3 * routing.load_scrape_interval_s if routing.load_view == "engine" else None
         self.replicas = {
             replica_id: Replica(endpoint, ReplicaHealth(config.health, config.outlier, config.slow_start_s))
             for replica_id, endpoint in residency.endpoints.items()
@@ -112,7 +128,8 @@ class Pool:
         reservations.expire()
         resident = self.residency.resident_on(engine_model) if engine_model and self.prefer_resident else frozenset()
         order = self._candidates(key, resident)
-        replicas = self.replicas
+        replicas, max_age = self.replicas, self.engine_view_max_age_s
+        now = time.monotonic() if max_age is not None else 0.0
         loads = []
         for replica_id in order:
             replica = replicas[replica_id]
@@ -120,7 +137,7 @@ class Pool:
                 ReplicaLoad(
                     replica_id,
                     replica.healthy,
-                    replica.in_flight,
+                    replica.in_flight if max_age is None else replica.load_view(now, max_age),
                     reservations.reserved(replica_id),
                     replica.health.weight(),
                     replica.in_flight >= self.max_in_flight_per_replica,
@@ -196,8 +213,11 @@ class Pool:
 
     async def scrape_engines(self) -> None:
         loads = await asyncio.gather(*(self.driver.load_signals(r.endpoint) for r in self.replicas.values()))
+        now = time.monotonic()
         for replica, load in zip(self.replicas.values(), loads, strict=True):
             replica.engine_load = load
+            replica.scraped_at = now
+            replica.in_flight_at_scrape = replica.in_flight
 
     async def _welcome_back(self, replica: Replica) -> None:
         """A replica back from down has lost its adapters: reset its record from the engine, warm, then serve."""

@@ -1,0 +1,79 @@
+"""The fleet-wide load view (routing.load_view: engine): the engine's own queue, which counts every gateway's
+requests, plus this gateway's change since the scrape; this gateway's own count when the scrape is stale."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import pytest
+
+from backends.base import Endpoint, EngineLoad
+from gateway.config import HealthConfig, OutlierConfig, PoolConfig, ResidencyConfig, RoutingConfig
+from gateway.fleet.health import ReplicaHealth
+from gateway.fleet.pool import Pool, Replica
+from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.memory import MemoryStore
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine
+
+
+def replica(in_flight: int, running: float, waiting: float, scraped_at: float, at_scrape: int) -> Replica:
+    health = ReplicaHealth(HealthConfig(), OutlierConfig(), slow_start_s=0)
+    return Replica(
+        Endpoint("r0", "http://r0"), health, in_flight, EngineLoad(running, waiting, 0.0), scraped_at, at_scrape
+    )
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "running", "waiting", "age_s", "at_scrape", "view"),
+    [
+        # 12 at the engine when scraped, 2 of them ours; we sent one more since: 13
+        pytest.param(3, 8, 4, 0.1, 2, 13, id="engine-queue-plus-our-change"),
+        # two of ours finished since the scrape: the engine's count drops by two
+        pytest.param(0, 8, 4, 0.1, 2, 10, id="our-finished-requests-leave-it"),
+        # four of ours had not reached the engine when it answered
+        pytest.param(5, 1, 0, 0.1, 4, 5, id="never-below-our-own-count"),
+        pytest.param(3, 8, 4, 9.0, 2, 3, id="stale-scrape-own-count"),
+    ],
+)
+def test_the_load_view(in_flight: int, running: float, waiting: float, age_s: float, at_scrape: int, view: int) -> None:
+    assert replica(in_flight, running, waiting, 100.0 - age_s, at_scrape).load_view(100.0, max_age_s=1.5) == view
+
+
+def test_no_scrape_yet_is_our_own_count() -> None:
+    lone = Replica(Endpoint("r0", "http://r0"), ReplicaHealth(HealthConfig(), OutlierConfig(), 0), in_flight=4)
+    assert lone.engine_load is None and lone.scraped_at == -math.inf
+    assert lone.load_view(100.0, max_age_s=1.5) == 4
+
+
+async def pool_seeing(load_view: Literal["gateway", "engine"], engine_load: EngineLoad) -> Pool:
+    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(3)]
+    config = PoolConfig.model_validate({"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas})
+    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
+    driver = FakeDriver(FakeEngine(), load=engine_load)
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    routing = RoutingConfig(load_view=load_view, capacity_floor=2, home_reservation_s=0)
+    pool = Pool(config, routing, driver, residency)
+    await pool.probe()
+    await pool.scrape_engines()
+    return pool
+
+
+async def test_other_gateways_queue_at_the_home_pushes_a_request_off_it_only_with_the_engine_view() -> None:
+    """Every replica's engine reports 6 requests (other gateways' traffic); this gateway has none in flight. With
+    its own view the home looks idle; with the engine's, the home carries 6 and the bound (floor 2, mean 6.3 x 1.25
+    -> 8) still takes it, until the home alone is loaded: then the request leaves it."""
+    busy = EngineLoad(running=4, waiting=2, kv_cache_usage=0.5)
+    own_view = await pool_seeing("gateway", busy)
+    engine_view = await pool_seeing("engine", busy)
+    assert own_view.lease("acme", None).decision.loads == dict.fromkeys(own_view.ring.head("acme", 3), 0)
+    with engine_view.lease("acme", None) as lease:
+        assert lease.decision.loads == dict.fromkeys(engine_view.ring.head("acme", 3), 6)
+    home = engine_view.ring.home("acme")
+    engine_view.replicas[home].engine_load = EngineLoad(running=20, waiting=10, kv_cache_usage=0.9)
+    with engine_view.lease("acme", None) as lease:
+        assert lease.decision.chosen != home and lease.decision.excluded[home] == "over_capacity"
+    with own_view.lease("acme", None) as lease:  # blind to the other gateways: it piles onto the busy home
+        assert lease.decision.chosen == home
