@@ -10,11 +10,13 @@ it does for tenantgate. Each router gets the tenant the way it reads it: tenantg
 `x-tenant-id`, sglang-router by `X-SMG-Routing-Key`.
 
 Per setup: TTFT and end-to-end p50/p99, requests/s, cold loads against the compulsory minimum (distinct
-adapters), evictions, prefix-cache hit ratio, max/mean replica load, and the share of each tenant's requests at
-its most-used replica. Written to OUT as results.json, results.md and two plots (TTFT distributions; cold loads
-over time).
+adapters), evictions, prefix-cache hit ratio, max/mean replica load, the share of each tenant's requests at its
+most-used replica, and the peak queue (running + waiting, sampled every 0.1 s from the engines' /metrics) on the
+most loaded replica. Setups with several gateways start that many `tenantgate serve` processes sharing one
+redis-server, and the client sends each request to the next gateway in turn, as a load balancer would. Written to
+OUT as results.json, results.md and two plots (TTFT distributions; cold loads over time).
 
-    python -m loadtests.bench_routing [--seconds 30] [--rate 20] [--out bench-results]
+    python -m loadtests.bench_routing [--seconds 30] [--rate 20] [--seed 17] [--only NAME] [--out bench-results]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import contextlib
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import tempfile
@@ -56,6 +59,8 @@ class Setup:
     policy: str
     prefer_resident: bool = True
     home_placement: str = "balanced"
+    gateways: int = 1
+    load_view: str = "gateway"
 
 
 VLLM_ROUTER_POLICIES = ("consistent_hash", "round_robin", "sticky_least_loaded", "cache_aware")
@@ -66,6 +71,15 @@ SETUPS = [
     Setup("tenantgate bounded, ring homes", "tenantgate", "bounded_consistent_hash", home_placement="ring"),
     Setup("tenantgate bounded, no residency", "tenantgate", "bounded_consistent_hash", prefer_resident=False),
     Setup("tenantgate bounded + residency", "tenantgate", "bounded_consistent_hash"),
+    Setup("tenantgate bounded, engine load view", "tenantgate", "bounded_consistent_hash", load_view="engine"),
+    Setup("tenantgate bounded, 3 gateways", "tenantgate", "bounded_consistent_hash", gateways=3),
+    Setup(
+        "tenantgate bounded, 3 gateways, engine load view",
+        "tenantgate",
+        "bounded_consistent_hash",
+        gateways=3,
+        load_view="engine",
+    ),
     *(Setup(f"vllm-router {p}", "vllm-router", p) for p in VLLM_ROUTER_POLICIES),
     *(Setup(f"sglang-router {p}", "sglang-router", p) for p in ("cache_aware", "round_robin", "manual")),
 ]
@@ -105,6 +119,8 @@ class Observed:
     e2e: list[float] = field(default_factory=list)
     failures: int = 0
     cold_loads_over_time: list[tuple[float, int]] = field(default_factory=list)
+    # Per replica, the most requests running + waiting seen at once in the engine's own metrics.
+    peak_queue: dict[str, float] = field(default_factory=dict)
 
 
 def headers_for(router: str, tenant: str) -> dict[str, str]:
@@ -115,13 +131,14 @@ def headers_for(router: str, tenant: str) -> dict[str, str]:
     return {"X-SMG-Routing-Key": tenant}
 
 
-async def replay(url: str, router: str, trace: list[Arrival], replicas: dict[str, str]) -> Observed:
+async def replay(urls: list[str], router: str, trace: list[Arrival], replicas: dict[str, str]) -> Observed:
     observed = Observed()
     started = time.monotonic()
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
 
-        async def one(arrival: Arrival) -> None:
+        async def one(index: int, arrival: Arrival) -> None:
+            url = urls[index % len(urls)]
             await asyncio.sleep(max(0.0, started + arrival.offset_s - time.monotonic()))
             body = {"model": f"lora-{arrival.tenant}", "prompt": arrival.prompt, "max_tokens": 16, "stream": True}
             sent = time.monotonic()
@@ -150,26 +167,75 @@ async def replay(url: str, router: str, trace: list[Arrival], replicas: dict[str
                 observed.cold_loads_over_time.append((time.monotonic() - started, total))
                 await asyncio.sleep(1.0)
 
-        sampler = asyncio.create_task(sample_cold_loads())
-        await asyncio.gather(*(one(arrival) for arrival in trace))
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        async def sample_queues() -> None:
+            while True:
+                for replica, replica_url in replicas.items():
+                    with contextlib.suppress(httpx.HTTPError):
+                        queue = engine_queue((await client.get(replica_url + "/metrics")).text)
+                        observed.peak_queue[replica] = max(observed.peak_queue.get(replica, 0.0), queue)
+                await asyncio.sleep(0.1)
+
+        samplers = [asyncio.create_task(sample_cold_loads()), asyncio.create_task(sample_queues())]
+        await asyncio.gather(*(one(index, arrival) for index, arrival in enumerate(trace)))
+        for sampler in samplers:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
     return observed
 
 
+def engine_queue(metrics: str) -> float:
+    """vLLM's requests running + waiting, from its /metrics page."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 @contextlib.contextmanager
-def router_for(setup: Setup, root: Path, replicas: dict[str, str], adapters: dict[str, str]) -> Iterator[str]:
+def redis_for(root: Path) -> Iterator[str]:
+    """A redis-server on loopback (no persistence) for gateways that share residency, until the block ends."""
+    port = free_port()
+    with (root / "redis.log").open("wb") as log:
+        process = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        for _ in range(100):  # bounded: until it answers PING
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64).startswith(b"+PONG"):
+                    break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("redis-server did not start")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+@contextlib.contextmanager
+def router_for(setup: Setup, root: Path, replicas: dict[str, str], adapters: dict[str, str]) -> Iterator[list[str]]:
     if setup.router == "tenantgate":
         tenants = {t: [f"lora-{t}"] for t in TENANTS}
-        config = gateway_config(replicas, tenants, adapters, port=free_port(), policy=setup.policy,
-                                max_adapters=MAX_CPU_LORAS,
-                                extra={"routing": {"affinity": "tenant", "balance_factor": 1.25,
-                                                   "prefer_resident": setup.prefer_resident,
-                                                   "home_placement": setup.home_placement},
-                                       "telemetry": {"access_log": False}})  # fmt: skip
-        with gateway_process(root, config, "gateway") as (url, _):
-            yield url
+        with contextlib.ExitStack() as stack:
+            extra: dict[str, Any] = {
+                "routing": {"affinity": "tenant", "balance_factor": 1.25, "prefer_resident": setup.prefer_resident,
+                            "home_placement": setup.home_placement, "load_view": setup.load_view},
+                "telemetry": {"access_log": False},
+            }  # fmt: skip
+            if setup.gateways > 1:
+                extra["state"] = {"redis_url": stack.enter_context(redis_for(root))}
+            urls = []
+            for index in range(setup.gateways):
+                config = gateway_config(replicas, tenants, adapters, port=free_port(), policy=setup.policy,
+                                        max_adapters=MAX_CPU_LORAS, extra=extra)  # fmt: skip
+                url, _ = stack.enter_context(gateway_process(root, config, f"gateway-{index}"))
+                urls.append(url)
+            yield urls
         return
     port = free_port()
     if setup.router == "vllm-router":
@@ -192,7 +258,7 @@ def router_for(setup: Setup, root: Path, replicas: dict[str, str], adapters: dic
             time.sleep(0.1)
         else:
             raise RuntimeError(f"{setup.name} did not start:\n{log.read_text()[-2000:]}")
-        yield url
+        yield [url]
     finally:
         process.terminate()
         process.wait(timeout=15)
@@ -217,9 +283,9 @@ def run_setup(setup: Setup, trace: list[Arrival]) -> dict[str, Any]:
             stack.enter_context(running(cmd, url, root / f"sim-{index}.log", start_timeout_s=30))
             replicas[f"r{index}"] = url
         assert all(healthy(url) for url in replicas.values())
-        router_url = stack.enter_context(router_for(setup, root, replicas, adapters))
+        router_urls = stack.enter_context(router_for(setup, root, replicas, adapters))
         before = {r: sim_stats(u) for r, u in replicas.items()}
-        observed = asyncio.run(replay(router_url, setup.router, trace, replicas))
+        observed = asyncio.run(replay(router_urls, setup.router, trace, replicas))
         after = {r: sim_stats(u) for r, u in replicas.items()}
     return summarize(setup, trace, observed, before, after)
 
@@ -258,6 +324,7 @@ def summarize(
         "prefix_hit_ratio": hits / (hits + misses) if hits + misses else 0.0,
         "max_over_mean_load": max(loads) / statistics.mean(loads) if loads and statistics.mean(loads) else 0.0,
         "tenant_share_at_top_replica": statistics.mean(shares) if shares else 0.0,
+        "peak_queue": max(observed.peak_queue.values(), default=0.0),
         "cold_loads_over_time": [(round(t, 1), n - start_cold) for t, n in observed.cold_loads_over_time if n >= 0],
         "ttft_ms": [round(1000 * t, 2) for t in observed.ttft],
     }
@@ -275,6 +342,7 @@ COLUMNS = [
     ("prefix hits", "prefix_hit_ratio", "{:.0%}"),
     ("max/mean load", "max_over_mean_load", "{:.2f}"),
     ("tenant at top replica", "tenant_share_at_top_replica", "{:.0%}"),
+    ("peak queue", "peak_queue", "{:.0f}"),
     ("failed", "failed", "{}"),
 ]
 
@@ -317,14 +385,15 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] = print)
     parser.add_argument("--rate", type=float, default=20.0, help="mean requests per second before the hot tenant")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--only", default="", help="run only setups whose name contains this")
+    parser.add_argument("--seed", type=int, default=17, help="the trace's seed (default 17)")
     args = parser.parse_args(argv)
-    trace = make_trace(args.seconds, args.rate)
+    trace = make_trace(args.seconds, args.rate, args.seed)
     setups = [s for s in SETUPS if args.only in s.name and peer_installed(s.router)]
     missing = sorted({s.router for s in SETUPS if not peer_installed(s.router)})
     header = (
         f"{len(trace)} streaming requests over {args.seconds:.0f} s, {len({a.tenant for a in trace})} adapters"
         f" (Zipf; {HOT} turns hot at half-time), {REPLICAS} simulated replicas x {MAX_LORAS} GPU / {MAX_CPU_LORAS} host"
-        f" adapter slots, {time.strftime('%Y-%m-%d')}"
+        f" adapter slots, seed {args.seed}, {time.strftime('%Y-%m-%d')}"
     )
     progress(header + (f"; not installed (make peers): {', '.join(missing)}" if missing else ""))
     results = []

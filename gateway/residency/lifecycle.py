@@ -3,15 +3,16 @@ and keep the record true to the engines.
 
 The request path touches only the local view (a dict per replica): a resident adapter costs a dict lookup and a
 use mark; the store is written behind in batches. Only a cold load talks to the store, under the replica's lock,
-so two gateways never load on one replica at once and never push it past ``max_adapters``.
+so two gateways never load on one replica at once, nor push it past ``max_adapters`` but as said below.
 
 An adapter counts as in use, and is never evicted, while this gateway has requests in flight for it or, when
 gateways share the store, any gateway marked a use within ``in_use_window_s`` (gateways re-mark adapters with
-requests in flight at every flush). A load that finds every resident adapter in use waits, with the lock released,
-until one is free (its requests end, or its mark leaves that window), up to ``slot_wait_timeout_s``; then an engine
-that queues such requests (vLLM) gets the adapter over the bound, and one that refuses them answers 503. If the
-store is unreachable the lifecycle goes on from its local view alone, says so in ``store_up``, and resynchronises
-from the engines when the store answers.
+requests in flight at every flush). A load that finds every resident adapter in use: on an engine that queues
+requests for a full set (vLLM), it loads at once, over the bound, until the timer brings the set back; on one that
+refuses them (TensorRT-LLM), it waits with the lock released until one is free (its requests end, or its mark
+leaves that window), up to ``slot_wait_timeout_s``, then answers 503. If the store is unreachable the lifecycle
+goes on from its local view alone, says so in ``store_up``, and resynchronises from the engines when the store
+answers.
 """
 
 from __future__ import annotations
@@ -234,8 +235,11 @@ class PoolResidency:
         return min(idle)[1] if idle else None
 
     def _may_wait(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> bool:
-        """Whether a load may still wait for a slot: some resident adapter can become idle, the wait is not over,
-        and the replica's wait queue has room."""
+        """Whether a load may still wait for a slot: the engine refuses requests for a full set (one that queues
+        them gains nothing from a wait: unloading a name frees none of its memory, and the request would only be
+        late), some resident adapter can become idle, the wait is not over, and the replica's wait queue has room."""
+        if self.overcommit:
+            return False
         evictable = any(name not in record.pinned for name in record.resident)
         queue = self.slot_waiters[replica_id] < self.config.slot_wait_queue
         return evictable and queue and time.monotonic() < give_up_at

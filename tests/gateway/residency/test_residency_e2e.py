@@ -129,8 +129,12 @@ def two_gateways(
 def test_two_gateways_sharing_redis_load_once_stay_in_the_working_set_and_agree(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
+    """vLLM queues a request whose adapter has no slot, so a load that finds every adapter recently used (by either
+    gateway: within the in-use window) goes over max_adapters rather than wait; the eviction timer brings the set
+    back. Loads are never duplicated, every tenant stays on its one home, and the gateways agree on the homes."""
     tenants = {f"t{i}": [f"adapter-t{i}"] for i in range(8)}  # 8 adapters, 3 replicas x 2 slots
-    with two_gateways(tmp_path, tenants, 3, redis_server.url) as (replicas, gateways):
+    timer = {"evict_interval_s": 0.5, "idle_evict_s": 1.5, "headroom": 0}
+    with two_gateways(tmp_path, tenants, 3, redis_server.url, **timer) as (replicas, gateways):
 
         async def both_at_once(tenant: str, round_: int) -> None:
             clients = [
@@ -148,12 +152,19 @@ def test_two_gateways_sharing_redis_load_once_stay_in_the_working_set_and_agree(
         asyncio.run(traffic())
         stats = {replica: sim_stats(url) for replica, url in replicas.items()}
         homes = [{t: admin_get(url, f"/admin/route?tenant={t}")["home"] for t in tenants} for url in gateways]
+        for _ in range(100):  # bounded: the timer brings every set back within max_adapters once traffic stops
+            registered = {replica: sim_stats(url)["registered"] for replica, url in replicas.items()}
+            if all(len(names) <= 2 for names in registered.values()):
+                break
+            time.sleep(0.1)
+        assert all(len(names) <= 2 for names in registered.values()), registered
 
     assert homes[0] == homes[1]  # computed apart, with no coordination
     assert max(Counter(homes[0].values()).values()) <= 3  # balanced: 8 tenants, 3 replicas
     for replica, replica_stats in stats.items():
         assert replica_stats["duplicate_loads"] == 0, replica
-        assert replica_stats["peak_registered"] <= 2, replica
+        # over the bound only by what is homed there: no spill loaded an adapter elsewhere
+        assert replica_stats["peak_registered"] <= Counter(homes[0].values())[replica], replica
     for tenant in tenants:  # both gateways sent every request of a tenant to its one home
         served_by = {r for r, s in stats.items() if s["requests_by_model"].get(f"adapter-{tenant}")}
         assert served_by == {homes[0][tenant]}, tenant
