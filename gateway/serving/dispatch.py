@@ -55,7 +55,7 @@ async def dispatch(
                 lease.report(ok=broken is None or not broken.replica_fault)
                 return response
         # The failed attempt's lease is released: try once more elsewhere, or answer its error.
-        retry = _retry_lease(record, pool, ctx, verdict, failed_on) if verdict.retryable else None
+        retry = _retry_lease(record, pool, ctx, failed_on) if verdict.retryable else None
         if retry is None:
             raise verdict.error from failure
         lease = retry
@@ -149,9 +149,7 @@ def _first_lease(telemetry: Telemetry, record: RequestRecord, pool: Pool, ctx: R
     return lease
 
 
-def _retry_lease(
-    record: RequestRecord, pool: Pool, ctx: RequestContext, verdict: Verdict, failed_on: str
-) -> Lease | None:
+def _retry_lease(record: RequestRecord, pool: Pool, ctx: RequestContext, failed_on: str) -> Lease | None:
     """A lease on another replica for the request's one retry, or None: retries off, already retried, past its
     deadline, nowhere else to go (then the client gets the first failure's own error), or over the retry budget."""
     if not (pool.config.retry.enabled and record.retries == 0 and time.monotonic() < ctx.deadline):
