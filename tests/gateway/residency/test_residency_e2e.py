@@ -111,12 +111,13 @@ def two_gateways(
     tenants: dict[str, list[str]],
     replicas: int,
     redis_url: str,
+    *,
     sim_args: tuple[str, ...] = tuple(FAST_SIM),
-    **residency: float,
+    residency: dict[str, float] | None = None,
 ) -> Iterator[tuple[dict[str, str], list[str]]]:
     adapters = write_adapters(root, sorted({name for names in tenants.values() for name in names}))
     # A slow Redis answer must not make a gateway fall back to its local view here: this test is not about that.
-    extra = {"state": {"redis_url": redis_url, "operation_timeout_s": 5}, "residency": residency}
+    extra = {"state": {"redis_url": redis_url, "operation_timeout_s": 5}, "residency": residency or {}}
     with simulated_replicas(root, replicas, *sim_args) as urls, contextlib.ExitStack() as stack:
         gateways = []
         for name in ("gw-a", "gw-b"):
@@ -134,7 +135,7 @@ def test_two_gateways_sharing_redis_load_once_stay_in_the_working_set_and_agree(
     back. Loads are never duplicated, every tenant stays on its one home, and the gateways agree on the homes."""
     tenants = {f"t{i}": [f"adapter-t{i}"] for i in range(8)}  # 8 adapters, 3 replicas x 2 slots
     timer = {"evict_interval_s": 0.5, "idle_evict_s": 1.5, "headroom": 0}
-    with two_gateways(tmp_path, tenants, 3, redis_server.url, **timer) as (replicas, gateways):
+    with two_gateways(tmp_path, tenants, 3, redis_server.url, residency=timer) as (replicas, gateways):
 
         async def both_at_once(tenant: str, round_: int) -> None:
             clients = [
@@ -174,7 +175,9 @@ def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path
     tenants = {f"t{i}": [f"adapter-t{i}"] for i in range(6)}
     redis = RedisServer(log_path=tmp_path / "redis.log").start()
     try:
-        with two_gateways(tmp_path, tenants, 2, redis.url, sync_interval_s=0.2, reconcile_interval_s=1.0) as (
+        with two_gateways(
+            tmp_path, tenants, 2, redis.url, residency={"sync_interval_s": 0.2, "reconcile_interval_s": 1.0}
+        ) as (
             replicas,
             gateways,
         ):

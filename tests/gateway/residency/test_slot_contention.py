@@ -80,7 +80,7 @@ async def steady(gateways: list[str], outcomes: Counter[str]) -> None:
 def test_a_cold_burst_over_full_slots_fails_nothing_the_engine_would_serve(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    with two_gateways(tmp_path, TENANTS, 2, redis_server.url, SIM) as (_, gateways):
+    with two_gateways(tmp_path, TENANTS, 2, redis_server.url, sim_args=SIM) as (_, gateways):
         cold: Counter[str] = Counter()
         asyncio.run(burst(gateways, cold))
         assert cold == Counter({"200": BURST}), cold
