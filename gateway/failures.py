@@ -77,7 +77,7 @@ def _failed(exc: BackendError) -> GatewayError:
 
 _RULES: tuple[tuple[type[BackendError], _Rule], ...] = (
     # Busy with other adapters, not broken; another replica may have room.
-    (AdapterCacheFull, _Rule(_always, _never, lambda exc: WorkingSetFull(_NO_ROOM))),
+    (AdapterCacheFull, _Rule(_always, _never, lambda exc: WorkingSetFull(_NO_ROOM, headers={"Retry-After": "1"}))),
     # The request's own deadline passed while it waited (for a load, or before it was sent).
     (DeadlineExceeded, _Rule(_never, _never, _timed_out)),
     (EngineTimeout, _Rule(_never, _unless_tenant_deadline, _timed_out)),

@@ -231,7 +231,7 @@ class Pool:
         for adapter, pinned in self.prewarm[replica_id]:
             try:
                 await self.residency.warm(replica_id, adapter, pinned=pinned)
-            except (BackendError, GatewayError) as exc:  # WorkingSetFull included: log it, warm the others
+            except (BackendError, GatewayError) as exc:  # a full working set included: log it, warm the others
                 log.error("pre-warming %s on %s/%s failed: %s", adapter.engine_name, self.name, replica_id, exc)
 
 

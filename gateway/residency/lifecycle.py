@@ -27,9 +27,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
-from backends.errors import BackendError
+from backends.errors import AdapterCacheFull, BackendError
 from gateway.config import ResidencyConfig
-from gateway.errors import GatewayError, WorkingSetFull
+from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
@@ -248,15 +248,14 @@ class PoolResidency:
         """Wait, without the replica's lock, until an adapter may be evicted: one of ours finishes its requests
         (woken at once), or another gateway's use mark ages out of the in-use window (woken then), or the wait is
         over. When it is over or hopeless: return at once for an engine that queues for slots (the caller then
-        loads over the bound), else raise ``WorkingSetFull`` (503, Retry-After)."""
+        loads over the bound), else raise ``AdapterCacheFull``: the engine's own answer to a full cache, which
+        dispatch tries on another replica and otherwise answers 503 with Retry-After."""
         if not self._may_wait(replica_id, record, give_up_at):
             if self.overcommit:
                 return
             self.metrics.slot_waits.labels(self.pool, replica_id, "refused").inc()
             log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
-            raise WorkingSetFull(
-                "The model's replica has no room for another adapter now; retry shortly.", headers={"Retry-After": "1"}
-            )
+            raise AdapterCacheFull(503, f"{self.pool}/{replica_id} has no room for another adapter now")
         self.metrics.slot_waits.labels(self.pool, replica_id, "waited").inc()
         view, idle = self.views[replica_id], self._adapter_idle[replica_id]
         self.slot_waiters[replica_id] += 1
@@ -311,9 +310,7 @@ class PoolResidency:
                 return False
             if time.monotonic() >= deadline:
                 log.warning("%s/%s: another gateway's load did not end in time", self.pool, replica_id)
-                raise WorkingSetFull(
-                    "The model's replica is busy loading adapters; retry shortly.", headers={"Retry-After": "1"}
-                )
+                raise AdapterCacheFull(503, f"{self.pool}/{replica_id} is busy loading adapters")
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
 

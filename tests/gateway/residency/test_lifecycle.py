@@ -9,8 +9,9 @@ from collections.abc import Callable, Collection
 import pytest
 
 from backends.base import AdapterRef, Endpoint
+from backends.errors import AdapterCacheFull
 from gateway.config import ResidencyConfig
-from gateway.errors import WorkingSetFull
+from gateway.failures import classify
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable, Uses
 from tests.clock import Clock
@@ -85,7 +86,7 @@ async def test_a_working_set_of_pinned_adapters_refuses_another_at_once(store: R
     life = lifecycle(store, engine, clock)
     await life.ensure("r0", ref("p1"), pinned=True)
     await life.ensure("r0", ref("p2"), pinned=True)
-    with pytest.raises(WorkingSetFull):
+    with pytest.raises(AdapterCacheFull):
         await life.ensure("r0", ref("newcomer"))
     assert engine.unloads == []
 
@@ -309,9 +310,10 @@ async def test_a_slot_wait_ends_at_its_timeout_with_retry_after_when_the_engine_
     await life.ensure("r0", ref("b"))
     life.begin_use("r0", "a")
     life.begin_use("r0", "b")
-    with pytest.raises(WorkingSetFull) as refused:
+    with pytest.raises(AdapterCacheFull) as refused:
         await asyncio.wait_for(life.ensure("r0", ref("c")), 5)
-    assert refused.value.headers == {"Retry-After": "1"}
+    verdict = classify(refused.value)  # what dispatch makes of it: try another replica, else 503 Retry-After
+    assert verdict.retryable and not verdict.replica_fault and verdict.error.headers == {"Retry-After": "1"}
     assert life.slot_waiters["r0"] == 0 and engine.loaded["r0"] == {"a", "b"}
 
 
@@ -328,7 +330,7 @@ async def test_a_full_slot_wait_queue_refuses_a_newcomer_at_once(store: Residenc
             break
         await asyncio.sleep(0.001)
     assert life.slot_waiters["r0"] == 1
-    with pytest.raises(WorkingSetFull):
+    with pytest.raises(AdapterCacheFull):
         await asyncio.wait_for(life.ensure("r0", ref("d")), 5)
     life.end_use("r0", "a")
     await asyncio.wait_for(waiting, 5)  # the one in the queue gets the slot a left
