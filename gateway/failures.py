@@ -61,8 +61,7 @@ def _status(exc: BackendError) -> int:
 
 
 def _rejected(exc: BackendError) -> GatewayError:
-    status = _status(exc)
-    if 400 <= status < 500 and status != 404 and isinstance(exc, EngineRejected):
+    if isinstance(exc, EngineRejected) and 400 <= exc.status < 500 and exc.status != 404:
         return InvalidRequest(exc.message)  # the engine's own validation, e.g. max_tokens over the context
     return UpstreamError("The model replica failed to answer.")
 

@@ -73,8 +73,7 @@ class FleetCollector(Collector):
                 in_flight.add_metric(labels, replica.in_flight)
                 resident.add_metric(labels, len(pool.residency.views[replica_id].resident))
                 slot_waiters.add_metric(labels, pool.residency.slot_waiters[replica_id])
-                max_age = pool.engine_view_max_age_s
-                load_view.add_metric(labels, replica.in_flight if max_age is None else replica.load_view(now, max_age))
+                load_view.add_metric(labels, replica.load_view(now, pool.engine_view_max_age_s))
                 if replica.engine_load is not None:
                     scrape_age.add_metric(labels, now - replica.scraped_at)
                     waiting.add_metric(labels, replica.engine_load.waiting)

@@ -38,12 +38,13 @@ class Replica:
     scraped_at: float = -math.inf
     in_flight_at_scrape: int = 0
 
-    def load_view(self, now: float, max_age_s: float) -> int:
-        """The replica's load as the engine last reported it (every gateway's requests) plus this gateway's change
-        since, never below this gateway's own count; its own count alone when the scrape is stale or missing."""
+    def load_view(self, now: float, max_age_s: float | None) -> int:
+        """The load routing counts here. With the engine's view (``max_age_s`` set): the replica's load as the
+        engine last reported it (every gateway's requests) plus this gateway's change since, never below this
+        gateway's own count. This gateway's own count without it, or when the scrape is stale or missing."""
         own = self.in_flight
         load = self.engine_load
-        if load is None or now - self.scraped_at > max_age_s:
+        if max_age_s is None or load is None or now - self.scraped_at > max_age_s:
             return own
         return max(own, round(load.running + load.waiting) + own - self.in_flight_at_scrape)
 
@@ -137,7 +138,7 @@ class Pool:
                 ReplicaLoad(
                     replica_id,
                     replica.healthy,
-                    replica.in_flight if max_age is None else replica.load_view(now, max_age),
+                    replica.load_view(now, max_age),
                     reservations.reserved(replica_id),
                     replica.health.weight(),
                     replica.in_flight >= self.max_in_flight_per_replica,

@@ -247,12 +247,10 @@ class PoolResidency:
     async def _wait_for_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> None:
         """Wait, without the replica's lock, until an adapter may be evicted: one of ours finishes its requests
         (woken at once), or another gateway's use mark ages out of the in-use window (woken then), or the wait is
-        over. When it is over or hopeless: return at once for an engine that queues for slots (the caller then
-        loads over the bound), else raise ``AdapterCacheFull``: the engine's own answer to a full cache, which
-        dispatch tries on another replica and otherwise answers 503 with Retry-After."""
+        over. Only for an engine that refuses a full cache (one that queues loads over the bound in ``_made_room``
+        instead). When the wait is over or hopeless raise ``AdapterCacheFull``: the engine's own answer to a full
+        cache, which dispatch tries on another replica and otherwise answers 503 with Retry-After."""
         if not self._may_wait(replica_id, record, give_up_at):
-            if self.overcommit:
-                return
             self.metrics.slot_waits.labels(self.pool, replica_id, "refused").inc()
             log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
             raise AdapterCacheFull(503, f"{self.pool}/{replica_id} has no room for another adapter now")
