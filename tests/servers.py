@@ -63,7 +63,7 @@ class TritonProcess:
 
 
 def vllm_command(port: int, lora_modules: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The real vLLM CPU server on the tiny model, with the flags shared/notes/vllm-on-cpu.md checked."""
+    """The real vLLM CPU server on the tiny model, with the flags docs/engines-on-cpu.md gives."""
     cmd = [
         str(VLLM_PYTHON), str(REPO / "tests" / "engines" / "vllm_launcher.py"), "serve", str(TINY_MODEL_DIR / "model"),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", BASE_MODEL, "--dtype", "bfloat16",

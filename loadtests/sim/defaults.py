@@ -1,7 +1,7 @@
 """Every default of the simulator's behaviour model, in one place, with where the figure comes from.
 
 Times are simulated seconds; ``--time-scale`` multiplies every delay when it is slept. The figures describe a
-7B base model with rank-16 LoRA adapters on one data-centre GPU, the regime DESIGN.md's latency table names.
+7B base model with rank-16 LoRA adapters on one data-centre GPU, the regime docs/architecture.md's latency table names.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class SimParams:
     # --- adapters -------------------------------------------------------------------------------------------
-    # Reading an adapter from disk and preparing it: DESIGN.md puts a cold load at 100 ms to over 1 s; 400 ms
+    # Reading an adapter from disk and preparing it: docs/architecture.md puts a cold load at 100 ms to over 1 s; 400 ms
     # is the middle for a rank-16 7B adapter. It grows with rank (the file and the copy grow linearly).
     cold_load_s: float = 0.400
     cold_load_reference_rank: int = 16

@@ -1,6 +1,6 @@
 """TensorRT-LLM's PEFT cache as the simulated Triton model keeps it: LoRA weights arrive with requests, keyed by
 ``lora_task_id`` (TensorRT-LLM ``peftCacheManager.cpp``, ``loraCache.cpp``, ``loraUtils.cpp``; the error texts
-are theirs, shared/notes/trtllm-lora-and-io.md has the sources).
+are theirs, docs/triton.md says what the gateway relies on).
 
 - A request with ``lora_weights`` and ``lora_config`` puts its task in the cache; later requests send the id only.
 - The cache holds ``capacity`` tasks (``--max-cpu-loras``). A new task evicts the least recently used task with no

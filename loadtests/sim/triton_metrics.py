@@ -1,5 +1,5 @@
 """``GET /metrics`` with Triton's and TensorRT-LLM's metric names and labels, read from the engine at scrape time
-(TensorRT-LLM backend ``custom_metrics_reporter.cc``; shared/notes/trtllm-lora-and-io.md section 3)."""
+(TensorRT-LLM backend ``custom_metrics_reporter.cc``; docs/triton.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A real Triton Inference Server (from the nvidia-pytriton wheel, run natively) serving this repo's Python-backend
-stand-in for TensorRT-LLM's `tensorrt_llm_bls`, with the flags and environment shared/notes/triton-on-cpu.md checked."""
+stand-in for TensorRT-LLM's `tensorrt_llm_bls`, with the flags and environment docs/engines-on-cpu.md gives."""
 
 from __future__ import annotations
 

