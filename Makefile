@@ -33,7 +33,7 @@ venv: $(BIN)/.installed
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,otlp]'
 	touch $@
 
 # Each real engine runs in its own venv, never imported by the gateway (docs/engines-on-cpu.md).

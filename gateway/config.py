@@ -10,6 +10,7 @@ and checks its adapters. The top-level ``engines:`` list names modules to import
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import (
     SerializeAsAny,
     SerializerFunctionWrapHandler,
     ValidationError,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -331,13 +333,32 @@ class ResidencyConfig(_Frozen):
     lock_ttl_s: float = Field(default=120.0, gt=0)
 
 
+# The module each exporter needs beyond the SDK, and the extra that installs it (pip install 'tenantgate[otlp]').
+EXPORTER_MODULES = {"otlp": ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "otlp")}
+
+
 class TracingConfig(_Frozen):
     # none: no spans at all (free); console: spans printed to stdout; otlp: sent to an OpenTelemetry collector
-    # (needs the optional package opentelemetry-exporter-otlp-proto-http).
+    # (needs the extra tenantgate[otlp], which the image installs).
     exporter: Literal["none", "console", "otlp"] = "none"
     otlp_endpoint: HttpUrl | None = None
     service_name: str = "tenantgate"
     sample_ratio: float = Field(default=1.0, ge=0, le=1)
+
+    @field_validator("exporter")
+    @classmethod
+    def _exporter_installed(cls, exporter: str) -> str:
+        """A config whose exporter cannot be built fails here, in check-config, not when serve starts."""
+        if exporter in EXPORTER_MODULES:
+            module, extra = EXPORTER_MODULES[exporter]
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ValueError(
+                    f"the {exporter} exporter needs {module}, which is not installed: "
+                    f"pip install 'tenantgate[{extra}]' ({exc})"
+                ) from exc
+        return exporter
 
 
 class TelemetryConfig(_Frozen):

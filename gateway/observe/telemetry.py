@@ -89,12 +89,9 @@ def make_tracer_provider(config: TracingConfig, exporter: SpanExporter | None = 
 def _exporter(config: TracingConfig) -> SpanExporter:
     if config.exporter == "console":
         return ConsoleSpanExporter()
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    except ImportError as exc:
-        raise RuntimeError(
-            "telemetry.tracing.exporter is otlp but opentelemetry-exporter-otlp-proto-http is not installed"
-        ) from exc
+    # The config refuses otlp when this is not installed (tenantgate[otlp]), so check-config says so first.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
     endpoint = str(config.otlp_endpoint) if config.otlp_endpoint else None
     otlp: SpanExporter = OTLPSpanExporter(endpoint=endpoint)
     return otlp
