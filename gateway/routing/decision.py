@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from gateway.routing.costs import Regime
+
 # Why a request found no replica: every replica is down (or left out for its retry), or the live ones are full.
 Unavailable = Literal["down", "full"]
 
@@ -23,6 +25,10 @@ class ReplicaLoad:
     weight: float = 1.0
     # At the gateway's hard per-replica limit of requests in flight (limits.max_in_flight_per_replica).
     at_cap: bool = False
+    # What predicted_ttft weighs (routing/costs.py): the request's adapter running on the GPU there, and its key
+    # served there within routing.prefix_warm_s (its prefix likely still in the KV cache).
+    on_gpu: bool = False
+    key_recent: bool = False
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,17 @@ class KeyStanding:
 
 
 NEW_KEY = KeyStanding()
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """predicted_ttft's figures for one candidate: its regime, the load it counted, each scorer's weighted term
+    (milliseconds, by scorer name) and their sum."""
+
+    regime: Regime
+    load: int
+    parts: dict[str, float]
+    total_ms: float
 
 
 @dataclass
@@ -61,6 +78,9 @@ class RoutingDecision:
     resident: list[str] = field(default_factory=list)
     # The replicas the filters kept, in the key's ring order.
     candidates: list[str] = field(default_factory=list)
+    # predicted_ttft: each replica under the bound, with its predicted TTFT and the parts of it (numbers only;
+    # /admin/route and the status page build the text).
+    predictions: dict[str, Prediction] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

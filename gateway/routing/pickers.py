@@ -12,6 +12,11 @@ is under the cap. The cap never falls below ``capacity_floor``: below a few requ
 one more almost for free, and a spill can cost a cold adapter load. The others are baselines for comparison:
 ``consistent_hash`` (no bound), ``round_robin`` and ``least_loaded``.
 
+``predicted_ttft`` keeps the same bound and, among the replicas under it, takes the one with the lowest predicted
+time to first token: the wait behind its load, its regime's cost (adapter on GPU, in host memory or not loaded;
+the key's prefix warm or cold there) as the pool has learned them (costs.py), and a margin for leaving home
+(scorers/). It leaves home with ``spill:faster`` when another replica is predicted faster by more than that.
+
 A picker sets ``decision.chosen`` (always, given at least one candidate) and appends its reason codes.
 """
 
@@ -21,7 +26,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.routing.decision import KeyStanding, ReplicaLoad, RoutingDecision
+from gateway.routing.costs import regime_of
+from gateway.routing.decision import KeyStanding, Prediction, ReplicaLoad, RoutingDecision
+from gateway.routing.scorers import Candidate, Scoring
 
 
 @dataclass(slots=True)  # not frozen: built per decision, and a frozen dataclass costs 1 us more to build
@@ -35,6 +42,8 @@ class PickInput:
     tick: int
     standing: KeyStanding
     resident: frozenset[str]
+    # predicted_ttft's scorers and TTFT model (None for the other policies).
+    scoring: Scoring | None = None
 
 
 def consistent_hash(decision: RoutingDecision, given: PickInput) -> None:
@@ -42,28 +51,48 @@ def consistent_hash(decision: RoutingDecision, given: PickInput) -> None:
 
 
 def bounded_consistent_hash(decision: RoutingDecision, given: PickInput) -> None:
-    candidates, by_id = given.candidates, given.by_id
-    effective = {r: by_id[r].in_flight + by_id[r].reserved for r in candidates}
-    mean = (sum(effective.values()) + 1) / len(candidates)
-    capacity = max(math.ceil(given.balance_factor * mean), given.capacity_floor)
-    decision.capacity = capacity
+    candidates = given.candidates
+    capacity = decision.capacity = _capacity(given)
     if given.standing.holds_reservation and candidates[0] == decision.home:
         decision.chosen = decision.home
         decision.used_reservation = True
         return
-    load = effective if given.standing.in_flight else {r: by_id[r].in_flight for r in candidates}
-    allowed = [r for r in candidates if load[r] < _scaled(capacity, by_id[r].weight)]
-    if not allowed:  # every replica with room is in slow start: the plain bound still has a pick
-        allowed = [r for r in candidates if load[r] < capacity]
-    if len(allowed) < len(candidates):
-        room = set(allowed)
-        decision.excluded.update((r, "over_capacity") for r in candidates if r not in room)
+    allowed = _within_bound(decision, given, capacity)
     if allowed[0] != candidates[0]:
         decision.reasons.append("spill:over_capacity")
     decision.chosen = allowed[0]
     if decision.chosen != decision.home:
         decision.chosen, how = spill_target(allowed, given.resident)
         decision.reasons.append(how)
+
+
+def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
+    """The lowest predicted TTFT among the candidates under the bound (the same bound as bounded_consistent_hash,
+    over the load routing counts), each predicted as the sum of the pool's weighted scorers (routing/scorers/).
+    A key holding its home's reservation may take it whatever the bound says."""
+    assert given.scoring is not None, "predicted_ttft needs the pool's scoring"
+    candidates, by_id, home = given.candidates, given.by_id, decision.home
+    capacity = decision.capacity = _capacity(given)
+    allowed = _within_bound(decision, given, capacity)
+    reserved_home = given.standing.holds_reservation and candidates[0] == home and allowed[0] != home
+    if reserved_home:
+        del decision.excluded[home]
+        allowed.insert(0, home)
+    terms, model, resident = given.scoring.terms, given.scoring.model, given.resident
+    best, best_ms = allowed[0], math.inf
+    for replica_id in allowed:
+        replica = by_id[replica_id]
+        regime = regime_of(replica.on_gpu, replica_id in resident, replica.key_recent)
+        candidate = Candidate(replica, regime, model.line(regime), replica_id == home)
+        parts = {name: weight * term.score(candidate) for name, weight, term in terms}
+        total = sum(parts.values())
+        decision.predictions[replica_id] = Prediction(regime, replica.in_flight, parts, total)
+        if total < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
+            best, best_ms = replica_id, total
+    decision.chosen = best
+    decision.used_reservation = reserved_home and best == home
+    if best != home and home in candidates:
+        decision.reasons.append("spill:over_capacity" if home not in allowed else "spill:faster")
 
 
 def round_robin(decision: RoutingDecision, given: PickInput) -> None:
@@ -86,7 +115,34 @@ PICKERS: dict[str, Picker] = {
     "consistent_hash": consistent_hash,
     "round_robin": round_robin,
     "least_loaded": least_loaded,
+    "predicted_ttft": predicted_ttft,
 }
+
+
+def _capacity(given: PickInput) -> int:
+    """The bound: ``ceil(balance_factor x mean)`` of in flight + reserved over the candidates, counting this
+    request, never below ``capacity_floor``."""
+    by_id = given.by_id
+    total = sum(by_id[r].in_flight + by_id[r].reserved for r in given.candidates)
+    return max(math.ceil(given.balance_factor * (total + 1) / len(given.candidates)), given.capacity_floor)
+
+
+def _within_bound(decision: RoutingDecision, given: PickInput, capacity: int) -> list[str]:
+    """The candidates under the bound, in ring order (never empty: some replica is under the mean), and each one
+    over it recorded as ``over_capacity``. A key with requests in flight counts reserved slots against it too; a
+    replica in slow start has its share of the capacity."""
+    candidates, by_id = given.candidates, given.by_id
+    if given.standing.in_flight:
+        load = {r: by_id[r].in_flight + by_id[r].reserved for r in candidates}
+    else:
+        load = {r: by_id[r].in_flight for r in candidates}
+    allowed = [r for r in candidates if load[r] < _scaled(capacity, by_id[r].weight)]
+    if not allowed:  # every replica with room is in slow start: the plain bound still has a pick
+        allowed = [r for r in candidates if load[r] < capacity]
+    if len(allowed) < len(candidates):
+        room = set(allowed)
+        decision.excluded.update((r, "over_capacity") for r in candidates if r not in room)
+    return allowed
 
 
 def _scaled(capacity: int, weight: float) -> int:

@@ -5,6 +5,8 @@ Reason codes, in the order the steps add them (also in docs/architecture.md):
 - ``home``: the request goes to its key's home replica;
 - ``spill:<why>``: the home was left out by a filter: ``spill:unhealthy``, ``spill:retry``, ``spill:replica_cap``;
 - ``spill:over_capacity``: the home (or the first candidate) was over the bounded-load cap;
+- ``spill:faster``: predicted_ttft left a home under the bound for a replica predicted faster by more than the
+  affinity margin;
 - ``spill:resident`` / ``spill:ring``: where a request that left home went (its adapter resident there, or the
   next replica on the ring);
 - ``policy:round_robin`` / ``policy:least_loaded``: a baseline policy chose a replica other than the home;
@@ -20,6 +22,7 @@ from collections.abc import Collection, Sequence
 from gateway.routing.decision import NEW_KEY, KeyStanding, ReplicaLoad, RoutingDecision
 from gateway.routing.filters import filter_replicas
 from gateway.routing.pickers import PICKERS, PickInput
+from gateway.routing.scorers import Scoring
 
 
 def decide(
@@ -35,10 +38,12 @@ def decide(
     standing: KeyStanding = NEW_KEY,
     resident: frozenset[str] = frozenset(),
     avoid: Collection[str] = (),
+    scoring: Scoring | None = None,
 ) -> RoutingDecision:
     """Choose a replica for ``key`` among ``order`` (the candidates in the key's preference order, home first;
     ``replicas`` describes each of them); ``decision.chosen`` is None only when the filters left none, and then
-    ``decision.unavailable`` says why. ``avoid``: replicas this request already failed on."""
+    ``decision.unavailable`` says why. ``avoid``: replicas this request already failed on. ``scoring``:
+    predicted_ttft's scorers and model."""
     picker = PICKERS.get(policy)
     if picker is None:
         raise ValueError(f"unknown routing policy {policy!r}")
@@ -58,7 +63,7 @@ def decide(
         decision.reasons.append(f"spill:{decision.excluded[decision.home]}")
     picker(
         decision,
-        PickInput(candidates, by_id, balance_factor, capacity_floor, tick, standing, resident),
+        PickInput(candidates, by_id, balance_factor, capacity_floor, tick, standing, resident, scoring),
     )
     if decision.chosen == decision.home:
         decision.reasons.insert(0, "home")

@@ -1,0 +1,106 @@
+"""What a request's time to first token (TTFT) is predicted to be on a replica, learned from what the gateway sees.
+
+A request's *regime* on a replica is what the gateway knows there when it routes (docs/architecture.md's latency
+table describes the three the engines have; the adapter-warm case splits by where the adapter is):
+
+- ``warm``: the adapter is running on the GPU there (the engine's ``vllm:lora_requests_info``, or this gateway's
+  own requests in flight with it) and the key was served there within ``routing.prefix_warm_s``: its prefix is
+  likely in the KV cache;
+- ``kv_cold``: the adapter is running there, the key was not: prefill pays for the whole prompt;
+- ``host``: the residency record holds the adapter there but nothing shows it running: a swap into a GPU slot
+  first (vLLM's CPU LoRA cache; Triton's host cache);
+- ``cold``: the adapter is not resident there: the gateway loads it (100 ms to over 1 s on a GPU).
+
+A request for the base model is never cold. Per regime, TTFT is a line in the replica's load (the requests ahead
+of this one, as routing counts them): ``base + per_request x load``. Each line is fitted online by exponentially
+weighted least squares over the TTFTs the gateway measures (streams only: a whole answer's first byte is its
+last), starting from the line in config as a prior worth ``PRIOR_WEIGHT`` observations, which fades like any old
+observation: the first few requests cannot swing the model, and a steady fleet moves it to what it does. A
+trace of the prior (``PRIOR_FLOOR``) never fades, so the slope stays defined when every measurement came at one
+load. The learning rate 0 freezes the priors (tests, or an operator who measured their own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Regime = Literal["warm", "kv_cold", "host", "cold"]
+REGIMES: tuple[Regime, ...] = ("warm", "kv_cold", "host", "cold")
+
+# The prior's weight, in observations, at first (it fades with the learning rate) and for ever.
+PRIOR_WEIGHT = 2.0
+PRIOR_FLOOR = 0.05
+# A measurement counts as at most this many times the prediction (plus the slack, for predictions near 0).
+_OUTLIER_RATIO = 3.0
+_OUTLIER_SLACK_MS = 10.0
+# The prior's two points are at loads 0 and this many requests ahead, so its slope is defined.
+_PRIOR_LOAD = 8.0
+
+
+@dataclass(frozen=True)
+class Line:
+    """TTFT in milliseconds on a replica with ``load`` requests ahead: ``base_ms + per_request_ms x load``."""
+
+    base_ms: float
+    per_request_ms: float
+
+    def at(self, load: float) -> float:
+        return self.base_ms + self.per_request_ms * load
+
+
+class _WeightedFit:
+    """Exponentially weighted least squares of y on x, over a prior's two points."""
+
+    __slots__ = ("_floor", "_rate", "_sums", "line")
+
+    def __init__(self, prior: Line, rate: float) -> None:
+        self._floor = _prior_sums(prior, PRIOR_FLOOR)
+        self._sums = _prior_sums(prior, PRIOR_WEIGHT - PRIOR_FLOOR)
+        self._rate = rate
+        self.line = prior
+
+    def observe(self, x: float, y: float) -> None:
+        if not self._rate:
+            return
+        # TTFTs have a long tail (one request behind a long prefill): one of them may move the line by at most a
+        # few times what it predicted, so it takes a run of slow ones, not one, to make a regime look slow.
+        y = min(y, _OUTLIER_RATIO * self.line.at(x) + _OUTLIER_SLACK_MS)
+        keep = 1.0 - self._rate
+        w, sx, sy, sxx, sxy = (keep * s for s in self._sums)
+        self._sums = (w + 1, sx + x, sy + y, sxx + x * x, sxy + x * y)
+        self.line = self._fit()
+
+    def _fit(self) -> Line:
+        w, sx, sy, sxx, sxy = (a + b for a, b in zip(self._sums, self._floor, strict=True))
+        spread = w * sxx - sx * sx  # > 0: the prior's floor alone has two distinct loads
+        slope = max(0.0, (w * sxy - sx * sy) / spread)
+        base = max(0.0, (sy - slope * sx) / w)
+        return Line(base, slope)
+
+
+def _prior_sums(prior: Line, weight: float) -> tuple[float, float, float, float, float]:
+    """The sums of two points on ``prior`` (at loads 0 and ``_PRIOR_LOAD``) weighing ``weight`` together."""
+    w = weight / 2
+    y0, y1 = prior.at(0.0), prior.at(_PRIOR_LOAD)
+    return (2 * w, w * _PRIOR_LOAD, w * (y0 + y1), w * _PRIOR_LOAD**2, w * _PRIOR_LOAD * y1)
+
+
+class TtftModel:
+    """One pool's lines, one per regime; ``learning_rate`` 0 keeps the priors."""
+
+    def __init__(self, priors: dict[Regime, Line], learning_rate: float) -> None:
+        self._fits = {regime: _WeightedFit(priors[regime], learning_rate) for regime in REGIMES}
+
+    def line(self, regime: Regime) -> Line:
+        return self._fits[regime].line
+
+    def observe(self, regime: Regime, load: float, ttft_ms: float) -> None:
+        self._fits[regime].observe(load, ttft_ms)
+
+
+def regime_of(on_gpu: bool, resident: bool, key_recent: bool) -> Regime:
+    """The regime of a request on a replica, from what the gateway knows there (see the module docstring)."""
+    if on_gpu:
+        return "warm" if key_recent else "kv_cold"
+    return "host" if resident else "cold"

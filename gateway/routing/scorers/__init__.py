@@ -1,0 +1,16 @@
+"""Scorers for the predicted_ttft policy: each module registers one (scorers/base.py says what one is)."""
+
+from gateway.routing.scorers import affinity, queue, regime
+from gateway.routing.scorers.base import SCORERS, Candidate, Scorer, ScorerSettings, Scoring, build_scoring
+
+__all__ = [
+    "SCORERS",
+    "Candidate",
+    "Scorer",
+    "ScorerSettings",
+    "Scoring",
+    "affinity",
+    "build_scoring",
+    "queue",
+    "regime",
+]

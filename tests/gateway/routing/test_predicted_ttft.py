@@ -1,0 +1,156 @@
+"""predicted_ttft: each scorer's term, and the picker that takes the lowest predicted TTFT under the bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.routing.costs import Line, Regime, TtftModel
+from gateway.routing.decision import NEW_KEY, KeyStanding, ReplicaLoad, RoutingDecision
+from gateway.routing.pipeline import decide
+from gateway.routing.ring import Ring
+from gateway.routing.scorers import SCORERS, Candidate, ScorerSettings, build_scoring
+
+PRIORS: dict[Regime, Line] = {
+    "warm": Line(20, 10),
+    "kv_cold": Line(40, 10),
+    "host": Line(70, 10),
+    "cold": Line(500, 10),
+}
+RING = Ring(["r0", "r1", "r2"], vnodes=160)
+KEY = "acme"
+HOME, SECOND, THIRD = RING.preference(KEY)
+SCORING = build_scoring(
+    {"queue": 1.0, "regime": 1.0, "affinity": 1.0}, ScorerSettings(affinity_margin_ms=10), TtftModel(PRIORS, 0)
+)
+
+
+def replica(replica_id: str, load: int = 0, *, gpu: bool = True, recent: bool = False) -> ReplicaLoad:
+    return ReplicaLoad(replica_id, True, load, on_gpu=gpu, key_recent=recent)
+
+
+def pick(
+    *fleet: ReplicaLoad, resident: frozenset[str] = frozenset(), floor: int = 8, standing: KeyStanding = NEW_KEY
+) -> RoutingDecision:
+    return decide(
+        RING.preference(KEY),
+        KEY,
+        list(fleet),
+        pool="p",
+        policy="predicted_ttft",
+        balance_factor=1.25,
+        capacity_floor=floor,
+        resident=resident,
+        standing=standing,
+        scoring=SCORING,
+    )
+
+
+EVERYWHERE = frozenset({"r0", "r1", "r2"})
+
+
+# --- the scorers, one by one -----------------------------------------------------------------------------------
+
+
+def candidate(load: int, regime: Regime = "warm", *, home: bool = True) -> Candidate:
+    return Candidate(replica("r0", load), regime, PRIORS[regime], home)
+
+
+def test_the_queue_term_is_the_regimes_cost_per_request_times_the_load() -> None:
+    queue = SCORERS["queue"](ScorerSettings())
+    assert queue.score(candidate(0)) == 0
+    assert queue.score(candidate(6, "cold")) == 60
+
+
+def test_the_regime_term_is_the_regimes_cost_at_no_load() -> None:
+    regime = SCORERS["regime"](ScorerSettings())
+    assert [regime.score(candidate(3, r)) for r in ("warm", "kv_cold", "host", "cold")] == [20, 40, 70, 500]
+
+
+def test_the_affinity_term_charges_every_replica_but_home() -> None:
+    affinity = SCORERS["affinity"](ScorerSettings(affinity_margin_ms=15))
+    assert affinity.score(candidate(0, home=True)) == 0
+    assert affinity.score(candidate(0, home=False)) == 15
+
+
+def test_an_unknown_scorer_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown scorers"):
+        build_scoring({"queue": 1, "vibes": 2}, ScorerSettings(), TtftModel(PRIORS, 0))
+
+
+def test_weights_scale_each_term_and_zero_drops_it() -> None:
+    scoring = build_scoring({"queue": 2.0, "regime": 1.0, "affinity": 0.0}, ScorerSettings(), TtftModel(PRIORS, 0))
+    assert [name for name, _, _ in scoring.terms] == ["queue", "regime"]
+    decision = decide(
+        [HOME, SECOND],
+        KEY,
+        [replica(HOME, 2, recent=True), replica(SECOND, 0, recent=True)],
+        pool="p",
+        policy="predicted_ttft",
+        balance_factor=1.25,
+        capacity_floor=8,
+        scoring=scoring,
+    )
+    assert decision.predictions[HOME].parts == {"queue": 40.0, "regime": 20.0}
+
+
+# --- the picker -----------------------------------------------------------------------------------------------
+
+
+def test_an_idle_fleet_keeps_the_key_home() -> None:
+    decision = pick(replica(HOME), replica(SECOND), replica(THIRD), resident=EVERYWHERE)
+    assert decision.chosen == HOME and decision.reasons == ["home"]
+    assert set(decision.predictions) == {HOME, SECOND, THIRD}
+    assert decision.predictions[HOME].total_ms == 40  # kv_cold at no load
+    assert decision.predictions[SECOND].parts == {"queue": 0.0, "regime": 40.0, "affinity": 10.0}
+
+
+def test_a_busy_home_under_the_bound_is_left_for_a_faster_replica() -> None:
+    # home: 5 ahead x 10 ms + 40 = 90 ms; second: 0 ahead + 40 + 10 margin = 50 ms. The bound (floor 8) allows both.
+    decision = pick(replica(HOME, 5), replica(SECOND), replica(THIRD, 3), resident=EVERYWHERE)
+    assert decision.capacity == 8 and "over_capacity" not in decision.excluded.values()
+    assert decision.chosen == SECOND
+    assert decision.reasons == ["spill:faster"]
+
+
+def test_leaving_home_must_pay_more_than_the_margin() -> None:
+    # home: 1 ahead = 50 ms; second: 40 + 10 margin = 50 ms: a tie stays home
+    decision = pick(replica(HOME, 1), replica(SECOND), replica(THIRD), resident=EVERYWHERE)
+    assert decision.chosen == HOME
+
+
+def test_a_cold_adapter_is_worth_a_long_queue_elsewhere() -> None:
+    # home: adapter not resident, idle: 500 ms; second: resident on the GPU with 20 ahead: 40 + 200 + 10 = 250 ms
+    decision = pick(
+        replica(HOME, gpu=False), replica(SECOND, 20), replica(THIRD, gpu=False), resident=frozenset({SECOND}), floor=30
+    )
+    assert decision.predictions[HOME].regime == "cold"
+    assert decision.chosen == SECOND and decision.reasons == ["spill:faster"]
+
+
+def test_a_warm_prefix_beats_a_cold_one_by_its_cost() -> None:
+    decision = pick(replica(HOME, 2), replica(SECOND, recent=True), replica(THIRD), resident=EVERYWHERE)
+    # home: 20 + 40 = 60; second (warm): 20 + 10 = 30; third (kv_cold): 40 + 10 = 50
+    assert decision.chosen == SECOND
+    assert decision.predictions[SECOND].regime == "warm"
+
+
+def test_the_fastest_replica_over_the_bound_is_never_taken() -> None:
+    # floor 1, loads 6/0/0: cap ceil(1.25 x 7/3) = 3; home is over it whatever it would predict
+    decision = pick(replica(HOME, 6, recent=True), replica(SECOND, gpu=False), replica(THIRD, gpu=False), floor=1)
+    assert decision.excluded[HOME] == "over_capacity"
+    assert HOME not in decision.predictions
+    assert decision.chosen == SECOND and decision.reasons == ["spill:over_capacity"]
+
+
+def test_a_key_holding_its_reservation_may_take_its_home_over_the_bound() -> None:
+    standing = KeyStanding(in_flight=2, holds_reservation=True)
+    decision = pick(replica(HOME, 6, recent=True), replica(SECOND, 5), replica(THIRD, 5), floor=1, standing=standing)
+    assert HOME in decision.predictions and HOME not in decision.excluded
+
+
+def test_an_unhealthy_home_is_never_scored() -> None:
+    decision = pick(
+        ReplicaLoad(HOME, False, 0, on_gpu=True, key_recent=True), replica(SECOND), replica(THIRD), resident=EVERYWHERE
+    )
+    assert decision.excluded[HOME] == "unhealthy" and HOME not in decision.predictions
+    assert decision.reasons[0] == "spill:unhealthy"
