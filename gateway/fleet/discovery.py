@@ -8,6 +8,7 @@ import logging
 import dns.asyncresolver
 import dns.exception
 import dns.rdatatype
+import dns.resolver
 
 from gateway.config import DiscoveryConfig, GatewayConfig, ReplicaConfig
 
@@ -16,9 +17,17 @@ log = logging.getLogger(__name__)
 Discovered = dict[str, list[ReplicaConfig]]
 
 
+# The system's resolver configuration: its search list makes a relative name ("_http._tcp.vllm") resolve in the
+# pod's own namespace, as the system resolver does for the Redis host name, so no manifest names a namespace.
+RESOLV_CONF = "/etc/resolv.conf"
+
+
 def _resolver(config: DiscoveryConfig) -> dns.asyncresolver.Resolver:
-    resolver = dns.asyncresolver.Resolver(configure=not config.nameservers)
-    if config.nameservers:
+    try:
+        resolver = dns.asyncresolver.Resolver(filename=RESOLV_CONF)
+    except (OSError, dns.resolver.NoResolverConfiguration):
+        resolver = dns.asyncresolver.Resolver(configure=False)  # no file: absolute names only
+    if config.nameservers:  # they replace the system's servers; its search list still applies
         hosts, ports = [], set()
         for server in config.nameservers:
             host, _, port = server.partition(":")
@@ -35,7 +44,7 @@ async def resolve(config: DiscoveryConfig) -> list[ReplicaConfig]:
     resolver = _resolver(config)
     replicas: dict[str, ReplicaConfig] = {}
     if config.record == "SRV":
-        answer = await resolver.resolve(config.name, dns.rdatatype.SRV)
+        answer = await resolver.resolve(config.name, dns.rdatatype.SRV, search=True)
         for record in answer:
             target = record.target.to_text().rstrip(".")
             addresses = await resolver.resolve(target, dns.rdatatype.A)
@@ -43,7 +52,7 @@ async def resolve(config: DiscoveryConfig) -> list[ReplicaConfig]:
             url = f"http://{addresses[0].to_text()}:{record.port}"
             replicas[replica_id] = ReplicaConfig.model_validate({"id": replica_id, "url": url})
     else:
-        for record in await resolver.resolve(config.name, dns.rdatatype.A):
+        for record in await resolver.resolve(config.name, dns.rdatatype.A, search=True):
             address = record.to_text()
             replicas[address] = ReplicaConfig.model_validate({"id": address, "url": f"http://{address}:{config.port}"})
     return [replicas[key] for key in sorted(replicas)]

@@ -5,29 +5,41 @@ every object validates against the Kubernetes schemas (kubernetes-validate); the
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from aiohttp import web
 
 from gateway.config import parse_config
+from gateway.serving.ingress import add_routes
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = sorted(p.parent for p in (REPO / "deploy/k8s/overlays").glob("*/kustomization.yaml"))
 KUBERNETES_VERSION = "1.32"
 
 
-def render(overlay: Path) -> list[dict[str, Any]]:
+def render(overlay: Path, **wrapper: Any) -> list[dict[str, Any]]:
+    """The overlay rendered by `kubectl kustomize`; with ``wrapper`` (kustomization fields such as ``namespace``
+    or ``images``), rendered as an operator's own kustomization that names it as a resource would render it."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed here (it is not in Debian's repositories): the render is skipped")
-    rendered = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True)
+    with tempfile.TemporaryDirectory() as root:
+        if wrapper:  # kustomize takes a base by relative path only
+            kustomization = {"resources": [os.path.relpath(overlay, root)], **wrapper}
+            (Path(root) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+            overlay = Path(root)
+        rendered = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True)
     return [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
 
 
@@ -35,7 +47,10 @@ def render(overlay: Path) -> list[dict[str, Any]]:
 def test_every_rendered_object_is_valid_kubernetes(overlay: Path) -> None:
     objects = render(overlay)
     kinds = {obj["kind"] for obj in objects}
-    assert {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap", "Secret"} <= kinds
+    assert {
+        "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap", "Secret",
+        "PersistentVolumeClaim",
+    } <= kinds  # fmt: skip
     assert "StatefulSet" in kinds
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
@@ -80,3 +95,142 @@ def test_the_compose_file_and_its_gateway_config() -> None:
     config_file = (REPO / "deploy" / mount.split(":")[0]).resolve()
     config = parse_config(config_file.read_text(), str(config_file))
     assert {str(r.url).rstrip("/") for r in config.pools[0].replicas} == {"http://sim-0:8000", "http://sim-1:8000"}
+
+
+def operator_secrets() -> set[str]:
+    """The Secrets the runbook tells the operator to create (docs/operations.md, "Secrets the operator creates")."""
+    runbook = (REPO / "docs/operations.md").read_text()
+    section = runbook.split("### Secrets the operator creates", 1)[1].split("\n#", 1)[0]
+    return set(re.findall(r"^- `([a-z0-9.-]+)`", section, re.MULTILINE))
+
+
+def _pods(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(o["metadata"]["name"], o["spec"]["template"]["spec"]) for o in objects if "template" in o.get("spec", {})]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_every_referenced_volume_config_map_and_secret_is_defined(overlay: Path) -> None:
+    objects = render(overlay)
+    defined: dict[str, dict[str, set[str]]] = {"ConfigMap": {}, "Secret": {}, "PersistentVolumeClaim": {}}
+    for obj in objects:
+        if obj["kind"] in defined:
+            defined[obj["kind"]][obj["metadata"]["name"]] = set(obj.get("data", {}))
+    operator = operator_secrets()
+
+    def check(kind: str, name: str, key: str | None, where: str) -> None:
+        if kind == "Secret" and name in operator:
+            return  # the operator creates it before applying (the runbook lists it)
+        assert name in defined[kind], f"{where} references {kind} {name!r}, which the overlay does not define"
+        assert key is None or key in defined[kind][name], f"{where}: {kind} {name!r} has no key {key!r}"
+
+    for owner, pod in _pods(objects):
+        claims: set[str] = set()  # volumeClaimTemplates would define claims of their own: none here
+        for volume in pod.get("volumes", []):
+            where = f"{owner} volume {volume['name']}"
+            if "persistentVolumeClaim" in volume and volume["persistentVolumeClaim"]["claimName"] not in claims:
+                check("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"], None, where)
+            if "configMap" in volume:
+                check("ConfigMap", volume["configMap"]["name"], None, where)
+            if "secret" in volume:
+                check("Secret", volume["secret"]["secretName"], None, where)
+        for container in pod["containers"] + pod.get("initContainers", []):
+            mounted = {m["name"] for m in container.get("volumeMounts", [])}
+            assert mounted <= {v["name"] for v in pod.get("volumes", [])}, (owner, mounted)
+            for env in container.get("env", []):
+                source = env.get("valueFrom", {})
+                if "secretKeyRef" in source:
+                    check("Secret", source["secretKeyRef"]["name"], source["secretKeyRef"]["key"], owner)
+                if "configMapKeyRef" in source:
+                    check("ConfigMap", source["configMapKeyRef"]["name"], source["configMapKeyRef"]["key"], owner)
+            for env_from in container.get("envFrom", []):
+                if "secretRef" in env_from:
+                    check("Secret", env_from["secretRef"]["name"], None, owner)
+                if "configMapRef" in env_from:
+                    check("ConfigMap", env_from["configMapRef"]["name"], None, owner)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_volume_claims_name_the_documented_storage_class_placeholder(overlay: Path) -> None:
+    claims = [o for o in render(overlay) if o["kind"] == "PersistentVolumeClaim"]
+    assert {c["metadata"]["name"] for c in claims} >= {"models", "loras"}
+    runbook = (REPO / "docs/operations.md").read_text()
+    for claim in claims:
+        storage_class = claim["spec"]["storageClassName"]
+        assert f"`{storage_class}`" in runbook, f"{storage_class} is not documented in docs/operations.md"
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # every engine replica mounts it at once
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_the_namespace_is_the_one_kustomize_sets_everywhere(overlay: Path) -> None:
+    objects = render(overlay, namespace="tenants-test")
+    cluster_scoped: set[str] = set()  # none of ours: every object lives in the namespace
+    for obj in objects:
+        assert obj["kind"] in cluster_scoped or obj["metadata"].get("namespace") == "tenants-test", obj["metadata"]
+    # The transformer does not rewrite names inside config data: the gateway's config must name no namespace.
+    [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and "tenantgate-config" in o["metadata"]["name"]]
+    config = parse_config(config_map["data"]["gateway.yaml"])
+    for pool in config.pools:
+        if pool.discovery is not None:
+            name = pool.discovery.name
+            assert not name.endswith(".") and "svc" not in name.split("."), f"{name} is not relative to the namespace"
+    assert config.state.redis_url is not None
+    assert "." not in config.state.redis_url.split("//", 1)[1].split(":", 1)[0]  # the Service's short name
+    # What it names must exist in that namespace: the discovery Service and the Redis Service.
+    services = {o["metadata"]["name"] for o in objects if o["kind"] == "Service"}
+    for pool in config.pools:
+        if pool.discovery is not None:
+            assert pool.discovery.name.split(".")[-1] in services, (pool.discovery.name, services)
+    assert config.state.redis_url.split("//", 1)[1].split(":", 1)[0] in services
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_the_image_is_set_the_kustomize_way(overlay: Path) -> None:
+    def gateway_image(objects: list[dict[str, Any]]) -> str:
+        [image] = [str(c["image"]) for name, pod in _pods(objects) if name == "tenantgate" for c in pod["containers"]]
+        return image
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert gateway_image(render(overlay)) == f"tenantgate:{version}"
+    images = [{"name": "tenantgate", "newName": "registry.test/team/tenantgate", "newTag": "1.2.3"}]
+    assert gateway_image(render(overlay, images=images)) == "registry.test/team/tenantgate:1.2.3"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_the_autoscaler_alone_sets_the_replica_count(overlay: Path) -> None:
+    objects = render(overlay)
+    for hpa in (o for o in objects if o["kind"] == "HorizontalPodAutoscaler"):
+        target = hpa["spec"]["scaleTargetRef"]
+        [scaled] = [o for o in objects if o["kind"] == target["kind"] and o["metadata"]["name"] == target["name"]]
+        assert "replicas" not in scaled["spec"], "an applied `replicas` resets what the autoscaler chose"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_shutdown_outlasts_endpoint_removal_and_the_grace_period_outlasts_shutdown(overlay: Path) -> None:
+    objects = render(overlay)
+    [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and "tenantgate-config" in o["metadata"]["name"]]
+    shutdown = parse_config(config_map["data"]["gateway.yaml"]).shutdown
+    [(_, pod)] = [(name, pod) for name, pod in _pods(objects) if name == "tenantgate"]
+    [container] = pod["containers"]
+    probe = container["readinessProbe"]
+    pre_stop_s = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    # Endpoint removal starts with SIGTERM; a load balancer that follows only the readiness probe notices after
+    # period x failureThreshold. Until then the gateway must still accept (drain_delay_s, or a preStop sleep).
+    assert pre_stop_s + shutdown.drain_delay_s > probe["periodSeconds"] * probe["failureThreshold"]
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace >= pre_stop_s + shutdown.drain_delay_s + shutdown.drain_timeout_s + 5
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_prometheus_is_told_where_to_scrape_the_gateway(overlay: Path) -> None:
+    objects = render(overlay)
+    [deployment] = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "tenantgate"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert int(annotations["prometheus.io/port"]) in {p["containerPort"] for p in container["ports"]}
+    [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and "tenantgate-config" in o["metadata"]["name"]]
+    assert int(annotations["prometheus.io/port"]) == parse_config(config_map["data"]["gateway.yaml"]).listen.port
+    app = web.Application()
+    add_routes(app)
+    served = {r.canonical for r in app.router.resources()}
+    assert annotations["prometheus.io/path"] in served

@@ -112,3 +112,20 @@ def test_replicas_appearing_and_disappearing_in_dns_change_homes_as_a_config_cha
     if placement == "ring":  # and with ring homes, only the tenants of the replicas that left or came move
         moved = {t for t in tenants if before[t] != after[t]}
         assert moved == {t for t in tenants if before[t] == "r2" or after[t] == "r3"}
+
+
+def test_a_relative_name_resolves_in_the_namespace_the_search_list_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifests name `_http._tcp.vllm`, no namespace: a pod's resolv.conf (Kubernetes writes it with its own
+    namespace first in the search list, ndots:5) makes it the Service of the namespace kustomize put it in."""
+    resolv_conf = tmp_path / "resolv.conf"
+    resolv_conf.write_text(
+        "nameserver 127.0.0.1\nsearch tenants.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
+    )
+    monkeypatch.setattr("gateway.fleet.discovery.RESOLV_CONF", str(resolv_conf))
+    with DnsStub() as stub:
+        stub.srv["_http._tcp.vllm.tenants.svc.cluster.local"] = [("vllm-0.vllm.tenants.svc.cluster.local", 8000)]
+        stub.a["vllm-0.vllm.tenants.svc.cluster.local"] = ["127.0.0.9"]
+        found = asyncio.run(resolve(DiscoveryConfig(name="_http._tcp.vllm", nameservers=[stub.nameserver])))
+    assert [(r.id, str(r.url)) for r in found] == [("vllm-0", "http://127.0.0.9:8000/")]
