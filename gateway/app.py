@@ -26,6 +26,7 @@ from gateway.reload import close_retiring, rediscover
 from gateway.residency.lifecycle import every
 from gateway.residency.timed import TimedStore
 from gateway.serving import ingress
+from gateway.serving.json_body import RefusedInput, undecodable
 from gateway.state import GatewayState, Serving
 from gateway.tenants.admission import Admission
 from gateway.tenants.directory import TenantDirectory
@@ -42,8 +43,12 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     """Every error leaves as an OpenAI error body; nothing a client sends can take the gateway down."""
     try:
         return await handler(request)
+    except RefusedInput as exc:
+        return _refused(request, exc)
     except GatewayError as exc:
         return exc.response()
+    except web.RequestPayloadError as exc:  # a body read where read_body was not used (a form): the same answer
+        return _refused(request, undecodable(request, exc))
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[STATE].config.limits.max_body_bytes
         return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.").response()
@@ -56,6 +61,18 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return GatewayError("The gateway failed to handle the request.").response()
+
+
+def _refused(request: web.Request, exc: RefusedInput) -> web.Response:
+    """One line and one count per refused body, never a traceback, whatever the body was. A body that did not
+    decode leaves its connection's parser mid-body: the connection closes after the answer."""
+    surface = "admin" if request.path.startswith("/admin") else "tenant"
+    request.app[METRICS].refused_inputs.labels(surface, exc.reason).inc()
+    log.info("refused %s %s (%s): %s", request.method, request.path, exc.reason, exc.message[:200])
+    response = exc.response()
+    if exc.reason == "encoding":
+        response.force_close()
+    return response
 
 
 def create_app(

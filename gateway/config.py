@@ -171,6 +171,19 @@ class PoolConfig(_Frozen):
     retry: RetryConfig = RetryConfig()
     # A replica back from down or ejection takes a growing share of its capacity over this long (0: at once).
     slow_start_s: float = Field(default=10.0, ge=0, le=3600)
+    # Chat content part types a request to this pool may carry (OpenAI's text, image_url, input_audio, file...):
+    # text only by default, so no URL or file reaches an engine unless the operator lets it.
+    content_part_types: frozenset[Annotated[str, Field(pattern=r"^[a-z_]+$")]] = frozenset({"text"})
+    # chat_template_kwargs keys a request may set (e.g. enable_thinking); none by default. Never a template: a key
+    # naming one is refused here, so a request can never make the engine render a template it brings.
+    chat_template_kwargs: frozenset[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = frozenset()
+
+    @model_validator(mode="after")
+    def _no_template_kwargs(self) -> PoolConfig:
+        templates = sorted(key for key in self.chat_template_kwargs if "template" in key.lower())
+        if templates:
+            raise ValueError(f"chat_template_kwargs may not allow a template: {templates}")
+        return self
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> PoolConfig:
@@ -456,7 +469,7 @@ class LimitsConfig(_Frozen):
     max_in_flight_per_replica: int = Field(default=512, ge=1)
     # The prompt (or all messages' text) in characters, and how deeply a JSON body may nest.
     max_prompt_chars: int = Field(default=200_000, ge=1)
-    max_json_depth: int = Field(default=32, ge=2, le=1000)
+    max_json_depth: int = Field(default=32, ge=2, le=254)  # 254: orjson's limit writing it back
 
 
 class ShutdownConfig(_Frozen):

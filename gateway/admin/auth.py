@@ -15,5 +15,7 @@ def require_admin(request: web.Request) -> None:
     if not token:
         raise AdminDisabled("The admin API is disabled: no admin token is configured.")
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token.encode()):
+    # surrogateescape: aiohttp keeps undecodable header bytes as surrogate escapes, which plain encode() refuses.
+    presented_bytes = presented.strip().encode("utf-8", "surrogateescape")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented_bytes, token.encode()):
         raise AuthenticationFailed("A valid admin token is required.")

@@ -23,13 +23,15 @@ import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.base import AdapterRef
 from backends.errors import BackendError
 from gateway.admin.auth import require_admin
+from gateway.admin.body import json_object
 from gateway.appkeys import METRICS, STATE
 from gateway.config import ConfigError, SplitConfig
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
@@ -156,18 +158,41 @@ async def _unload_when_idle(app: web.Application, rollout: Rollout) -> None:
     rollout.history.append({"unloaded": rollout.old, "at": round(time.time(), 3)})
 
 
+class RolloutRequest(BaseModel):
+    """The body of ``POST .../rollout``: checked whole, so a wrong shape is a 400 naming the field."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: Annotated[str, Field(min_length=1, max_length=128)] | Annotated[int, Field(ge=0)]
+    steps: list[Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]] = Field(
+        default=[0.1, 0.5, 1.0], min_length=1, max_length=100
+    )
+    step_s: float = Field(default=30.0, gt=0, le=86_400, allow_inf_nan=False)
+    max_error_rate_increase: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False)
+    max_ttft_p99_ratio: float = Field(default=1.5, gt=0, le=1000, allow_inf_nan=False)
+
+
+def _rollout_request(body: dict[str, Any]) -> RolloutRequest:
+    try:
+        return RolloutRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field_name = str(first["loc"][0]) if first["loc"] else None
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise InvalidRequest(
+            f"Bad rollout request: {where}: {first['msg']} (send {{version, steps, step_s}}).", param=field_name
+        ) from exc
+
+
 async def start(request: web.Request) -> web.Response:
     require_admin(request)
     name = request.match_info["name"]
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise InvalidRequest("The body must be JSON: {version, steps, step_s}.") from exc
+    asked = _rollout_request(await json_object(request))
     serving = request.app[STATE].serving
     split = next((s for s in serving.config.splits if s.name == name), None)
     if split is None or len(split.variants) != 1:
         raise InvalidRequest(f"{name!r} is not a versioned name served by one version (a split with one variant).")
-    version = str(body.get("version", ""))
+    version = str(asked.version)
     new = version if "@" in version else f"{name}@{version}"
     catalog = {a.name: a for a in serving.config.adapters}
     old = split.variants[0].model
@@ -175,17 +200,14 @@ async def start(request: web.Request) -> web.Response:
         raise ModelNotFound(f"No adapter {new!r} in the catalog: add it first.", param="version")
     if old in catalog and catalog[old].pool != catalog[new].pool:
         raise InvalidRequest("The new version must live in the same pool as the old one.", param="version")
-    steps = body.get("steps", [0.1, 0.5, 1.0])
-    if not isinstance(steps, list) or not steps or any(not isinstance(x, int | float) or not 0 < x <= 1 for x in steps):
-        raise InvalidRequest("steps must be shares in (0, 1], e.g. [0.1, 0.5, 1.0].", param="steps")
+    steps = asked.steps
     rollouts = request.app[ROLLOUTS]
     running = rollouts.get(name)
     if running is not None and not running[1].done():
         raise InvalidRequest(f"A rollout of {name!r} is already running; roll it back first.")
     rollout = Rollout(
-        name, old, new, [float(x) for x in steps] if steps[-1] == 1 else [*map(float, steps), 1.0],
-        float(body.get("step_s", 30)), float(body.get("max_error_rate_increase", 0.05)),
-        float(body.get("max_ttft_p99_ratio", 1.5)),
+        name, old, new, list(steps) if steps[-1] == 1 else [*steps, 1.0],
+        asked.step_s, asked.max_error_rate_increase, asked.max_ttft_p99_ratio,
     )  # fmt: skip
     task = asyncio.create_task(_run(request.app, rollout), name=f"rollout {name}")
     rollouts[name] = (rollout, task)

@@ -4,7 +4,6 @@ Keys travel and are stored only as ``sha256:`` hashes; a plain key sent here is 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any
@@ -13,6 +12,7 @@ from aiohttp import web
 
 from backends.errors import BackendError
 from gateway.admin.auth import require_admin
+from gateway.admin.body import json_object
 from gateway.appkeys import STATE
 from gateway.config import ConfigError
 from gateway.errors import InvalidRequest, ModelNotFound
@@ -21,16 +21,6 @@ from gateway.tenants.identity import hash_key
 
 log = logging.getLogger(__name__)
 _KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-async def _json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.read())
-    except ValueError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
 
 
 async def _change(request: web.Request, change: dict[str, Any]) -> web.Response:
@@ -56,7 +46,7 @@ def _key_hash(body: dict[str, Any]) -> str:
 
 async def add_tenant(request: web.Request) -> web.Response:
     require_admin(request)
-    tenant = await _json(request)
+    tenant = await json_object(request)
     return await _change(request, {"kind": "add_tenant", "tenant": tenant, "tenant_id": tenant.get("id")})
 
 
@@ -77,7 +67,7 @@ async def add_key(request: web.Request) -> web.Response:
     tenant_id = request.match_info["tenant_id"]
     if request.app[STATE].serving.tenants.tenant(tenant_id) is None:
         raise InvalidRequest(f"No tenant {tenant_id!r}.", param="tenant_id")
-    key_hash = _key_hash(await _json(request))
+    key_hash = _key_hash(await json_object(request))
     return await _change(request, {"kind": "add_key", "tenant_id": tenant_id, "key_hash": key_hash})
 
 
@@ -92,7 +82,7 @@ async def revoke_key(request: web.Request) -> web.Response:
 async def add_adapter(request: web.Request) -> web.Response:
     """A catalog entry (the config file's schema); tenants get it through add_tenant or a config reload."""
     require_admin(request)
-    adapter = await _json(request)
+    adapter = await json_object(request)
     return await _change(request, {"kind": "add_adapter", "adapter": adapter, "name": adapter.get("name")})
 
 

@@ -9,7 +9,6 @@ every action also needs the page's CSRF token in ``X-CSRF-Token``. Everything it
 from __future__ import annotations
 
 import hmac
-import json
 import secrets
 import time
 from dataclasses import dataclass
@@ -20,9 +19,11 @@ from aiohttp import web
 
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin.auth import require_admin
+from gateway.admin.body import json_object
 from gateway.admin.status import snapshot
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound
+from gateway.serving.json_body import RefusedInput
 
 _UI = Path(__file__).with_name("static")
 _COOKIE = "tenantgate_session"
@@ -73,7 +74,7 @@ async def login(request: web.Request) -> web.Response:
     token = request.app[ADMIN_TOKEN]
     form = await request.post()
     presented = str(form.get("token", ""))
-    if not token or not hmac.compare_digest(presented.encode(), token.encode()):
+    if not token or not _same_token(presented, token):
         page = _page("login.html", error="Wrong token." if token else "The admin API is disabled: no token is set.")
         page.set_status(401)
         return page
@@ -90,7 +91,7 @@ async def login(request: web.Request) -> web.Response:
 async def logout(request: web.Request) -> web.Response:
     session = _session(request)
     form = await request.post()
-    if session is not None and hmac.compare_digest(str(form.get("csrf", "")), session.csrf):
+    if session is not None and _same_token(str(form.get("csrf", "")), session.csrf):
         request.app[SESSIONS].pop(request.cookies.get(_COOKIE, ""), None)
     response = web.HTTPSeeOther("/admin/ui")
     response.del_cookie(_COOKIE, path="/admin")
@@ -104,6 +105,12 @@ async def asset(request: web.Request) -> web.Response:
     return web.Response(
         text=(_UI / name).read_text(), content_type=_ASSETS[name], headers={"Cache-Control": "no-cache"}
     )
+
+
+def _same_token(presented: str, expected: str) -> bool:
+    """In constant time. compare_digest refuses a str with non-ASCII characters (a 500 once): bytes, then; a
+    client's header may even hold undecodable bytes, kept as surrogate escapes."""
+    return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode())
 
 
 def _require_session_or_token(request: web.Request) -> None:
@@ -146,14 +153,12 @@ async def action(request: web.Request) -> web.Response:
     session = _session(request)
     if session is None:
         raise AuthenticationFailed("Log in first.")
-    if not hmac.compare_digest(request.headers.get("X-CSRF-Token", ""), session.csrf):
+    presented = request.headers.get("X-CSRF-Token", "")
+    if not presented.isascii():  # the page's tokens are URL-safe base64: anything else is a malformed request
+        raise RefusedInput("The X-CSRF-Token header must be ASCII.", "shape", param="X-CSRF-Token")
+    if not _same_token(presented, session.csrf):
         raise AuthenticationFailed("The CSRF token is missing or wrong.")
-    try:
-        body = json.loads(await request.read() or b"{}")
-    except ValueError as exc:
-        raise InvalidRequest("The body must be JSON.") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("The body must be a JSON object.")
+    body = await json_object(request, empty_is={})
     return web.json_response({"status": "ok", **await _act(request, request.match_info["action"], body)})
 
 

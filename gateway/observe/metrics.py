@@ -80,6 +80,11 @@ class GatewayMetrics:
             "tenantgate_admission_rejections", "Requests refused by admission control, by reason",
             ["tenant", "reason"], registry=r,
         )  # fmt: skip
+        self.refused_inputs = Counter(
+            "tenantgate_refused_inputs", "Bodies refused before anything was sent on (400), by surface (tenant, admin) "
+            "and reason (encoding, json, non_finite, unicode, depth, shape, content_part, template_kwargs)",
+            ["surface", "reason"], registry=r,
+        )  # fmt: skip
         self.upstream_errors = Counter(
             "tenantgate_upstream_errors", "Errors talking to a replica, by kind", ["pool", "replica", "kind"],
             registry=r,

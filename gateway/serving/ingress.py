@@ -12,6 +12,7 @@ from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord
 from gateway.serving.context import RequestContext
 from gateway.serving.dispatch import RETRY_SOON, dispatch
+from gateway.serving.json_body import read_body
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
 from gateway.tenants.admission import estimate_tokens
@@ -51,12 +52,14 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         tenant = identify(serving.tenants, request.headers, request.remote, serving.config.auth)
         record.tenant = tenant.id
         inference: InferenceRequest = parse_inference(
-            await request.read(), kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
+            await read_body(request), kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
         )
         record.stream = inference.stream
         session_id = request.headers.get("x-session-id") or inference.user
         routed = serving.tenants.route(tenant, inference.model, session_id, serving.config.routing)
         target = routed.target
+        pool_config = serving.fleet.pools[target.pool].config
+        inference.check_pool(pool_config.content_part_types, pool_config.chat_template_kwargs)
         state.admission.check_max_tokens(tenant.id, inference.max_tokens)
         estimate = estimate_tokens(inference.prompt_chars, inference.max_tokens, inference.choices)
         ticket = await state.admission.admit(tenant.id, estimate)

@@ -1,16 +1,19 @@
-"""The part of an OpenAI request the gateway must understand, checked; the body passes through untouched.
+"""The part of an OpenAI request the gateway must understand, checked; what goes to the engine is the body as
+parsed and checked, serialised again (gateway/serving/json_body.py), never the client's bytes: a duplicated key,
+for one, reaches the engine once, with the value that was authorised.
 
 Fields outside the allow-lists below are refused as OpenAI refuses them, so nothing unexpected reaches an engine.
-The lists are OpenAI's completion and chat parameters plus vLLM's sampling extras.
+The lists are OpenAI's completion and chat parameters plus vLLM's sampling extras. What a pool lets through
+beyond that (chat content part types, ``chat_template_kwargs`` keys) is checked once the model's pool is known.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.errors import InvalidRequest
+from gateway.serving.json_body import RefusedInput, dumps, parse_object
 
 Kind = Literal["completions", "chat"]
 
@@ -36,8 +39,8 @@ _ALLOWED: dict[Kind, frozenset[str]] = {
 
 @dataclass(frozen=True)
 class InferenceRequest:
-    raw: bytes
     body: dict[str, Any]
+    # None when the request names none, or names "" (as vLLM reads it): the tenant's default model.
     model: str | None
     stream: bool
     user: str | None
@@ -45,48 +48,73 @@ class InferenceRequest:
     prompt_chars: int
     # How many completions the engine generates for it (n, or best_of when larger).
     choices: int = 1
+    # The chat content part types the messages use, and the chat_template_kwargs keys the request sets.
+    part_types: frozenset[str] = frozenset()
+    template_kwargs: frozenset[str] = frozenset()
+
+    def check_pool(self, part_types: frozenset[str], template_kwargs: frozenset[str]) -> None:
+        """What the model's pool lets through: content part types, chat_template_kwargs keys (both allow-lists)."""
+        parts = sorted(self.part_types - part_types)
+        if parts:
+            allowed = ", ".join(sorted(part_types)) or "none"
+            raise RefusedInput(
+                f"Content parts of type {parts[0]!r} are not accepted for this model (accepted: {allowed}).",
+                "content_part",
+                param="messages",
+            )
+        keys = sorted(self.template_kwargs - template_kwargs)
+        if keys:
+            allowed = ", ".join(sorted(template_kwargs)) or "none"
+            raise RefusedInput(
+                f"chat_template_kwargs key {keys[0]!r} is not accepted for this model (accepted: {allowed}).",
+                "template_kwargs",
+                param="chat_template_kwargs",
+            )
 
     def for_engine(self, engine_model: str) -> bytes:
-        """The body to send upstream: the original bytes unless the model name must change."""
-        if self.model == engine_model:
-            return self.raw
-        return json.dumps({**self.body, "model": engine_model}, separators=(",", ":")).encode()
+        """The body to send upstream: the one that was parsed and checked, with the engine's model name."""
+        return dumps({**self.body, "model": engine_model})
 
 
 def parse_inference(
     raw: bytes, kind: Kind, *, max_depth: int = 32, max_prompt_chars: int = 200_000
 ) -> InferenceRequest:
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    # Cheap first: only a body with many brackets can nest deeper than the bound.
-    if raw.count(b"[") + raw.count(b"{") > max_depth and _depth(body) > max_depth:
-        raise InvalidRequest(f"The request body nests deeper than {max_depth} levels.")
+    body = parse_object(raw, max_depth)
     unknown = sorted(set(body) - _ALLOWED[kind])
     if unknown:
         raise InvalidRequest(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
-    model = _optional(body, "model", str, "a string")
+    model = _optional(body, "model", str, "a string") or None
     stream = _optional(body, "stream", bool, "a boolean")
     user = _optional(body, "user", str, "a string")
     for field in ("max_tokens", "max_completion_tokens", "n"):
         value = _optional(body, field, int, "an integer")
         if value is not None and (isinstance(value, bool) or value < 1):
             raise InvalidRequest(f"'{field}' must be an integer of at least 1.", param=field)
+    part_types: set[str] = set()
+    template_kwargs: frozenset[str] = frozenset()
     if kind == "completions":
         prompt_chars = _check_prompt(body.get("prompt"))
         max_tokens = body.get("max_tokens")
     else:
-        prompt_chars = _check_messages(body.get("messages"))
+        prompt_chars = _check_messages(body.get("messages"), part_types)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
     if prompt_chars > max_prompt_chars:
         param = "prompt" if kind == "completions" else "messages"
         raise InvalidRequest(f"The prompt is longer than {max_prompt_chars} characters.", param=param)
     best_of = body.get("best_of")
     choices = max(body.get("n") or 1, best_of if isinstance(best_of, int) and not isinstance(best_of, bool) else 1)
-    return InferenceRequest(raw, body, model, bool(stream), user, max_tokens, prompt_chars, choices)
+    return InferenceRequest(
+        body, model, bool(stream), user, max_tokens, prompt_chars, choices, frozenset(part_types), template_kwargs
+    )
+
+
+def _template_kwargs(value: Any) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, dict):
+        raise InvalidRequest("'chat_template_kwargs' must be an object.", param="chat_template_kwargs")
+    return frozenset(value)
 
 
 def _optional(body: dict[str, Any], field: str, kind: type, described: str) -> Any:
@@ -94,14 +122,6 @@ def _optional(body: dict[str, Any], field: str, kind: type, described: str) -> A
     if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
         raise InvalidRequest(f"'{field}' must be {described}.", param=field)
     return value
-
-
-def _depth(value: Any) -> int:
-    if isinstance(value, dict):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
 
 
 def _check_prompt(prompt: Any) -> int:
@@ -117,7 +137,8 @@ def _check_prompt(prompt: Any) -> int:
     raise InvalidRequest("'prompt' is required: a non-empty string or list.", param="prompt")
 
 
-def _check_messages(messages: Any) -> int:
+def _check_messages(messages: Any, part_types: set[str]) -> int:
+    """The messages' text length in characters; the content part types they use are added to ``part_types``."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' is required: a non-empty list of messages.", param="messages")
     chars = 0
@@ -137,7 +158,9 @@ def _check_messages(messages: Any) -> int:
                     raise InvalidRequest(
                         f"'messages[{index}].content' text parts need a string 'text'.", param="messages"
                     )
-                chars += len(part.get("text") or "")
+                part_types.add(part["type"])
+                text = part.get("text")
+                chars += len(text) if isinstance(text, str) else 0
         elif content is not None:
             raise InvalidRequest(f"'messages[{index}].content' must be a string or a list.", param="messages")
     return chars

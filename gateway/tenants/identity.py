@@ -16,8 +16,9 @@ from gateway.tenants.directory import Tenant, TenantDirectory
 
 
 def hash_key(api_key: str) -> str:
-    """The stored form of an API key."""
-    return "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
+    """The stored form of an API key. aiohttp hands undecodable header bytes over as surrogate escapes, which
+    plain ``encode()`` refuses (a 500 once): they are hashed as the bytes that were sent."""
+    return "sha256:" + hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def identify(directory: TenantDirectory, headers: Mapping[str, str], peer: str | None, auth: AuthConfig) -> Tenant:

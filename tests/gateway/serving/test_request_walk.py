@@ -7,8 +7,9 @@ runs a fake engine (registered as any engine is). It lists the modules the corri
 that stage's own business and not listed. Left out, as the issue that asked for this test says: errors (and the
 failure table), config and telemetry. Config here includes ``gateway.state``, the holder of what serves now (config,
 directory, fleet), which ingress reads again after admission on purpose: a reload may have swapped it meanwhile.
-Also left out is the request's own data model (``serving.openai_request``: parsed first, then rewritten for the
-engine once the tenant's directory has said what it runs on).
+Also left out is the request's own data model (``serving.openai_request`` and the JSON it is read from,
+``serving.json_body``: parsed first, then written again for the engine once the tenant's directory has said what it
+runs on).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ NOT_STAGES = (
     "gateway.failures",
     "gateway.observe.",
     "gateway.serving.openai_request",
+    "gateway.serving.json_body",
 )
 # What may come back after the answer is relayed: the lease's release (and its one outcome report), and the
 # admission ticket's, which gives back the tenant's concurrency slot and settles its token estimate.

@@ -1,0 +1,135 @@
+"""The strict JSON parser every endpoint uses, and the request the engine gets: what the gateway checked,
+serialised again. orjson's behaviours the gateway relies on are pinned here, so an upgrade that changes one fails."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.serving.json_body import RefusedInput, depth, dumps, parse_object
+from gateway.serving.openai_request import parse_inference
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        pytest.param(b'{"a": NaN}', "non_finite", id="nan"),
+        pytest.param(b'{"a": Infinity}', "non_finite", id="infinity"),
+        pytest.param(b'{"a": [1, -Infinity]}', "non_finite", id="minus-infinity"),
+        pytest.param(b'{"a": 1e400}', "non_finite", id="overflows-a-double"),
+        pytest.param(b'{"a": "\\ud800"}', "unicode", id="lone-high-surrogate"),
+        pytest.param(b'{"a": "\\udc00x"}', "unicode", id="lone-low-surrogate"),
+        pytest.param(b'{"a": "\xed\xa0\x80"}', "unicode", id="raw-surrogate-bytes"),
+        pytest.param(b'{"a": "\xff"}', "unicode", id="invalid-utf8"),
+        pytest.param(b"[" * 1100 + b"]" * 1100, "depth", id="deeper-than-orjson-parses"),
+        pytest.param(b"{not json", "json", id="malformed"),
+        pytest.param(b'{"a": "NaN"', "json", id="nan-in-a-string-is-not-named"),
+        pytest.param(b"[1, 2]", "shape", id="not-an-object"),
+        pytest.param(b"", "json", id="empty"),
+    ],
+)
+def test_what_is_refused_and_why(raw: bytes, reason: str) -> None:
+    with pytest.raises(RefusedInput) as refused:
+        parse_object(raw, max_depth=32)
+    assert refused.value.reason == reason
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize("levels", [400, 900, 1024])
+def test_deep_nesting_is_a_400_not_a_recursion_error(levels: int) -> None:
+    raw = b'{"a": ' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+    assert depth(orjson.loads(raw)) == levels  # orjson parses it: the bound is the gateway's own walk
+    with pytest.raises(RefusedInput) as refused:
+        parse_object(raw, max_depth=32)
+    assert refused.value.reason == "depth"
+
+
+def test_depth_counts_as_the_bound_does() -> None:
+    assert depth({}) == 1
+    assert depth({"a": [[]], "b": 1}) == 3
+    assert depth("x") == 0
+    assert parse_object(b'{"a": ' + b"[" * 31 + b"]" * 31 + b"}", max_depth=32)
+    with pytest.raises(RefusedInput):
+        parse_object(b'{"a": ' + b"[" * 32 + b"]" * 32 + b"}", max_depth=32)
+
+
+def test_what_orjson_keeps_and_writes_back() -> None:
+    # Duplicated keys: the last wins, and only that one is written back.
+    assert parse_object(b'{"model": "a", "model": "b"}', 32) == {"model": "b"}
+    # Surrogate pairs are characters; U+0000 escaped is a character too.
+    assert parse_object(b'{"a": "\\ud83d\\ude00\\u0000"}', 32) == {"a": "\U0001f600\x00"}
+    # Integers past 64 bits become floats: what is forwarded is what was checked (an int check then refuses it).
+    assert parse_object(b'{"a": 123456789012345678901234567890}', 32) == {"a": 1.2345678901234568e29}
+    assert dumps({"a": 18446744073709551615, "b": "\u00e9"}) == '{"a":18446744073709551615,"b":"é"}'.encode()
+    # orjson writes NaN as null rather than refusing it: the parser never lets one in, so it never gets here.
+    assert dumps({"a": float("nan")}) == b'{"a":null}'
+    deepest: list[Any] = []
+    for _ in range(253):
+        deepest = [deepest]
+    assert dumps(deepest)  # 254 levels, the most limits.max_json_depth allows
+    with pytest.raises(orjson.JSONEncodeError):
+        dumps([deepest])
+
+
+def test_the_engine_gets_exactly_the_authorised_model_once() -> None:
+    raw = b'{"model": "other-tenants-adapter", "prompt": "x", "model": "support-acme", "max_tokens": 2}'
+    request = parse_inference(raw, "completions")
+    assert request.model == "support-acme"
+    sent = request.for_engine("support-acme")
+    assert sent.count(b'"model"') == 1
+    assert json.loads(sent) == {"model": "support-acme", "prompt": "x", "max_tokens": 2}
+
+
+def test_an_empty_model_is_no_model() -> None:
+    assert parse_inference(b'{"model": "", "prompt": "x"}', "completions").model is None
+
+
+@pytest.mark.parametrize(
+    ("body", "parts", "kwargs", "reason"),
+    [
+        pytest.param(
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc"}}]}]},
+            {"text"},
+            set(),
+            "content_part",
+            id="image-part-on-a-text-pool",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"chat_template": "{{ x }}"}},
+            {"text"},
+            {"enable_thinking"},
+            "template_kwargs",
+            id="a-template-in-kwargs",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": True}},
+            {"text"},
+            set(),
+            "template_kwargs",
+            id="kwargs-on-a-pool-allowing-none",
+        ),
+    ],
+)
+def test_pool_allow_lists(body: dict[str, Any], parts: set[str], kwargs: set[str], reason: str) -> None:
+    request = parse_inference(json.dumps(body).encode(), "chat")
+    with pytest.raises(RefusedInput) as refused:
+        request.check_pool(frozenset(parts), frozenset(kwargs))
+    assert refused.value.reason == reason
+
+
+def test_pool_allow_lists_let_through_what_they_name() -> None:
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]}],
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    request = parse_inference(json.dumps(body).encode(), "chat")
+    request.check_pool(frozenset({"text", "image_url"}), frozenset({"enable_thinking"}))
+    assert request.prompt_chars == 2
+
+
+def test_a_non_text_part_with_a_non_string_text_is_not_a_crash() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "text": 5}]}]}
+    assert parse_inference(json.dumps(body).encode(), "chat").prompt_chars == 0
