@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -522,74 +523,157 @@ class GatewayConfig(_Frozen):
             raise ValidationError.from_exception_data(cls.__name__, problems)
         return data
 
-    @model_validator(mode="after")
-    def _slot_wait_outlasts_the_in_use_window(self) -> GatewayConfig:
-        """Gateways sharing Redis see each other's uses as marks that count for the in-use window: a slot freed
-        during a wait is evictable only once its last use has left that window, so the wait must outlast it."""
-        residency = self.residency
-        window = max(1.0, 4 * residency.use_flush_interval_s)
-        if self.state.redis_url is not None and residency.slot_wait_timeout_s <= window:
-            raise ValueError(
-                f"residency.slot_wait_timeout_s ({residency.slot_wait_timeout_s} s) must be longer than the in-use "
-                f"window of gateways sharing Redis ({window} s: 1 s or 4 x use_flush_interval_s)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _references_resolve(self) -> GatewayConfig:
-        _reject_duplicates("pool name", [p.name for p in self.pools])
-        _reject_duplicates("adapter name", [a.name for a in self.adapters])
-        _reject_duplicates("tenant id", [t.id for t in self.tenants])
-        _reject_duplicates("api key", [key for t in self.tenants for key in t.api_keys])
-        pools = {p.name for p in self.pools}
-        base_models = {p.base_model for p in self.pools}
-        _reject_duplicates("base model (one pool per base model)", [p.base_model for p in self.pools])
-        clashes = sorted(base_models & {a.name for a in self.adapters})
-        if clashes:
-            raise ValueError(f"adapter names must differ from base model names: {clashes}")
-        problems = [f"adapter {a.name!r} names unknown pool {a.pool!r}" for a in self.adapters if a.pool not in pools]
-        # Two catalog adapters served under one engine name would share weights: one tenant would run on another's.
-        engine_names = Counter((a.pool, a.engine_name or a.name) for a in self.adapters)
-        problems += [f"engine name {name!r} is used by more than one adapter in pool {pool!r}"
-                     for (pool, name), count in engine_names.items() if count > 1]  # fmt: skip
-        problems += _engine_checks(self)
-        catalog = {a.name for a in self.adapters}
-        borrowed = [a for a in self.adapters if a.engine_name not in (None, a.name) and a.engine_name in catalog]
-        problems += [f"adapter {a.name!r} has engine_name {a.engine_name!r}, another adapter's name" for a in borrowed]
-        adapters = {a.name for a in self.adapters}
-        problems += _split_problems(self, adapters, base_models)
-        adapters |= {split.name for split in self.splits}  # a tenant may name a split like an adapter
-        for tenant in self.tenants:
-            problems += [
-                f"tenant {tenant.id!r} names unknown adapter {a!r}" for a in tenant.adapters if a not in adapters
-            ]
-            problems += [
-                f"tenant {tenant.id!r} names unknown base model {m!r}"
-                for m in tenant.base_models
-                if m not in base_models
-            ]
-        max_adapters = {p.name: p.max_adapters for p in self.pools}
-        for pool, pinned in Counter(a.pool for a in self.adapters if a.pinned).items():
-            if pool in max_adapters and pinned > max_adapters[pool]:
-                problems.append(f"pool {pool!r} pins {pinned} adapters but max_adapters is {max_adapters[pool]}")
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_problem(cls, data: Any, handler: ModelWrapValidatorHandler[GatewayConfig]) -> GatewayConfig:
+        """Every problem in one run, each at its field's path: the cross-references (names, pools, models) are
+        checked on the file's own data, so an error in some field does not hide them; the checks that need valid
+        fields (an engine's own, the slot wait) run once the fields are valid."""
+        problems: list[InitErrorDetails] = []
+        config: GatewayConfig | None = None
+        try:
+            config = handler(data)
+        except ValidationError as exc:
+            problems += [_relocated(error, ()) for error in exc.errors()]
+        if isinstance(data, dict):
+            problems += cross_reference_problems(data)
+        if config is not None and not problems:
+            problems += _engine_checks(config) + _slot_wait_problems(config)
         if problems:
-            raise ValueError("; ".join(problems))
-        return self
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        assert config is not None
+        return config
 
 
-def _split_problems(config: GatewayConfig, adapters: set[str], base_models: set[str]) -> list[str]:
+def _slot_wait_problems(config: GatewayConfig) -> list[InitErrorDetails]:
+    """Gateways sharing Redis see each other's uses as marks that count for the in-use window: a slot freed during
+    a wait is evictable only once its last use has left that window, so the wait must outlast it."""
+    residency = config.residency
+    window = max(1.0, 4 * residency.use_flush_interval_s)
+    if config.state.redis_url is None or residency.slot_wait_timeout_s > window:
+        return []
+    message = (
+        f"must be longer than the in-use window of gateways sharing Redis ({window} s: 1 s or 4 x use_flush_interval_s)"
+    )
+    return [_problem(("residency", "slot_wait_timeout_s"), residency.slot_wait_timeout_s, message)]
+
+
+Where = tuple[str | int, ...]
+
+
+def _entries(data: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any]]]:
+    """The dict entries of a top-level list, with their indexes (anything else is the fields' error to report)."""
+    value = data.get(key)
+    return [(i, entry) for i, entry in enumerate(value) if isinstance(entry, dict)] if isinstance(value, list) else []
+
+
+def _texts(entry: dict[str, Any], key: str) -> list[tuple[int, str]]:
+    value = entry.get(key)
+    return [(i, item) for i, item in enumerate(value) if isinstance(item, str)] if isinstance(value, list) else []
+
+
+def _text(entry: dict[str, Any], key: str) -> str | None:
+    value = entry.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _duplicates(what: str, found: Sequence[tuple[Where, str]]) -> list[InitErrorDetails]:
+    """Each repeat of a value, at its own path, naming where it was first."""
+    first: dict[str, Where] = {}
     problems = []
-    pool_of = {a.name: a.pool for a in config.adapters} | {p.base_model: p.name for p in config.pools}
-    taken = adapters | base_models
-    for split in config.splits:
-        if split.name in taken:
-            problems.append(f"split {split.name!r} has the name of an adapter or base model")
-        unknown = [v.model for v in split.variants if v.model not in pool_of]
-        problems += [f"split {split.name!r} names unknown model {m!r}" for m in unknown]
-        pools = {pool_of[v.model] for v in split.variants if v.model in pool_of}
-        if len(pools) > 1:
-            problems.append(f"split {split.name!r} spans pools {sorted(pools)}: its variants must share one")
-    _reject_duplicates("split name", [s.name for s in config.splits])
+    for where, value in found:
+        if value in first:
+            at = ".".join(str(part) for part in first[value])
+            problems.append(_problem(where, value, f"duplicate {what} {value!r} (first at {at})"))
+        else:
+            first[value] = where
+    return problems
+
+
+def cross_reference_problems(data: dict[str, Any]) -> list[InitErrorDetails]:
+    """Names that must be unique and references that must resolve, each problem at the path of the field that
+    is wrong, read from the config's raw data (entries that are not even dicts are left to field validation)."""
+    pools, adapters = _entries(data, "pools"), _entries(data, "adapters")
+    tenants, splits = _entries(data, "tenants"), _entries(data, "splits")
+    named = [(i, _text(e, "name")) for i, e in adapters]
+    problems = _duplicates("pool name", [(("pools", i, "name"), n) for i, e in pools if (n := _text(e, "name"))])
+    problems += _duplicates("adapter name", [(("adapters", i, "name"), n) for i, n in named if n])
+    problems += _duplicates("tenant id", [(("tenants", i, "id"), n) for i, e in tenants if (n := _text(e, "id"))])
+    keys = [(("tenants", i, "api_keys", j), key) for i, e in tenants for j, key in _texts(e, "api_keys")]
+    problems += _duplicates("api key", keys)
+    bases = [(("pools", i, "base_model"), m) for i, e in pools if (m := _text(e, "base_model"))]
+    problems += _duplicates("base model (one pool per base model)", bases)
+    problems += _duplicates("split name", [(("splits", i, "name"), n) for i, e in splits if (n := _text(e, "name"))])
+    pool_names = {n for _, e in pools if (n := _text(e, "name"))}
+    base_models = {m for _, m in bases}
+    catalog = {n for _, n in named if n}
+    engine_names: dict[tuple[str, str], int] = Counter()
+    for i, entry in adapters:
+        name, pool, engine_name = _text(entry, "name"), _text(entry, "pool"), _text(entry, "engine_name")
+        if name in base_models:
+            problems.append(_problem(("adapters", i, "name"), name, "adapter names must differ from base model names"))
+        if pool is not None and pool not in pool_names:
+            problems.append(_problem(("adapters", i, "pool"), pool, f"adapter {name!r} names unknown pool {pool!r}"))
+        if engine_name not in (None, name) and engine_name in catalog:
+            message = f"adapter {name!r} has engine_name {engine_name!r}, another adapter's name"
+            problems.append(_problem(("adapters", i, "engine_name"), engine_name, message))
+        if pool is not None and (engine_name or name):
+            engine_names[(pool, engine_name or name or "")] += 1
+    for i, entry in adapters:
+        pool, served = _text(entry, "pool"), _text(entry, "engine_name") or _text(entry, "name")
+        if pool is not None and served and engine_names[(pool, served)] > 1:
+            key = "engine_name" if entry.get("engine_name") else "name"
+            message = f"engine name {served!r} is used by more than one adapter in pool {pool!r}"
+            problems.append(_problem(("adapters", i, key), served, message))
+    problems += _split_problems(splits, adapters, pools, catalog | base_models)
+    targets = catalog | {n for _, e in splits if (n := _text(e, "name"))}  # a tenant may name a split
+    for i, entry in tenants:
+        tenant = _text(entry, "id")
+        for j, adapter in _texts(entry, "adapters"):
+            if adapter not in targets:
+                message = f"tenant {tenant!r} names unknown adapter {adapter!r}"
+                problems.append(_problem(("tenants", i, "adapters", j), adapter, message))
+        for j, model in _texts(entry, "base_models"):
+            if model not in base_models:
+                message = f"tenant {tenant!r} names unknown base model {model!r}"
+                problems.append(_problem(("tenants", i, "base_models", j), model, message))
+    pinned = Counter(_text(e, "pool") for _, e in adapters if e.get("pinned") is True)
+    for i, entry in pools:
+        name, max_adapters = (
+            _text(entry, "name"),
+            entry.get("max_adapters", PoolConfig.model_fields["max_adapters"].default),
+        )
+        if name in pinned and isinstance(max_adapters, int) and pinned[name] > max_adapters:
+            message = f"pool {name!r} pins {pinned[name]} adapters but max_adapters is {max_adapters}"
+            problems.append(_problem(("pools", i, "max_adapters"), max_adapters, message))
+    return problems
+
+
+def _split_problems(
+    splits: list[tuple[int, dict[str, Any]]],
+    adapters: list[tuple[int, dict[str, Any]]],
+    pools: list[tuple[int, dict[str, Any]]],
+    taken: set[str],
+) -> list[InitErrorDetails]:
+    problems = []
+    pool_of = {n: p for _, e in adapters if (n := _text(e, "name")) and (p := _text(e, "pool"))}
+    pool_of |= {m: n for _, e in pools if (m := _text(e, "base_model")) and (n := _text(e, "name"))}
+    for i, split in splits:
+        name = _text(split, "name")
+        if name in taken:
+            problems.append(
+                _problem(("splits", i, "name"), name, f"split {name!r} has the name of an adapter or base model")
+            )
+        variants = _entries(split, "variants")
+        for j, variant in variants:
+            model = _text(variant, "model")
+            if model is not None and model not in pool_of:
+                message = f"split {name!r} names unknown model {model!r}"
+                problems.append(_problem(("splits", i, "variants", j, "model"), model, message))
+        spanned = sorted({pool_of[m] for _, v in variants if (m := _text(v, "model")) in pool_of})
+        if len(spanned) > 1:
+            message = f"split {name!r} spans pools {spanned}: its variants must share one"
+            problems.append(_problem(("splits", i, "variants"), spanned, message))
     return problems
 
 
@@ -598,13 +682,14 @@ def pool_adapters(config: GatewayConfig, pool: str) -> dict[str, AdapterRef]:
     return {a.name: AdapterRef(a.engine_name or a.name, a.source) for a in config.adapters if a.pool == pool}
 
 
-def _engine_checks(config: GatewayConfig) -> list[str]:
-    """Each pool's engine's own checks of the pool's adapters (Triton: no two share a task id)."""
+def _engine_checks(config: GatewayConfig) -> list[InitErrorDetails]:
+    """Each pool's engine's own checks of the pool's adapters (Triton: no two share a task id), at the pool."""
     problems = []
-    for pool in config.pools:
+    for index, pool in enumerate(config.pools):
         check = engines.spec(pool.backend).checks
         if check is not None:
-            problems += check(pool.name, pool.settings, pool_adapters(config, pool.name))
+            found = check(pool.name, pool.settings, pool_adapters(config, pool.name))
+            problems += [_problem(("pools", index), pool.name, message) for message in found]
     return problems
 
 
