@@ -29,6 +29,13 @@ class FleetCollector(Collector):
         )
         store_up.add_metric([], 1.0 if fleet.store_up else 0.0)
         yield store_up
+        pool_up = GaugeMetricFamily(
+            "tenantgate_pool_up", "1 while some replica of the pool takes traffic; 0: its requests get 503 and the "
+            "gateway stays ready for the other pools", labels=["pool"],
+        )  # fmt: skip
+        for name, pool in fleet.pools.items():
+            pool_up.add_metric([name], 1.0 if pool.any_healthy else 0.0)
+        yield pool_up
         replica_labels = ["pool", "replica"]
         healthy = GaugeMetricFamily(
             "tenantgate_replica_healthy", "1 if the replica takes traffic", labels=replica_labels

@@ -60,8 +60,8 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         target = routed.target
         pool_config = serving.fleet.pools[target.pool].config
         inference.check_pool(pool_config.content_part_types, pool_config.chat_template_kwargs)
-        state.admission.check_max_tokens(tenant.id, inference.max_tokens)
-        estimate = estimate_tokens(inference.prompt_chars, inference.max_tokens, inference.choices)
+        max_tokens = state.admission.check_max_tokens(tenant.id, inference.max_tokens)
+        estimate = estimate_tokens(inference.prompt_chars, max_tokens, inference.choices)
         ticket = await state.admission.admit(tenant.id, estimate)
         tenant_limits = state.admission.limits(tenant.id)
     try:
@@ -80,8 +80,9 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
             key=routed.key,
             adapter=target.adapter_ref,
             engine_path=_PATHS[kind],
-            body=inference.for_engine(target.engine_model),
+            body=inference.for_engine(target.engine_model, max_tokens=max_tokens),
             stream=inference.stream,
+            strip_usage=inference.stream and not inference.client_wants_usage,
             deadline=time.monotonic() + timeout_s,
             tenant_deadline=timeout_s < pool.config.request_timeout_s,
         )
@@ -112,17 +113,21 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready once pre-warm is done and every pool has a healthy replica, until shutdown begins; a down residency
-    store is reported but does not make the gateway unready (it routes on from its local view)."""
+    """Ready means this gateway can serve: pre-warm is done, some pool has a healthy replica, and shutdown has not
+    begun. A pool without one answers its own requests with 503 and is listed here (and tenantgate_pool_up is 0),
+    but does not take the gateway out of its Service: the other pools' tenants would lose service too. A down
+    residency store is reported but does not make the gateway unready (it routes on from its local view)."""
     state = request.app[STATE]
     fleet = state.serving.fleet
-    detail = {"residency_store": "up" if fleet.store_up else "down (routing from the local view)"}
+    detail: dict[str, object] = {"residency_store": "up" if fleet.store_up else "down (routing from the local view)"}
+    down = fleet.unready_pools
+    if down:
+        detail["pools_without_healthy_replica"] = down
     if state.draining:
         return web.json_response({"status": "not ready", "reason": "shutting down", **detail}, status=503)
-    unready = fleet.unready_pools
-    if unready:
+    if len(down) == len(fleet.pools):
         return web.json_response(
-            {"status": "not ready", "pools_without_healthy_replica": unready, **detail}, status=503
+            {"status": "not ready", "reason": "no pool has a healthy replica", **detail}, status=503
         )
     if not fleet.warmed:
         return web.json_response({"status": "not ready", "reason": "pre-warming adapters", **detail}, status=503)
