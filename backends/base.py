@@ -52,6 +52,8 @@ class EngineLoad:
     running: float
     waiting: float
     kv_cache_usage: float
+    # Tokens generated since the engine started (a counter); None where the engine reports none (Triton).
+    generated_tokens: float | None = None
 
 
 class EngineResponse(Protocol):

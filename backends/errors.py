@@ -21,12 +21,14 @@ class DeadlineExceeded(EngineTimeout):
 
 
 class EngineRejected(BackendError):
-    """The engine answered with an error status; ``message`` is the engine's own text."""
+    """The engine answered with an error status; ``message`` is the engine's own text, ``kind`` the error type its
+    body names ("" when it names none), e.g. vLLM's ``BadRequestError``: whose fault the engine says it is."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, kind: str = "") -> None:
         super().__init__(f"engine answered {status}: {message}")
         self.status = status
         self.message = message
+        self.kind = kind
 
 
 class AdapterNotLoaded(EngineRejected):
@@ -49,4 +51,5 @@ class AdapterLoadFailed(BackendError):
 
 
 class StreamBroken(BackendError):
-    """The engine's stream ended abnormally after it had started."""
+    """The engine's stream ended abnormally after it had started (the connection dropped or reset). A stream that
+    runs past its timeout raises ``EngineTimeout`` instead: a long generation is not a broken replica."""

@@ -27,6 +27,7 @@ from backends.errors import (
 from backends.registry import EngineSpec, NoSettings, PoolSettings, register
 
 _JSON = {"Content-Type": "application/json"}
+_GENERATED = "vllm:generation_tokens"
 
 
 class VllmResponse:
@@ -38,14 +39,18 @@ class VllmResponse:
     async def read(self) -> bytes:
         try:
             return await self._response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except TimeoutError as exc:  # before ClientError: aiohttp's read timeout is both
+            raise EngineTimeout(f"engine response ran past its timeout: {exc!r}") from exc
+        except aiohttp.ClientError as exc:
             raise StreamBroken(f"engine response broke off: {exc!r}") from exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._response.content.iter_any():
                 yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except TimeoutError as exc:  # a long generation past the timeout, or a stalled engine: not a reset
+            raise EngineTimeout(f"engine stream ran past its timeout: {exc!r}") from exc
+        except aiohttp.ClientError as exc:
             raise StreamBroken(f"engine stream broke off: {exc!r}") from exc
 
     def release(self) -> None:
@@ -143,10 +148,10 @@ class VllmDriver:
             raise EngineUnavailable(f"{replica.id} broke off its error answer: {exc!r}") from exc
         finally:
             response.release()
-        message = _error_message(text)
+        message, kind = _error_of(text)
         if response.status == 404 and "does not exist" in message:
             raise AdapterNotLoaded(404, message)
-        raise EngineRejected(response.status, message)
+        raise EngineRejected(response.status, message, kind)
 
     async def healthy(self, replica: Endpoint) -> bool:
         try:
@@ -156,7 +161,8 @@ class VllmDriver:
             return False
 
     async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
-        """vLLM's own gauges: requests running and waiting, and KV cache usage (summed over its label sets)."""
+        """vLLM's own gauges: requests running and waiting, and KV cache usage (summed over its label sets), and its
+        counter of generated tokens (outlier detection reads a stall from it: gateway/fleet/outlier.py)."""
         try:
             async with self._session.get(replica.url + "/metrics", timeout=self._probe_timeout) as response:
                 if response.status != 200:
@@ -165,18 +171,23 @@ class VllmDriver:
         except (TimeoutError, aiohttp.ClientError):
             return None
         wanted = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.0}
-        # vLLM's page is large (histograms per adapter); parse only the lines of the three gauges (and their TYPE).
-        lines = [line for line in text.splitlines() if any(name in line for name in wanted)]
+        generated: float | None = None
+        # vLLM's page is large (histograms per adapter); parse only the lines of the gauges and the counter (and their
+        # TYPE). The counter's family is "vllm:generation_tokens", its samples "..._total" (and "..._created").
+        lines = [line for line in text.splitlines() if any(name in line for name in (*wanted, _GENERATED))]
         try:
             for family in text_string_to_metric_families("\n".join(lines) + "\n"):
                 if family.name in wanted:
                     wanted[family.name] = sum(sample.value for sample in family.samples)
+                elif family.name == _GENERATED:
+                    generated = sum(s.value for s in family.samples if s.name.endswith("_total"))
         except ValueError:
             return None
         return EngineLoad(
             running=wanted["vllm:num_requests_running"],
             waiting=wanted["vllm:num_requests_waiting"],
             kv_cache_usage=wanted["vllm:kv_cache_usage_perc"],
+            generated_tokens=generated,
         )
 
     async def close(self) -> None:
@@ -184,11 +195,16 @@ class VllmDriver:
 
 
 def _error_message(text: str) -> str:
+    return _error_of(text)[0]
+
+
+def _error_of(text: str) -> tuple[str, str]:
+    """The message and the error type of vLLM's error body (``{"error": {"message", "type", ...}}``)."""
     try:
         error = json.loads(text).get("error", {})
-        return str(error.get("message", text))
+        return str(error.get("message", text)), str(error.get("type") or "")
     except (ValueError, AttributeError):
-        return text[:500]
+        return text[:500], ""
 
 
 def _driver(settings: NoSettings, pool: PoolSettings) -> VllmDriver:

@@ -117,14 +117,17 @@ class HealthConfig(_Frozen):
 
 
 class OutlierConfig(_Frozen):
-    """Passive outlier detection: a replica whose requests fail (connect errors, engine 5xx, timeouts) this many
-    times in a row is ejected for base_ejection_s, doubled at each ejection up to max_ejection_s; at most
-    max_ejected_percent of a pool is ejected at once."""
+    """Passive outlier detection: a replica whose requests fail this many times in a row, counting only failures
+    that point at the replica (gateway/fleet/outlier.py says which), is ejected for base_ejection_s, doubled at each
+    ejection up to max_ejection_s; at most max_ejected_percent of a pool is ejected at once. stall_after_s: an
+    engine that generated no token for this long while requests wait in it has stalled (its metrics are scraped
+    every telemetry.engine_scrape_interval_s, which must be shorter)."""
 
     consecutive_failures: int = Field(default=5, ge=1, le=1000)
     base_ejection_s: float = Field(default=10.0, gt=0)
     max_ejection_s: float = Field(default=300.0, gt=0)
     max_ejected_percent: int = Field(default=50, ge=0, le=100)
+    stall_after_s: float = Field(default=15.0, gt=0, le=3600)
 
 
 class RetryConfig(_Frozen):

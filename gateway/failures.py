@@ -1,5 +1,6 @@
 """What each engine failure means, decided once, in one table: may the request be retried on another replica,
-does it count against the replica's health, and which gateway error the client sees.
+what it says of the replica's health (its blame: gateway/fleet/outlier.py counts it, or not, by that), and which
+gateway error the client sees.
 
 Drivers raise ``backends.errors``; dispatch (a request's failure) and the admin API (a load or unload an operator
 asked for) both read this table. The first row whose type matches wins, so subclasses come before their bases.
@@ -21,47 +22,69 @@ from backends.errors import (
     StreamBroken,
 )
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, WorkingSetFull
+from gateway.fleet.outlier import Blame
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     # Another replica may succeed where this one failed (only before the client saw a byte).
     retryable: bool
-    # The failure says the replica is sick: it counts toward outlier ejection. A rule that needs the outcome of
-    # the retry (the same request succeeding elsewhere) would decide this after the retry, in dispatch.
-    replica_fault: bool
+    # What the failure says of the replica: "replica" (it is sick), "suspect" (it may be, or the request caused it:
+    # counted only on evidence), "none" (the request's or the tenant's doing). gateway/fleet/outlier.py's rule.
+    blame: Blame
     error: GatewayError
 
 
 @dataclass(frozen=True, slots=True)
 class _Rule:
     retryable: Callable[[BackendError], bool]
-    replica_fault: Callable[[BackendError, bool], bool]  # (failure, the deadline was the tenant's own)
+    blame: Callable[[BackendError, bool], Blame]  # (failure, the deadline was the tenant's own)
     error: Callable[[BackendError], GatewayError]
 
 
 _NO_ROOM = "The model replica has no room for this adapter now; retry shortly."
+# Error types an engine's body uses for the client's mistakes (vLLM, OpenAI): never the replica's fault, whatever
+# the status says.
+_CLIENT_KINDS = frozenset({"BadRequestError", "invalid_request_error", "NotFoundError", "Bad Request"})
 
 
-def _always(exc: BackendError, tenant_deadline: bool = False) -> bool:
+def _always(exc: BackendError) -> bool:
     return True
 
 
-def _never(exc: BackendError, tenant_deadline: bool = False) -> bool:
+def _never(exc: BackendError) -> bool:
     return False
 
 
-def _unless_tenant_deadline(exc: BackendError, tenant_deadline: bool) -> bool:
-    """A timeout of the tenant's own (shorter) deadline says nothing of the replica."""
-    return not tenant_deadline
+def _replica(exc: BackendError, tenant_deadline: bool) -> Blame:
+    return "replica"
+
+
+def _nobody(exc: BackendError, tenant_deadline: bool) -> Blame:
+    return "none"
+
+
+def _timeout(exc: BackendError, tenant_deadline: bool) -> Blame:
+    """A timeout of the tenant's own (shorter) deadline says nothing of the replica; the pool's may (a stalled
+    engine) or may not (a long generation)."""
+    return "none" if tenant_deadline else "suspect"
 
 
 def _status(exc: BackendError) -> int:
     return exc.status if isinstance(exc, EngineRejected) else 0
 
 
+def _engine_fault(exc: BackendError) -> bool:
+    """A 5xx the engine does not name as the client's."""
+    return isinstance(exc, EngineRejected) and exc.status >= 500 and exc.kind not in _CLIENT_KINDS
+
+
+def _engine_blame(exc: BackendError, tenant_deadline: bool) -> Blame:
+    return "suspect" if _engine_fault(exc) else "none"
+
+
 def _rejected(exc: BackendError) -> GatewayError:
-    if isinstance(exc, EngineRejected) and 400 <= exc.status < 500 and exc.status != 404:
+    if isinstance(exc, EngineRejected) and (400 <= exc.status < 500 or exc.kind in _CLIENT_KINDS) and exc.status != 404:
         return InvalidRequest(exc.message)  # the engine's own validation, e.g. max_tokens over the context
     return UpstreamError("The model replica failed to answer.")
 
@@ -76,25 +99,23 @@ def _failed(exc: BackendError) -> GatewayError:
 
 _RULES: tuple[tuple[type[BackendError], _Rule], ...] = (
     # Busy with other adapters, not broken; another replica may have room.
-    (AdapterCacheFull, _Rule(_always, _never, lambda exc: WorkingSetFull(_NO_ROOM, headers={"Retry-After": "1"}))),
+    (AdapterCacheFull, _Rule(_always, _nobody, lambda exc: WorkingSetFull(_NO_ROOM, headers={"Retry-After": "1"}))),
     # The request's own deadline passed while it waited (for a load, or before it was sent).
-    (DeadlineExceeded, _Rule(_never, _never, _timed_out)),
-    (EngineTimeout, _Rule(_never, _unless_tenant_deadline, _timed_out)),
+    (DeadlineExceeded, _Rule(_never, _nobody, _timed_out)),
+    (EngineTimeout, _Rule(_never, _timeout, _timed_out)),
     (
         EngineUnavailable,
-        _Rule(_always, _always, lambda exc: UpstreamError("The model replica is unavailable; try again.")),
+        _Rule(_always, _replica, lambda exc: UpstreamError("The model replica is unavailable; try again.")),
     ),
-    (StreamBroken, _Rule(_always, _always, _failed)),
+    (StreamBroken, _Rule(_always, _replica, _failed)),
     (
         AdapterLoadFailed,
-        _Rule(_never, _never, lambda exc: UpstreamError("The model could not be loaded on its replica.")),
+        _Rule(_never, _nobody, lambda exc: UpstreamError("The model could not be loaded on its replica.")),
     ),
-    # The engine answered with an error status: a 5xx is the replica's, a 503 says "elsewhere", a 4xx the request's.
-    (
-        EngineRejected,
-        _Rule(lambda exc: _status(exc) == 503, lambda exc, _: _status(exc) >= 500, _rejected),
-    ),
-    (BackendError, _Rule(_never, _never, _failed)),
+    # The engine answered with an error status. A 5xx may be the replica's or the request's: tried once elsewhere
+    # (which tells the two apart, outlier.py) unless the engine names it the client's; a 4xx is the request's.
+    (EngineRejected, _Rule(_engine_fault, _engine_blame, _rejected)),
+    (BackendError, _Rule(_never, _nobody, _failed)),
 )
 
 
@@ -102,7 +123,7 @@ def classify(exc: BackendError, tenant_deadline: bool = False) -> Verdict:
     """The verdict on ``exc``; ``tenant_deadline``: the request ran under the tenant's own, shorter timeout."""
     for kind, rule in _RULES:
         if isinstance(exc, kind):
-            return Verdict(rule.retryable(exc), rule.replica_fault(exc, tenant_deadline), rule.error(exc))
+            return Verdict(rule.retryable(exc), rule.blame(exc, tenant_deadline), rule.error(exc))
     raise AssertionError("BackendError is the last row")  # pragma: no cover
 
 

@@ -77,9 +77,18 @@ class SimReplica(Restartable):
         super().__init__(cmd, f"http://127.0.0.1:{port}", root / f"sim-{name}.log", "/health", {})
 
     def faults(self, **settings: Any) -> None:
-        """Switch faults on or off (loadtests/sim/faults.py): hang, delay_s, error_status, cut_stream_after."""
-        body = json.dumps({"faults": settings}).encode()
-        request = urllib.request.Request(self.url + "/sim/control", body, {"Content-Type": "application/json"})
+        """Switch faults on or off (loadtests/sim/faults.py): hang, delay_s, error_status, cut_stream_after,
+        failing_adapters, failing_marker."""
+        self._control({"faults": settings})
+
+    def pause(self, paused: bool) -> None:
+        """Hold the engine's step loop (True) or let it run: inference hangs, requests queue, /health and /metrics
+        still answer (a wedged engine whose HTTP server lives on)."""
+        self._control({"paused": paused})
+
+    def _control(self, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        request = urllib.request.Request(self.url + "/sim/control", data, {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10):
             pass
 

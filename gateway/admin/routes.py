@@ -15,6 +15,7 @@ from gateway.admin.auth import require_admin
 from gateway.appkeys import STATE
 from gateway.config import AdapterConfig
 from gateway.errors import InvalidRequest, ModelNotFound
+from gateway.fleet.health import ReplicaHealth
 from gateway.reload import admin_reload
 from gateway.tenants.directory import affinity_key
 
@@ -82,6 +83,7 @@ async def residency(request: web.Request) -> web.Response:
             "replicas": {
                 replica_id: {
                     "healthy": pool.replicas[replica_id].healthy,
+                    **_outlier_state(pool.replicas[replica_id].health),
                     "adapters": {
                         adapter: {
                             "idle_s": round(max(0.0, now - used), 3),
@@ -96,6 +98,18 @@ async def residency(request: web.Request) -> web.Response:
             },
         }
     return web.json_response({"store": "up" if fleet.store_up else "down", "pools": pools})
+
+
+def _outlier_state(health: ReplicaHealth) -> dict[str, object]:
+    """Outlier detection's view of a replica: ejected now?, why it was last ejected, how often, for how long yet,
+    and its slow-start weight (the share of its capacity it may take)."""
+    return {
+        "ejected": health.ejected,
+        "ejection_reason": health.ejection_reason,
+        "ejections": health.ejections,
+        "ejected_for_s": round(max(0.0, health.ejected_until - health.clock()), 3),
+        "weight": round(health.weight(), 3),
+    }
 
 
 async def reload_config(request: web.Request) -> web.Response:

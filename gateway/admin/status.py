@@ -39,6 +39,7 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool) -> dict[
                     "up": replica.health.up,
                     "drained": replica.health.drained,
                     "ejected": replica.health.ejected,
+                    "ejection_reason": replica.health.ejection_reason,
                     "in_flight": replica.in_flight,
                     "engine_load": asdict(replica.engine_load) if replica.engine_load else None,
                     "adapters": {

@@ -72,6 +72,10 @@ class FleetCollector(Collector):
         fixes = CounterMetricFamily(
             "tenantgate_residency_reconcile_fixes", "Record entries corrected to match an engine", labels=["pool"]
         )
+        ejections = CounterMetricFamily(
+            "tenantgate_replica_ejections", "Outlier ejections of the replica, by the evidence that counted "
+            "(gateway/fleet/outlier.py)", labels=[*replica_labels, "reason"],
+        )  # fmt: skip
         now = time.monotonic()
         for name, pool in fleet.pools.items():
             for replica_id, replica in pool.replicas.items():
@@ -80,6 +84,8 @@ class FleetCollector(Collector):
                 in_flight.add_metric(labels, replica.in_flight)
                 resident.add_metric(labels, len(pool.residency.views[replica_id].resident))
                 slot_waiters.add_metric(labels, pool.residency.slot_waiters[replica_id])
+                for reason, count in replica.health.ejections_by_reason.items():
+                    ejections.add_metric([*labels, reason], count)
                 load_view.add_metric(labels, replica.load_view(now, pool.engine_view_max_age_s))
                 if replica.engine_load is not None:
                     scrape_age.add_metric(labels, now - replica.scraped_at)
@@ -94,6 +100,7 @@ class FleetCollector(Collector):
             scrape_age,
             resident,
             slot_waiters,
+            ejections,
             waiting,
             running,
             kv_usage,

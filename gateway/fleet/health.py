@@ -1,5 +1,6 @@
 """One replica's health as the router sees it: active probes with thresholds, passive outlier ejection, and
-slow start after it comes back. Pure bookkeeping over a monotonic clock; the pool calls it and acts on it."""
+slow start after it comes back. Pure bookkeeping over a monotonic clock; the pool calls it and acts on it. Which
+failures count toward an ejection is outlier.py's rule."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.config import HealthConfig, OutlierConfig
+from gateway.fleet.outlier import EngineProgress, Failure, Reason, SuspectLedger, judge
 
 
 @dataclass
@@ -30,8 +32,17 @@ class ReplicaHealth:
     ejected_until: float = 0.0
     # Since when it takes traffic again (slow start counts from here); -inf: since before the gateway started.
     serving_since: float = -math.inf
+    # Why it was last ejected, and how many ejections each reason caused (the metric's counter).
+    ejection_reason: Reason | None = None
+    ejections_by_reason: dict[str, int] = field(default_factory=dict)
+    # Suspect failures held back until evidence points at the replica, and the engine's progress (outlier.py).
+    suspects: SuspectLedger = field(default_factory=SuspectLedger)
+    progress: EngineProgress = field(init=False)
     _probe_streak: int = field(default=0, repr=False)
     _probed: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.progress = EngineProgress(self.outlier.stall_after_s)
 
     def available(self) -> bool:
         return self.up and not self.returning and not self.drained and self.clock() >= self.ejected_until
@@ -78,9 +89,19 @@ class ReplicaHealth:
         replica has refused meanwhile."""
         if started_at >= self.last_failure_at:
             self.consecutive_failures = 0
+        self.suspects.succeeded(started_at)
 
-    def request_failed(self, may_eject: bool) -> bool:
-        """Count a failed request; True when this failure ejects the replica (``may_eject``: the pool's cap)."""
+    def attempt_failed(self, failure: Failure, may_eject: bool) -> Reason | None:
+        """A request failed here: count it if outlier.py's rule says the replica is to blame. The reason when this
+        failure ejects the replica, else None (``may_eject``: the pool's cap)."""
+        counted, reason = judge(failure, self.suspects, self.progress, self.clock())
+        ejected = False
+        for _ in range(counted):
+            ejected = self.request_failed(may_eject, reason) or ejected
+        return reason if ejected else None
+
+    def request_failed(self, may_eject: bool, reason: Reason | None = None) -> bool:
+        """Count a failure against the replica; True when it ejects the replica (``may_eject``: the pool's cap)."""
         self.consecutive_failures += 1
         self.last_failure_at = self.clock()
         if self.consecutive_failures < self.outlier.consecutive_failures or self.ejected or not may_eject:
@@ -88,5 +109,8 @@ class ReplicaHealth:
         duration = min(self.outlier.base_ejection_s * 2**self.ejections, self.outlier.max_ejection_s)
         self.ejections += 1
         self.ejected_until = self.clock() + duration
+        self.ejection_reason = reason
+        if reason is not None:
+            self.ejections_by_reason[reason] = self.ejections_by_reason.get(reason, 0) + 1
         self.consecutive_failures = 0
         return True

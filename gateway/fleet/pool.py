@@ -14,6 +14,7 @@ from backends.errors import BackendError
 from gateway.config import PoolConfig, RoutingConfig
 from gateway.errors import GatewayError
 from gateway.fleet.health import ReplicaHealth
+from gateway.fleet.outlier import Failure
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
@@ -194,19 +195,20 @@ class Pool:
                 self._welcomes.add(task)
                 task.add_done_callback(self._welcomes.discard)
 
-    def report(self, replica_id: str, ok: bool, started_at: float = math.inf) -> None:
-        """A request's outcome on a replica (passive outlier detection): failures in a row eject it.
-        ``started_at``: when the request was placed there (health's clock), so a success clears only the failures
-        counted before it started."""
+    def report(self, replica_id: str, failure: Failure | None, started_at: float = math.inf) -> None:
+        """A request's outcome on a replica (passive outlier detection): None for a success; failures that point at
+        the replica (outlier.py), in a row, eject it. ``started_at``: when the request was placed there (health's
+        clock), so a success clears only the failures counted before it started."""
         health = self.replicas[replica_id].health
-        if ok:
+        if failure is None:
             health.request_succeeded(started_at)
             return
         ejected_now = sum(r.health.ejected for r in self.replicas.values())
         may_eject = ejected_now + 1 <= len(self.replicas) * self.config.outlier.max_ejected_percent // 100
-        if health.request_failed(may_eject):
+        reason = health.attempt_failed(failure, may_eject)
+        if reason is not None:
             until = health.ejected_until - health.clock()
-            log.warning("replica %s/%s ejected for %.0f s after failing requests", self.name, replica_id, until)
+            log.warning("replica %s/%s ejected for %.0f s (%s)", self.name, replica_id, until, reason)
 
     def cancel_welcomes(self) -> None:
         for task in self._welcomes:
@@ -217,6 +219,7 @@ class Pool:
         now = time.monotonic()
         for replica, load in zip(self.replicas.values(), loads, strict=True):
             replica.engine_load = load
+            replica.health.progress.scraped(load, replica.health.clock())
             replica.scraped_at = now
             replica.in_flight_at_scrape = replica.in_flight
 
@@ -289,6 +292,6 @@ class Lease:
         assert self.adapter is not None
         await self.pool.residency.lost(self.replica_id, self.adapter.engine_name)
 
-    def report(self, ok: bool) -> None:
-        """The outcome of the request on the leased replica, for passive outlier detection."""
-        self.pool.report(self.replica_id, ok, self.started_at)
+    def report(self, failure: Failure | None) -> None:
+        """The outcome of the request on the leased replica (None: it succeeded), for passive outlier detection."""
+        self.pool.report(self.replica_id, failure, self.started_at)

@@ -1,6 +1,8 @@
 """A request's life after admission, in one place: place it (a lease on a replica, its adapter marked in use),
 make sure its adapter is loaded there, send it, relay the answer, and on a failure decide once what it means
 (gateway/failures.py): report it to the replica's outlier detection, retry once elsewhere, or answer the error.
+A failure that may be the request's own doing (an engine 5xx) is reported after the retry, which says whose it
+was: the rule is gateway/fleet/outlier.py's.
 
 The retry rule: a request that failed before its first byte reached the client, in a way another replica may not
 (refused connection, dropped answer, engine overloaded), is tried once more on another replica, while the pool's
@@ -19,6 +21,7 @@ from backends.base import EngineRequest, EngineResponse
 from backends.errors import AdapterCacheFull, AdapterNotLoaded, BackendError, DeadlineExceeded
 from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
 from gateway.failures import Verdict, classify
+from gateway.fleet.outlier import Failure
 from gateway.fleet.pool import Lease, Pool
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.routing.decision import RoutingDecision
@@ -37,6 +40,10 @@ async def dispatch(
     lease = _first_lease(telemetry, record, pool, ctx)
     if lease.replica is None:
         raise _unavailable(lease.decision)
+    tenant = ctx.tenant.id
+    # The first attempt's lease when it failed in a way that may be the request's own doing (outlier.py): how the
+    # retry ends decides whether it counts against that replica.
+    suspect: Lease | None = None
     while True:
         with lease:
             record.replica = lease.replica_id
@@ -45,17 +52,26 @@ async def dispatch(
             except BackendError as exc:
                 verdict = classify(exc, ctx.tenant_deadline)
                 record.error = type(exc).__name__
-                if verdict.replica_fault:
-                    lease.report(ok=False)
                 failure, failed_on = exc, lease.replica_id
             else:
                 # The attempt's one outcome report, once the client has its answer: a stream that broke mid-way
-                # counts against the replica only when the break says the replica is at fault. A success does
-                # not wipe out failures the replica had since this attempt started (health.py).
-                lease.report(ok=broken is None or not broken.replica_fault)
+                # reports the break's blame. A success does not wipe out failures the replica had since this
+                # attempt started (health.py).
+                lease.report(None if broken is None else Failure(broken.blame, tenant))
+                if suspect is not None:  # the same request went well here: the first replica's failure was its own
+                    suspect.report(Failure("suspect", tenant, succeeded_elsewhere=broken is None))
                 return response
         # The failed attempt's lease is released: try once more elsewhere, or answer its error.
+        if suspect is not None:  # this was the retry, and it failed too
+            if verdict.blame != "suspect":  # else it failed alike on two replicas: the request's doing, neither counts
+                suspect.report(Failure("suspect", tenant))
+                lease.report(Failure(verdict.blame, tenant))
+            raise verdict.error from failure
         retry = _retry_lease(record, pool, ctx, failed_on) if verdict.retryable else None
+        if verdict.blame == "suspect" and retry is not None:
+            suspect = lease
+        else:
+            lease.report(Failure(verdict.blame, tenant))
         if retry is None:
             raise verdict.error from failure
         lease = retry

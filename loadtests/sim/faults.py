@@ -7,7 +7,9 @@ never affected.
 - ``delay_s``: every engine route answers this much later;
 - ``error_status``: inference routes answer this status with vLLM's error body (e.g. 503 when overloaded);
 - ``cut_stream_after``: a stream's connection is dropped after this many token chunks, without [DONE];
-- ``failing_adapters``: requests for these adapters answer 500 (a bad adapter version).
+- ``failing_adapters``: requests for these adapters answer 500 (a bad adapter version);
+- ``failing_marker``: inference requests whose body holds this text answer 500, as vLLM does for a prompt that
+  breaks it (a lone surrogate did): a failure the request causes, on every replica alike.
 
 In Triton mode the same switches act on gRPC (loadtests/sim/triton_grpc.py): ``hang`` and ``delay_s`` hold every
 RPC and every request on a stream; ``error_status`` answers each inference with an in-stream error;
@@ -36,11 +38,13 @@ class Faults:
     error_status: int | None = None
     cut_stream_after: int | None = None
     failing_adapters: frozenset[str] = frozenset()
+    failing_marker: str | None = None
     _released: asyncio.Event = field(default_factory=asyncio.Event)
 
     def update(self, settings: dict[str, Any]) -> None:
         """Apply ``settings`` (the keys above; null or false switches one off); raises ValueError on a bad one."""
-        unknown = set(settings) - {"hang", "delay_s", "error_status", "cut_stream_after", "failing_adapters"}
+        known = {"hang", "delay_s", "error_status", "cut_stream_after", "failing_adapters", "failing_marker"}
+        unknown = set(settings) - known
         if unknown:
             raise ValueError(f"unknown faults: {sorted(unknown)}")
         hang = settings.get("hang", self.hang)
@@ -58,7 +62,11 @@ class Faults:
         failing = settings.get("failing_adapters", list(self.failing_adapters))
         if not isinstance(failing, list) or not all(isinstance(name, str) for name in failing):
             raise ValueError("failing_adapters must be a list of adapter names")
+        marker = settings.get("failing_marker", self.failing_marker)
+        if marker is not None and (not isinstance(marker, str) or not marker):
+            raise ValueError("failing_marker must be a non-empty string or null")
         self.failing_adapters = frozenset(failing)
+        self.failing_marker = marker
         self.hang, self.delay_s, self.error_status, self.cut_stream_after = hang, float(delay), status, cut
         if hang:
             self._released.clear()
@@ -72,6 +80,7 @@ class Faults:
             "error_status": self.error_status,
             "cut_stream_after": self.cut_stream_after,
             "failing_adapters": sorted(self.failing_adapters),
+            "failing_marker": self.failing_marker,
         }
 
     async def stall(self) -> None:
@@ -90,6 +99,10 @@ class Faults:
             if self.error_status is not None and request.path in _INFERENCE:
                 error = {"message": "Injected fault", "type": "ServiceUnavailableError", "param": None}
                 return web.json_response({"error": {**error, "code": self.error_status}}, status=self.error_status)
+            marker = self.failing_marker
+            if marker is not None and request.path in _INFERENCE and marker.encode() in await request.read():
+                error = {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "param": None}
+                return web.json_response({"error": {**error, "code": 500}}, status=500)
             return await handler(request)
 
         return faults

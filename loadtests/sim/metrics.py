@@ -65,6 +65,7 @@ class _EngineState(Collector):
                 "Prefix cache hits, in terms of number of cached tokens.",
                 stats.prefix_hit_tokens,
             ),
+            ("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens),
         ):
             counter = CounterMetricFamily(name, doc, labels=_LABELS)
             counter.add_metric(values, total)

@@ -234,6 +234,7 @@ def test_metrics_names_and_semantics(engine: EngineProcess, http: httpx.Client) 
         "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
+        "vllm:generation_tokens_total",  # outlier detection reads a stalled engine from it
         "vllm:time_to_first_token_seconds_count",
         "vllm:time_to_first_token_seconds_sum",
     ):
@@ -241,6 +242,7 @@ def test_metrics_names_and_semantics(engine: EngineProcess, http: httpx.Client) 
         assert labels["model_name"] == engine.base_model, name
     assert by_name["vllm:num_requests_running"][1] == 0
     assert by_name["vllm:prefix_cache_hits_total"][1] > 0
+    assert by_name["vllm:generation_tokens_total"][1] >= 4  # two requests of two tokens
     assert by_name["vllm:time_to_first_token_seconds_count"][1] >= 2
     info = [(labels, value) for name, labels, value in samples if name == "vllm:lora_requests_info"]
     assert info, "vllm:lora_requests_info is missing"

@@ -313,7 +313,7 @@ async def test_a_slot_wait_ends_at_its_timeout_with_retry_after_when_the_engine_
     with pytest.raises(AdapterCacheFull) as refused:
         await asyncio.wait_for(life.ensure("r0", ref("c")), 5)
     verdict = classify(refused.value)  # what dispatch makes of it: try another replica, else 503 Retry-After
-    assert verdict.retryable and not verdict.replica_fault and verdict.error.headers == {"Retry-After": "1"}
+    assert verdict.retryable and verdict.blame == "none" and verdict.error.headers == {"Retry-After": "1"}
     assert life.slot_waiters["r0"] == 0 and engine.loaded["r0"] == {"a", "b"}
 
 

@@ -1,4 +1,5 @@
-"""Dispatch's retry rule, in-process through a fake engine whose replicas refuse connections on demand."""
+"""Dispatch's retry rule and its outcome reports, in-process through a fake engine whose replicas refuse
+connections, or answer 500, on demand."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 
 from backends.base import Endpoint, EngineRequest
-from backends.errors import EngineUnavailable
+from backends.errors import EngineRejected, EngineUnavailable
 from backends.registry import EngineSpec, NoSettings, register
 from gateway.app import create_app
 from gateway.appkeys import STATE
@@ -17,12 +18,16 @@ from tests.gateway.residency.fakes import FakeDriver, FakeEngine, FakeResponse
 
 ENGINE = FakeEngine()
 REFUSING: set[str] = set()  # replicas whose engine refuses connections
+BROKEN: set[str] = set()  # replicas whose engine answers every request 500
+POISON = b"poison"  # a prompt holding this makes every replica answer 500 (the request's own doing)
 
 
 class RefusingDriver(FakeDriver):
     async def send(self, replica: Endpoint, request: EngineRequest) -> FakeResponse:
         if replica.id in REFUSING:
             raise EngineUnavailable(f"{replica.id} refused the connection")
+        if replica.id in BROKEN or POISON in request.body:
+            raise EngineRejected(500, "EngineCore encountered an issue", "InternalServerError")
         return await super().send(replica, request)
 
 
@@ -71,3 +76,44 @@ async def test_a_refused_request_is_retried_once_on_the_next_replica(tmp_path: P
         assert pool.replicas[home].health.consecutive_failures == 1
         assert pool.replicas[other].health.consecutive_failures == 0
         assert pool.in_flight == 0 and all(r.in_flight == 0 for r in pool.replicas.values())
+
+
+async def test_a_5xx_the_request_causes_everywhere_counts_against_no_replica(tmp_path: Path) -> None:
+    """The issue's repro: five prompts that make the engine fail must not eject a replica. Each is tried once more
+    elsewhere, fails there too, and so is the request's doing."""
+    REFUSING.clear()
+    BROKEN.clear()
+    app = create_app(config(tmp_path, 2))
+    async with TestClient(TestServer(app)) as client:
+        pool = app[STATE].serving.fleet.pools["llama"]
+        for _ in range(8):
+            response = await client.post(
+                "/v1/completions",
+                json={"model": "lora-a", "prompt": "poison"},
+                headers={"Authorization": f"Bearer {api_key('acme')}"},
+            )
+            assert response.status == 502
+        assert [r.health.consecutive_failures for r in pool.replicas.values()] == [0, 0]
+        assert all(r.healthy for r in pool.replicas.values())
+
+
+async def test_a_broken_replica_serving_one_tenant_is_still_ejected(tmp_path: Path) -> None:
+    """Tenant affinity: the home serves one tenant only. Its 500s succeed on the next replica, which points at the
+    home: five of them eject it, and the tenant never saw an error."""
+    REFUSING.clear()
+    BROKEN.clear()
+    app = create_app(config(tmp_path, 2))
+    async with TestClient(TestServer(app)) as client:
+        pool = app[STATE].serving.fleet.pools["llama"]
+        home = pool.ring.home("acme")
+        BROKEN.add(home)
+        for _ in range(5):
+            response = await client.post(
+                "/v1/completions",
+                json={"model": "lora-a", "prompt": "hi"},
+                headers={"Authorization": f"Bearer {api_key('acme')}"},
+            )
+            assert response.status == 200, await response.text()
+        health = pool.replicas[home].health
+        assert health.ejected and health.ejection_reason == "failed_here_only"
+        assert pool.in_flight == 0
