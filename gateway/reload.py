@@ -2,8 +2,8 @@
 one, swap it in whole, and retire the old one once its in-flight requests have finished.
 
 A config that does not load is refused whole (the old one keeps serving). Settings bound to the running process
-(listen address, body size limit, tracing, admin token variable) cannot change without a restart: a reload applies the
-rest and reports them as warnings.
+(``RESTART_ONLY``) cannot change without a restart: a reload applies the rest and names each of these that the file
+changes, in its answer (``restart_required``), a warning in the log and ``tenantgate_config_restart_pending``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.appkeys import METRICS, STATE
+from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.errors import InvalidRequest
 from gateway.fleet.discovery import Discovered, discover
@@ -26,16 +26,30 @@ from gateway.tenants.directory import TenantDirectory
 
 log = logging.getLogger(__name__)
 
-_RESTART_ONLY = ("listen", "admin")
+# Bound to the running process: the listener (its address; aiohttp's body limit and shutdown timeout are set when
+# the app and its runner are built), the admin token's variable (read at start), the Redis clients (residency,
+# buckets, registry: built once), the tracer provider. Everything else a reload applies: pools, routing, tenants,
+# adapters, splits, the other limits, auth, residency intervals, telemetry.access_log and
+# telemetry.engine_scrape_interval_s, shutdown.drain_delay_s (read at SIGTERM).
+RESTART_ONLY = (
+    "listen", "admin", "state", "limits.max_body_bytes", "telemetry.tracing", "shutdown.drain_timeout_s",
+)  # fmt: skip
 
 
 @dataclass
 class ReloadResult:
     pools: list[str]
-    warnings: list[str] = field(default_factory=list)
+    restart_required: list[str] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{name} changed but applies only after a restart" for name in self.restart_required]
 
     def as_json(self) -> dict[str, Any]:
-        return {"status": "reloaded", "pools": self.pools, "warnings": self.warnings}
+        return {
+            "status": "reloaded", "pools": self.pools, "restart_required": self.restart_required,
+            "warnings": self.warnings,
+        }  # fmt: skip
 
 
 class ReloadRefused(InvalidRequest):
@@ -60,12 +74,15 @@ async def reload(app: web.Application) -> ReloadResult:
             raise ReloadRefused(
                 "The new config was refused; the old one keeps serving: " + "; ".join(problems)
             ) from exc
-        warnings = _restart_only_changes(state.config, config)
         await _rebuild(app, config, base, discovered)
-    for warning in warnings:
+        app[TELEMETRY].access_log = config.telemetry.access_log
+    # Against what the process runs (its start-up config), so a second reload still says so.
+    result = ReloadResult(sorted(config.pools_by_name), restart_required(state.started_config, config))
+    app[METRICS].restart_pending(result.restart_required)
+    for warning in result.warnings:
         log.warning("reload: %s", warning)
     log.info("config reloaded from %s: pools %s", state.config_path, sorted(config.pools_by_name))
-    return ReloadResult(sorted(config.pools_by_name), warnings)
+    return result
 
 
 async def rediscover(app: web.Application) -> None:
@@ -112,13 +129,29 @@ async def close_retiring() -> None:
             await task
 
 
-def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
-    changed = [name for name in _RESTART_ONLY if getattr(old, name) != getattr(new, name)]
-    if old.limits.max_body_bytes != new.limits.max_body_bytes:  # aiohttp fixes it when the app is built
-        changed.append("limits.max_body_bytes")
-    if old.telemetry.tracing != new.telemetry.tracing:
-        changed.append("telemetry.tracing")
-    return [f"{name} changed but applies only after a restart" for name in changed]
+def restart_required(running: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """Each setting under ``RESTART_ONLY`` whose value in ``new`` differs from the running one, by its full path."""
+    old_data, new_data = running.model_dump(mode="json"), new.model_dump(mode="json")
+    changed: list[str] = []
+    for path in RESTART_ONLY:
+        changed += _differences(path, _at(old_data, path), _at(new_data, path))
+    return sorted(changed)
+
+
+def _at(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _differences(path: str, old: Any, new: Any) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for key in sorted(old.keys() | new.keys())
+            for d in _differences(f"{path}.{key}", old.get(key), new.get(key))
+        ]
+    return [] if old == new else [path]
 
 
 async def _retire(fleet: Fleet, drain_timeout_s: float) -> None:

@@ -44,7 +44,7 @@ async def _run(config: GatewayConfig, config_path: Path | None) -> None:
     await stop.wait()
     app[STATE].draining = True
     log.info("shutting down: not ready any more, draining in-flight requests")
-    await asyncio.sleep(config.shutdown.drain_delay_s)
+    await asyncio.sleep(app[STATE].config.shutdown.drain_delay_s)  # a reload may have changed it
     await runner.cleanup()
     log.info("shut down")
 

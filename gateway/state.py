@@ -32,6 +32,8 @@ class GatewayState:
         # The config file's, and the one served: the file's merged with the tenants and keys changed at run time.
         self.base_config = config
         self.config = config
+        # What the process was started with: the settings a reload cannot apply keep these values (gateway/reload.py).
+        self.started_config = config
         # What DNS said last for the pools that discover their replicas.
         self.discovered: Discovered = {}
         self.config_path = config_path

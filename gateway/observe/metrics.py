@@ -8,7 +8,7 @@ in-flight, engine load signals, residency) is read when Prometheus scrapes, at n
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.registry import Collector
 
 from gateway.observe.activity import Activity
@@ -93,6 +93,16 @@ class GatewayMetrics:
             "tenantgate_residency_store_operation_seconds", "Residency store calls (Redis round trips)",
             ["operation", "outcome"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0), registry=r,
         )  # fmt: skip
+
+        self.config_restart_pending = Gauge(
+            "tenantgate_config_restart_pending", "1 for each setting the config file changes that applies only after "
+            "a restart (gateway/reload.py RESTART_ONLY), as of the last reload", ["field"], registry=r,
+        )  # fmt: skip
+
+    def restart_pending(self, fields: list[str]) -> None:
+        self.config_restart_pending.clear()
+        for name in fields:
+            self.config_restart_pending.labels(name).set(1)
 
     def watch(self, collector: Collector) -> None:
         """Export what ``collector`` reads at each scrape (the fleet's live state: gateway/fleet/collector.py)."""
