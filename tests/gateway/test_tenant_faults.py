@@ -1,10 +1,14 @@
 """Faults a tenant causes must not eject replicas; a broken replica is still ejected, even when it serves one tenant
-(gateway/fleet/outlier.py's rule), against simulated replicas through the openai SDK and a gateway process."""
+(gateway/fleet/outlier.py's rule); a noisy tenant degrades no other. Against simulated replicas, through the openai
+SDK and a gateway process. The noisy tenant's trouble lasts TENANTGATE_NOISY_TENANT_S seconds (15 by default)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from loadtests.faultkit import GatewayUnderTest, SimReplica, sim_replicas
+from loadtests.faultkit import GatewayUnderTest, SimReplica, SteadyTraffic, sim_replicas
 from loadtests.fleet import api_key, gateway_config, write_adapters
 from loadtests.processes import free_port
 
@@ -98,3 +102,80 @@ def test_a_broken_replica_serving_one_tenant_is_still_ejected(tmp_path: Path) ->
             assert statuses(gw, "noisy", 1, prompt="hello", max_tokens=4) == [200]
         state = replicas_state(gw)[home]
         assert (state["ejected"], state["ejection_reason"]) == (True, "failed_here_only"), state
+
+
+# How long the noisy tenant makes trouble, in seconds. The issue asks for a minute; CI runs 15 s, which is already
+# many times the ejection threshold (a failure every ~0.5 s per worker): set TENANTGATE_NOISY_TENANT_S=60 for the
+# issue's minute.
+NOISY_S = float(os.environ.get("TENANTGATE_NOISY_TENANT_S", "15"))
+
+
+def make_trouble(gw: GatewayUnderTest, seconds: float, workers: int = 4) -> Counter[str]:
+    """The noisy tenant, for ``seconds``: each worker in turn sends a generation that runs past the pool's timeout
+    and a prompt that makes the engine fail, streamed and not. What each got, counted."""
+    outcomes: Counter[str] = Counter()
+    kinds = [
+        ("timeout", False, {"prompt": "tell me everything", "max_tokens": 4000, "extra_body": {"ignore_eos": True}}),
+        ("timeout", True, {"prompt": "tell me everything", "max_tokens": 4000, "extra_body": {"ignore_eos": True}}),
+        ("engine_error", False, {"prompt": f"{MARKER} please", "max_tokens": 4}),
+        ("engine_error", True, {"prompt": f"{MARKER} please", "max_tokens": 4}),
+    ]
+
+    async def one(client: openai.AsyncOpenAI, stream: bool, request: dict[str, Any]) -> str:
+        try:
+            if not stream:
+                await client.completions.create(model="lora-noisy", **request)
+                return "ok"
+            chunks = await client.completions.create(model="lora-noisy", stream=True, **request)
+            async for _chunk in chunks:
+                pass
+            return "ok"
+        except openai.APIStatusError as exc:
+            return f"http_{exc.status_code}"
+        except openai.APIError:  # an error event in a stream that had started
+            return "error_event"
+
+    async def worker(client: openai.AsyncOpenAI, first: int, until: float) -> None:
+        index = first
+        while time.monotonic() < until:
+            kind, stream, request = kinds[index % len(kinds)]
+            outcomes[f"{kind}:{'stream' if stream else 'whole'}:{await one(client, stream, request)}"] += 1
+            index += 1
+
+    async def all_workers() -> None:
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=api_key("noisy"), max_retries=0, timeout=30)
+        async with client:
+            until = time.monotonic() + seconds
+            await asyncio.gather(*(worker(client, i, until) for i in range(workers)))
+
+    asyncio.run(all_workers())
+    return outcomes
+
+
+def test_a_noisy_tenant_degrades_no_other_tenant_and_ejects_no_replica(tmp_path: Path) -> None:
+    """One tenant sends, for NOISY_S seconds, requests that run past the pool's 2 s timeout and requests that make
+    every engine answer 500; the quiet tenants (one of them homed with the noisy one) all succeed meanwhile, and
+    no replica is ejected."""
+    tenants = {"noisy": ["lora-noisy"], **{f"quiet{i}": [f"lora-quiet{i}"] for i in range(4)}}
+    quiet = {tenant: names[0] for tenant, names in tenants.items() if tenant != "noisy"}
+    with sim_replicas(tmp_path, 2, *SIM) as replicas, gateway(tmp_path, config_for(tmp_path, replicas, tenants)) as gw:
+        for replica in replicas.values():
+            replica.faults(failing_marker=MARKER)
+        assert any(gw.home_of(t) == gw.home_of("noisy") for t in quiet)  # a quiet tenant shares its replica
+        with SteadyTraffic(gw.url, quiet, deadline_s=10) as traffic:
+            traffic.wait_for(8)
+            trouble = make_trouble(gw, NOISY_S)
+            traffic.wait_for(8)  # and after it
+        outcomes = traffic.outcomes
+        state = replicas_state(gw)
+    assert set(outcomes.counts) == {"ok"}, (outcomes.counts, outcomes.lost_details)
+    # The noisy tenant got its errors: its timeouts (504, or an error event once a stream had started) and the
+    # engine's failures (502), each many times over the ejection threshold of 5.
+    timeouts = sum(n for key, n in trouble.items() if key.startswith("timeout:") and not key.endswith(":ok"))
+    failures = sum(n for key, n in trouble.items() if key.startswith("engine_error:") and key.endswith(":http_502"))
+    assert timeouts >= 10 and failures >= 10, trouble
+    assert set(trouble) <= {
+        "timeout:whole:http_504", "timeout:stream:error_event", "engine_error:whole:http_502",
+        "engine_error:stream:http_502",
+    }, trouble  # fmt: skip
+    assert [(s["ejections"], s["healthy"]) for s in state.values()] == [(0, True)] * 2, state
