@@ -152,10 +152,27 @@ def _hash_key(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from gateway.config import ConfigError, load_config
+    from gateway.observe import logs
     from gateway.server import serve
 
-    config = _load_or_report(args.config)
-    return 1 if config is None else serve(config, Path(args.config))
+    # From the first line on, what serve writes is JSON lines, its refusals to start included.
+    logs.configure()
+    log = logging.getLogger("tenantgate")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        log.error("invalid config %s: not serving", args.config, extra={"problems": exc.problems})
+        return 1
+    try:
+        return serve(config, Path(args.config))
+    except Exception:
+        if args.debug:
+            raise
+        log.exception("tenantgate serve failed")
+        return 1
 
 
 def _plan(args: argparse.Namespace) -> int:

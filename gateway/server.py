@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.appkeys import STATE
 from gateway.config import GatewayConfig
+from gateway.observe import logs
 from gateway.reload import ReloadRefused, reload
 
 log = logging.getLogger("tenantgate")
@@ -64,7 +65,7 @@ def _start_reload(app: web.Application, running: set[asyncio.Task[None]]) -> Non
 
 
 def serve(config: GatewayConfig, config_path: Path | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure()  # every line one JSON object (gateway/observe/logs.py)
     # uvloop's event loop costs the gateway less CPU per request than asyncio's own (make bench-gateway).
     uvloop.run(_run(config, config_path))
     return 0

@@ -10,7 +10,6 @@ honoured and the upstream span's context is sent on to the engine.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import time
@@ -154,7 +153,8 @@ class Telemetry:
                     record.tenant, record.adapter, record.replica, record.reasons, record.status, ttft
                 )
             if self.access_log:
-                access_log.info(json.dumps(_log_line(record), separators=(",", ":")))
+                # The fields as the record's own: the JSON formatter (gateway/observe/logs.py) writes them.
+                access_log.info("request", extra=_log_line(record))
         except Exception:  # telemetry must never fail a request
             log.exception("recording a request's telemetry failed")
 

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from gateway.observe.logs import json_formatter
 from loadtests.fleet import ADMIN_TOKEN, RunningFleet, api_key, fleet_with_gateway, gateway_config, sim_stats
 from tests.servers import EngineProcess
 
@@ -246,7 +247,8 @@ async def test_span_tree_of_a_streaming_request_and_traceparent_reaches_the_engi
     upstream_id = format(spans["upstream"].context.span_id, "016x")
     assert f"00-{trace_id}-{upstream_id}-01" in sim_stats(sim_engine.url)["traceparents"]
 
-    [line] = [json.loads(r.getMessage()) for r in caplog.records if r.name == "tenantgate.access"]
+    # The line as the gateway writes it (gateway/observe/logs.py's formatter).
+    [line] = [json.loads(json_formatter().format(r)) for r in caplog.records if r.name == "tenantgate.access"]
     assert line["tenant"] == "acme" and line["adapter"] == "a3" and line["replica"] == "r0"
     assert line["status"] == 200 and line["stream"] is True and line["reasons"] == ["home"]
     assert line["trace_id"] == trace_id and line["ttft_ms"] > 0 and line["duration_ms"] >= line["ttft_ms"]
