@@ -423,7 +423,7 @@ class TenantLimits(_Frozen):
     # Counted as the prompt's estimated tokens (characters / 4) + max_tokens, corrected by the engine's usage.
     tokens_per_minute: int | None = Field(default=None, ge=1)
     max_concurrent: int | None = Field(default=None, ge=1)
-    # A request asking for more is refused with 400.
+    # A request asking for more is refused with 400; one that names none gets this many at most.
     max_tokens: int | None = Field(default=None, ge=1)
     # Overrides the pool's request_timeout_s for this tenant's requests.
     request_timeout_s: float | None = Field(default=None, gt=0)
@@ -474,6 +474,9 @@ class LimitsConfig(_Frozen):
     # The prompt (or all messages' text) in characters, and how deeply a JSON body may nest.
     max_prompt_chars: int = Field(default=200_000, ge=1)
     max_json_depth: int = Field(default=32, ge=2, le=254)  # 254: orjson's limit writing it back
+    # Every tenant's limits where its own leave a field unset (a tenant's own value wins), e.g. a concurrency
+    # limit for all tenants set once: tenant_defaults: {max_concurrent: 16}. Nothing by default.
+    tenant_defaults: TenantLimits = TenantLimits()
 
 
 class ShutdownConfig(_Frozen):

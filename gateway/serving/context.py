@@ -23,6 +23,8 @@ class RequestContext(NamedTuple):  # immutable, and cheaper to build per request
     engine_path: str
     body: bytes
     stream: bool
+    # The engine was asked for its usage on a stream whose client did not ask: relay leaves that chunk out.
+    strip_usage: bool
     # time.monotonic() by which the request must be answered.
     deadline: float
     # The deadline is the tenant's own, shorter than the pool's: a timeout then says nothing of the replica.

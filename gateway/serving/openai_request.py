@@ -71,9 +71,21 @@ class InferenceRequest:
                 param="chat_template_kwargs",
             )
 
-    def for_engine(self, engine_model: str) -> bytes:
-        """The body to send upstream: the one that was parsed and checked, with the engine's model name."""
-        return dumps({**self.body, "model": engine_model})
+    @property
+    def client_wants_usage(self) -> bool:
+        options = self.body.get("stream_options")
+        return isinstance(options, dict) and options.get("include_usage") is True
+
+    def for_engine(self, engine_model: str, *, max_tokens: int | None = None) -> bytes:
+        """The body to send upstream: the one that was parsed and checked, with the engine's model name;
+        ``max_tokens`` when the request named none (the tenant's cap). A stream always asks the engine for its
+        usage, so its tokens are counted whatever the client asked (relay strips the usage chunk it did not)."""
+        body = {**self.body, "model": engine_model}
+        if max_tokens is not None and self.max_tokens is None:
+            body["max_tokens"] = max_tokens
+        if self.stream and not self.client_wants_usage:
+            body["stream_options"] = {**(self.body.get("stream_options") or {}), "include_usage": True}
+        return dumps(body)
 
 
 def parse_inference(
@@ -85,6 +97,7 @@ def parse_inference(
         raise InvalidRequest(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
     model = _optional(body, "model", str, "a string") or None
     stream = _optional(body, "stream", bool, "a boolean")
+    _optional(body, "stream_options", dict, "an object")
     user = _optional(body, "user", str, "a string")
     for field in ("max_tokens", "max_completion_tokens", "n"):
         value = _optional(body, field, int, "an integer")

@@ -13,6 +13,7 @@ from backends.errors import BackendError
 from gateway.errors import GatewayError
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.serving.context import RequestContext
+from gateway.serving.sse_events import StreamEvents
 
 VARIANT_HEADER = "x-tenantgate-variant"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -36,18 +37,26 @@ async def stream(
     upstream: EngineResponse,
     broken: Callable[[BackendError], GatewayError],
 ) -> web.StreamResponse:
-    """Stream the engine's SSE chunks to the client as they come. If the engine's stream breaks, ``broken`` says
-    what it means and the stream ends with that error's event."""
+    """Stream the engine's SSE events to the client as they come (whole: gateway/serving/sse_events.py, which
+    also leaves out the usage event the gateway asked for and the client did not). If the engine's stream breaks,
+    ``broken`` says what it means and the stream ends with that error's event."""
     headers = {**_SSE_HEADERS, VARIANT_HEADER: ctx.variant} if ctx.variant else _SSE_HEADERS
     response = web.StreamResponse(status=upstream.status, headers=headers)
     await response.prepare(request)
+    events = StreamEvents(ctx.strip_usage)
     try:
         async for chunk in upstream.chunks():
-            if record.first_byte is None:
-                telemetry.first_byte(record)
-            record.read_usage(chunk)
-            await response.write(chunk)
-    except BackendError as exc:
+            complete, onward = events.feed(chunk)
+            if complete:
+                record.read_usage(complete)
+            if onward:
+                if record.first_byte is None:
+                    telemetry.first_byte(record)
+                await response.write(onward)
+        rest = events.rest()
+        if rest:
+            await response.write(rest)
+    except BackendError as exc:  # an unfinished event is dropped: the client gets whole events, then the error
         await response.write(broken(exc).sse_event())
     await response.write_eof()
     return response

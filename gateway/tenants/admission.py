@@ -6,6 +6,11 @@ holds across gateways without a Redis round trip per request: a gateway asks Red
 Leases never over-admit; each gateway may hold back up to one unused lease, which is the stated tolerance. If
 Redis is unreachable, each gateway falls back to a local bucket with the full limit until Redis answers again.
 Concurrency is counted per gateway instance.
+
+Tokens are counted before a request runs (its estimate) and corrected by what the engine reports when it ends
+(streams too: ingress asks the engine for usage on every stream). A request that used more than its estimate is
+never cut short: the excess is a debt the tenant's next requests pay. With Redis the debt is taken from the shared
+bucket at once (one call, off the request path, only for a request that overran), so every gateway sees it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ class SharedBuckets(Protocol):
     async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
         """Take ``want`` tokens, or at least ``need``, from the bucket: (granted, seconds until ``need`` would
         be there when nothing was granted). Raises ``StoreUnavailable`` when the store cannot be reached."""
+        ...
+
+    async def debit(self, key: str, amount: float, capacity: float, per_s: float) -> None:
+        """Take ``amount`` tokens used beyond what was leased, below zero if need be: a debt every gateway's next
+        lease waits out. Raises ``StoreUnavailable`` when the store cannot be reached."""
         ...
 
 
@@ -75,6 +85,9 @@ class RateLimit:
         self.lease_size = max(1.0, per_minute * LEASE_SHARE)
         self._leasing = asyncio.Lock()
         self._shared_down_until = 0.0
+        # Tokens used beyond the lease, not yet taken from the shared bucket; one debit in flight at a time.
+        self._debt = 0.0
+        self._debiting: asyncio.Task[None] | None = None
 
     async def take(self, amount: float) -> float:
         if self.shared is None or time.monotonic() < self._shared_down_until:
@@ -83,6 +96,8 @@ class RateLimit:
             self.leased -= amount
             return 0.0
         async with self._leasing:  # one lease at a time: concurrent requests wait for it rather than each leasing
+            if self._debiting is not None:  # a debt on its way to the shared bucket: this lease must see it
+                await asyncio.shield(self._debiting)
             if self.leased >= amount:
                 self.leased -= amount
                 return 0.0
@@ -104,10 +119,31 @@ class RateLimit:
             return max(wait, 0.001)
 
     def give(self, amount: float) -> None:
+        """Give tokens back (negative: take more, a debt). Locally the bucket goes below zero; with a shared
+        bucket a debt first comes out of this gateway's lease, and the rest out of the shared bucket."""
         if self.shared is None:
             self.local.give(amount)
-        else:
-            self.leased += amount  # kept in this gateway's lease (negative: a debt paid from the next lease)
+            return
+        self.leased += amount
+        if self.leased < 0:
+            self._debt, self.leased = self._debt - self.leased, 0.0
+            if self._debiting is None:
+                self._debiting = asyncio.get_running_loop().create_task(self._pay_debt(), name=f"debit {self.key}")
+
+    async def _pay_debt(self) -> None:
+        assert self.shared is not None
+        try:
+            while self._debt > 0:
+                amount, self._debt = self._debt, 0.0
+                try:
+                    await self.shared.debit(self.key, amount, self.capacity, self.per_s)
+                except Exception as exc:  # StoreUnavailable: the debt stays with the local fallback bucket
+                    log.warning(
+                        "rate limit %s: could not debit %.0f tokens from the shared bucket: %s", self.key, amount, exc
+                    )
+                    self.local.give(-amount)
+        finally:
+            self._debiting = None
 
 
 @dataclass
@@ -175,26 +211,32 @@ class Admission:
         self._limiters: dict[str, TenantLimiter] = {}
 
     def configure(self, config: GatewayConfig) -> None:
-        """Take a (re)loaded config's limits; a tenant whose limits did not change keeps its buckets."""
+        """Take a (re)loaded config's limits (each tenant's own over ``limits.tenant_defaults``); a tenant whose
+        limits did not change keeps its buckets."""
         limiters = {}
+        defaults = config.limits.tenant_defaults
         for tenant in config.tenants:
+            limits = with_defaults(tenant.limits, defaults)
             current = self._limiters.get(tenant.id)
-            if current is not None and current.limits == tenant.limits:
+            if current is not None and current.limits == limits:
                 limiters[tenant.id] = current
-            elif tenant.limits != TenantLimits():
-                limiters[tenant.id] = TenantLimiter(tenant.id, tenant.limits, self._shared)
+            elif limits != TenantLimits():
+                limiters[tenant.id] = TenantLimiter(tenant.id, limits, self._shared)
         self._limiters = limiters
 
     def limits(self, tenant: str) -> TenantLimits | None:
         limiter = self._limiters.get(tenant)
         return limiter.limits if limiter else None
 
-    def check_max_tokens(self, tenant: str, max_tokens: int | None) -> None:
+    def check_max_tokens(self, tenant: str, max_tokens: int | None) -> int | None:
+        """The request's max_tokens, or the tenant's cap when it names none (so leaving it out cannot escape the
+        cap); a request over the cap is refused."""
         limits = self.limits(tenant)
         cap = limits.max_tokens if limits else None
         if cap is not None and max_tokens is not None and max_tokens > cap:
             self._metrics.rejections.labels(tenant, "max_tokens").inc()
             raise InvalidRequest(f"max_tokens is {max_tokens}; this key may ask for at most {cap}.", param="max_tokens")
+        return max_tokens if max_tokens is not None else cap
 
     async def admit(self, tenant: str, estimated_tokens: int) -> Ticket:
         limiter = self._limiters.get(tenant)
@@ -206,6 +248,14 @@ class Admission:
             reason = "concurrency" if "concurrent" in exc.message else exc.error_type
             self._metrics.rejections.labels(tenant, reason).inc()
             raise
+
+
+def with_defaults(own: TenantLimits, defaults: TenantLimits) -> TenantLimits:
+    """A tenant's limits: its own fields, and the defaults' where its own are unset."""
+    if defaults == TenantLimits():
+        return own
+    unset = {name: getattr(defaults, name) for name in TenantLimits.model_fields if getattr(own, name) is None}
+    return own.model_copy(update=unset)
 
 
 def estimate_tokens(prompt_chars: int, max_tokens: int | None, choices: int = 1) -> int:

@@ -1,7 +1,8 @@
 """Token buckets in Redis that several gateways lease from (gateway/tenants/admission.py says why leases).
 
 Layout: ``{prefix}:rl:{{tenant:kind}}`` HASH {tokens, at}, refilled in the script by Redis' own clock (``TIME``),
-so gateways' clocks never disagree; it expires once it would be full again anyway.
+so gateways' clocks never disagree; it expires once it would be full again anyway. A debt (tokens a request used
+beyond its lease) takes the bucket below zero, and every gateway's next lease waits it out.
 """
 
 from __future__ import annotations
@@ -28,8 +29,22 @@ else
   wait = (math.min(need, capacity) - tokens) / per_s
 end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(1000 * capacity / per_s) + 1000)
+redis.call('PEXPIRE', KEYS[1], math.ceil(1000 * (capacity - tokens) / per_s) + 1000)
 return {tostring(granted), tostring(wait)}
+"""
+
+# KEYS: bucket; ARGV: amount, capacity, per_s. Takes amount, below zero if need be; kept until it has refilled.
+_DEBIT = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1e6
+local amount, capacity, per_s = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or capacity
+local at = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - at) * per_s) - amount
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(1000 * (capacity - tokens) / per_s) + 1000)
+return tostring(tokens)
 """
 
 
@@ -40,6 +55,7 @@ class RedisBuckets:
         self._prefix, self._timeout_s = prefix, operation_timeout_s
         self._client = make_client(url, operation_timeout_s, cluster=cluster)
         self._lease = self._client.register_script(_LEASE)
+        self._debit = self._client.register_script(_DEBIT)
 
     async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
         async with redis_call("lease", self._timeout_s):
@@ -47,6 +63,10 @@ class RedisBuckets:
                 list[str], await self._lease(keys=[f"{self._prefix}:rl:{{{key}}}"], args=[want, need, capacity, per_s])
             )
         return float(granted), float(wait)
+
+    async def debit(self, key: str, amount: float, capacity: float, per_s: float) -> None:
+        async with redis_call("debit", self._timeout_s):
+            await self._debit(keys=[f"{self._prefix}:rl:{{{key}}}"], args=[amount, capacity, per_s])
 
     async def close(self) -> None:
         await self._client.aclose()

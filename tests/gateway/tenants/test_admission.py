@@ -7,13 +7,14 @@ import uuid
 
 import pytest
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, TenantLimits
 from gateway.errors import InvalidRequest, RequestRateLimited, TokenRateLimited
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.store import StoreUnavailable
-from gateway.tenants.admission import Admission, Bucket, RateLimit, estimate_tokens
+from gateway.tenants.admission import Admission, Bucket, RateLimit, estimate_tokens, with_defaults
 from gateway.tenants.rate_buckets import RedisBuckets
 from tests.clock import Clock
+from tests.redis_server import RedisServer
 
 
 def test_a_bucket_refills_continuously_and_says_how_long_to_wait() -> None:
@@ -101,6 +102,9 @@ async def test_a_shared_bucket_that_cannot_be_reached_falls_back_to_a_local_one(
         async def lease(self, *args: object) -> tuple[float, float]:
             raise StoreUnavailable("down")
 
+        async def debit(self, *args: object) -> None:
+            raise StoreUnavailable("down")
+
     limit = RateLimit("acme:requests", 2, Down())
     assert [await limit.take(1) == 0 for _ in range(3)] == [True, True, False]
 
@@ -113,6 +117,9 @@ async def test_concurrent_admissions_cannot_pass_the_concurrency_limit_while_a_l
             SlowShared.calls += 1
             await asyncio.sleep(0.05)  # a Redis round trip, slowed so the admissions overlap
             return want, 0.0
+
+        async def debit(self, key: str, amount: float, capacity: float, per_s: float) -> None:
+            return None
 
     config = GatewayConfig.model_validate(
         {
@@ -128,11 +135,56 @@ async def test_concurrent_admissions_cannot_pass_the_concurrency_limit_while_a_l
     assert SlowShared.calls == 1  # one lease for everyone who waited on it
 
 
-async def test_a_debt_larger_than_the_limit_does_not_lock_the_tenant_out() -> None:
-    class Full:
-        async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
-            return (min(want, capacity), 0.0) if need <= capacity else (0.0, 0.0)
+async def test_a_debt_larger_than_the_limit_is_waited_out_not_a_lock_out(redis_server: RedisServer) -> None:
+    """A request that used 750 tokens more than counted, against 600 a minute (10/s): every gateway sharing the
+    bucket waits the debt out, then admits again; nobody is locked out for good. The bucket: 600, less the first
+    lease (60) and the 700 its lease could not cover, is -160: 10 more tokens are 17 s away."""
+    shared = RedisBuckets(redis_server.url, prefix=f"test-{uuid.uuid4().hex}", operation_timeout_s=5)
+    try:
+        here, there = RateLimit("acme:tokens", 600, shared), RateLimit("acme:tokens", 600, shared)
+        assert await here.take(10) == 0  # leases 60
+        here.give(-(50 + 700))  # used 760 where 10 were counted: 50 from its lease, 700 from the shared bucket
+        assert await here.take(10) == pytest.approx(17.0, abs=0.5)
+        assert await there.take(10) == pytest.approx(17.0, abs=0.5)  # the other gateway sees the debt at once
+    finally:
+        await shared.close()
 
-    limit = RateLimit("acme:tokens", 1000, Full())
-    limit.give(-1200)  # a request used 1200 tokens more than counted
-    assert await limit.take(100) == 0
+
+async def test_a_debt_stays_with_the_local_bucket_when_redis_cannot_take_it() -> None:
+    class Down:
+        async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
+            return want, 0.0
+
+        async def debit(self, key: str, amount: float, capacity: float, per_s: float) -> None:
+            raise StoreUnavailable("down")
+
+    limit = RateLimit("acme:tokens", 600, Down())
+    assert await limit.take(10) == 0
+    limit.give(-1000)
+    await asyncio.sleep(0)  # the debit task runs, fails, and charges the local fallback bucket
+    assert limit.local.tokens < 0
+
+
+def test_tenant_defaults_fill_what_a_tenants_own_limits_leave_unset() -> None:
+    own, defaults = TenantLimits(max_concurrent=3), TenantLimits(max_concurrent=1, max_tokens=64)
+    assert with_defaults(own, defaults) == TenantLimits(max_concurrent=3, max_tokens=64)
+    assert with_defaults(own, TenantLimits()) is own
+
+
+async def test_the_max_tokens_cap_is_the_default_and_a_default_concurrency_applies_to_all() -> None:
+    config = GatewayConfig.model_validate(
+        {
+            "pools": [{"name": "p", "backend": "vllm", "base_model": "m", "replicas": [{"id": "r0", "url": "http://h"}]}],
+            "tenants": [{"id": "acme", "api_keys": ["sha256:" + "0" * 64], "base_models": ["m"],
+                         "limits": {"max_tokens": 8}}],
+            "limits": {"tenant_defaults": {"max_concurrent": 1}},
+        }
+    )  # fmt: skip
+    limiter = Admission(GatewayMetrics(), None)
+    limiter.configure(config)
+    assert limiter.check_max_tokens("acme", None) == 8
+    assert limiter.check_max_tokens("acme", 5) == 5
+    assert limiter.check_max_tokens("globex", None) is None
+    await limiter.admit("acme", 1)
+    with pytest.raises(RequestRateLimited, match="concurrent"):
+        await limiter.admit("acme", 1)
