@@ -9,15 +9,21 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines redis browser lint typecheck test test-fast demo bench-sim bench-gateway bench-decision bench-residency bench bench-overhead peers soak loadtest clean
+.PHONY: help venv engines redis browser promtool lint typecheck test test-fast demo bench-sim bench-gateway bench-decision bench-residency bench bench-overhead peers soak loadtest clean
 
+# Every target is listed here (tests/deploy/test_packaging.py checks).
 help:
+	@echo "make help       this list"
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
 	@echo "make test       lint, types and every test lane (real vLLM and Triton on the CPU included)"
 	@echo "make test-fast  unit and simulator tests only (no engine lanes)"
+	@echo "make venv       create .venv and install the package with its dev, otlp and loadtest extras"
 	@echo "make lint       ruff check and format check"
+	@echo "make typecheck  mypy, strict, over gateway, backends, loadtests and tests"
 	@echo "make engines    build the vLLM and Triton engine venvs and the tiny test model"
 	@echo "make redis      install redis-server (Debian package) if it is not on PATH"
+	@echo "make browser    install chromium (Debian package) for the status page's browser tests"
+	@echo "make promtool   install promtool (Debian's prometheus package) to check the alert rules"
 	@echo "make bench-sim  print the simulator's own capacity"
 	@echo "make bench-gateway  print the gateway's added latency and CPU per request"
 	@echo "make bench-decision  one routing decision on a real pool of 16 to 1,000 replicas: microseconds per call"
@@ -27,13 +33,14 @@ help:
 	@echo "make peers      install vllm-router and sglang-router in side venvs (.peers/) for the benchmarks"
 	@echo "make bench      the routing benchmark: one trace through every setup; results in bench-results/"
 	@echo "make bench-overhead  direct vs tenantgate vs the peers at zero delay: latency and CPU per request"
+	@echo "make clean      remove the venvs, engines and caches"
 
 venv: $(BIN)/.installed
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,otlp]'
+	$(BIN)/pip install --quiet -e '.[dev,otlp,loadtest]'
 	touch $@
 
 # Each real engine runs in its own venv, never imported by the gateway (docs/engines-on-cpu.md).
@@ -70,6 +77,12 @@ browser:
 		$(SUDO) apt-get install -y chromium || \
 		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 
+# promtool (Debian's prometheus package) checks deploy/observability/alerts.yaml in the tests.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || \
+		$(SUDO) apt-get install -y --no-install-recommends prometheus || \
+		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends prometheus; }
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -80,7 +93,7 @@ typecheck: venv
 test-fast: venv
 	$(PYTEST) -q -m "not engine"
 
-test: lint typecheck engines redis browser
+test: lint typecheck engines redis browser promtool
 	TENANTGATE_REQUIRE_ENGINES=1 $(PYTEST) -q
 
 demo: venv

@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.version import gateway_version
+
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
 
@@ -20,6 +22,7 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="Errors are one line; --debug shows the traceback. `tenantgate COMMAND --help` has examples.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    parser.add_argument("--version", action="version", version=f"tenantgate {gateway_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim = commands.add_parser(
         "sim",

@@ -8,10 +8,25 @@ in-flight, engine load signals, residency) is read when Prometheus scrapes, at n
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import platform
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.registry import Collector
 
 from gateway.observe.activity import Activity
+from gateway.version import gateway_version
 
 UNRESOLVED = "-"
 
@@ -24,6 +39,12 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        # No <name>_created series: one more series per counter and histogram child that no dashboard reads.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+        # What every Python service exports: process_* (CPU, memory, open fds), python_gc_*, python_info.
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         # Not Prometheus: the last minutes kept for the status page (gateway/observe/activity.py).
         self.activity = Activity()
         r = self.registry
@@ -94,6 +115,9 @@ class GatewayMetrics:
             ["operation", "outcome"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0), registry=r,
         )  # fmt: skip
 
+        Info("tenantgate_build", "The running gateway's version", registry=r).info(
+            {"version": gateway_version(), "python": platform.python_version()}
+        )
         self.config_restart_pending = Gauge(
             "tenantgate_config_restart_pending", "1 for each setting the config file changes that applies only after "
             "a restart (gateway/reload.py RESTART_ONLY), as of the last reload", ["field"], registry=r,
