@@ -53,7 +53,8 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
         self.ttft = Histogram(
-            "tenantgate_time_to_first_token_seconds", "From the request's arrival to its first byte to the client",
+            "tenantgate_time_to_first_token_seconds", "Streams only: from the request's arrival to the first chunk "
+            "relayed to the client (a whole answer's time is tenantgate_request_duration_seconds)",
             ["tenant", "adapter", "pool"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.duration = Histogram(

@@ -189,7 +189,8 @@ class _Series:
         if pool == UNRESOLVED:
             return
         self.duration.observe(now - record.started)
-        if record.first_byte is not None:
+        # Only a stream's first byte is its first token: a whole answer's first byte is its last.
+        if record.first_byte is not None and record.stream:
             self.ttft.observe(record.first_byte - record.started)
         if record.prompt_tokens is not None:
             self.prompt_tokens.inc(record.prompt_tokens)
@@ -229,7 +230,9 @@ def _log_line(record: RequestRecord) -> dict[str, Any]:
         "reasons": record.reasons,
         "status": record.status,
         "stream": record.stream,
-        "ttft_ms": None if record.first_byte is None else round(1000 * (record.first_byte - record.started), 3),
+        "ttft_ms": None  # streams only, as the TTFT histogram
+        if record.first_byte is None or not record.stream
+        else round(1000 * (record.first_byte - record.started), 3),
         "duration_ms": round(1000 * (now - record.started), 3),
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
