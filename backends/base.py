@@ -52,6 +52,11 @@ class EngineLoad:
     running: float
     waiting: float
     kv_cache_usage: float
+    # Adapters with requests running on the GPU now (vLLM's vllm:lora_requests_info; idle adapters in a GPU slot
+    # are not listed). Empty for an engine that does not say.
+    running_adapters: frozenset[str] = frozenset()
+    # GPU adapter slots (vLLM's --max-loras, the max_lora label of that family); None where the engine does not say.
+    gpu_slots: int | None = None
     # Tokens generated since the engine started (a counter); None where the engine reports none (Triton).
     generated_tokens: float | None = None
 

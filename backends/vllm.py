@@ -9,6 +9,7 @@ this driver takes as success: another gateway, or an operator, loaded it first. 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -170,25 +171,7 @@ class VllmDriver:
                 text = await response.text()
         except (TimeoutError, aiohttp.ClientError):
             return None
-        wanted = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.0}
-        generated: float | None = None
-        # vLLM's page is large (histograms per adapter); parse only the lines of the gauges and the counter (and their
-        # TYPE). The counter's family is "vllm:generation_tokens", its samples "..._total" (and "..._created").
-        lines = [line for line in text.splitlines() if any(name in line for name in (*wanted, _GENERATED))]
-        try:
-            for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-                if family.name in wanted:
-                    wanted[family.name] = sum(sample.value for sample in family.samples)
-                elif family.name == _GENERATED:
-                    generated = sum(s.value for s in family.samples if s.name.endswith("_total"))
-        except ValueError:
-            return None
-        return EngineLoad(
-            running=wanted["vllm:num_requests_running"],
-            waiting=wanted["vllm:num_requests_waiting"],
-            kv_cache_usage=wanted["vllm:kv_cache_usage_perc"],
-            generated_tokens=generated,
-        )
+        return parse_load_signals(text)
 
     async def close(self) -> None:
         await self._session.close()
@@ -218,3 +201,40 @@ def _driver(settings: NoSettings, pool: PoolSettings) -> VllmDriver:
 
 
 SPEC = register(EngineSpec(name="vllm", settings=NoSettings, driver=_driver))
+
+
+_LOAD_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+_LORA_INFO = "vllm:lora_requests_info"
+
+
+def parse_load_signals(text: str) -> EngineLoad | None:
+    """The three load gauges (summed over their label sets), the counter of generated tokens (outlier detection
+    reads a stall from it) and the running adapters from vLLM's /metrics page:
+    ``vllm:lora_requests_info`` has one series per label set it ever reported, valued with when it was last true,
+    so the newest is current (its ``waiting_lora_adapters`` repeats the running ones: not read)."""
+    wanted = dict.fromkeys(_LOAD_GAUGES, 0.0)
+    # vLLM's page is large (histograms per adapter); parse only the lines of the families read (and their TYPE).
+    read = (*_LOAD_GAUGES, _LORA_INFO, _GENERATED)
+    lines = [line for line in text.splitlines() if any(name in line for name in read)]
+    newest, running, generated, slots = -math.inf, "", None, None
+    try:
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+            if family.name in wanted:
+                wanted[family.name] = sum(sample.value for sample in family.samples)
+            elif family.name == _GENERATED:  # a counter: the parser names the family without "_total"
+                generated = sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+            elif family.name == _LORA_INFO:
+                for sample in family.samples:
+                    if sample.value > newest:
+                        newest, running = sample.value, sample.labels.get("running_lora_adapters", "")
+                        slots = sample.labels.get("max_lora")
+    except ValueError:
+        return None
+    return EngineLoad(
+        running=wanted["vllm:num_requests_running"],
+        waiting=wanted["vllm:num_requests_waiting"],
+        kv_cache_usage=wanted["vllm:kv_cache_usage_perc"],
+        running_adapters=frozenset(name for name in running.split(",") if name),
+        generated_tokens=generated,
+        gpu_slots=int(slots) if slots and slots.isdigit() else None,
+    )

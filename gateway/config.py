@@ -39,11 +39,12 @@ from pydantic_core.core_schema import ErrorType
 from backends import registry as engines
 from backends.base import AdapterRef
 from backends.registry import EngineSpec, NoSettings
+from gateway.routing.scorers import SCORERS
 
 # "@" for versions: support-acme@2 is version 2 of the tenant-facing name support-acme.
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")]
 KeyHash = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
-Policy = Literal["bounded_consistent_hash", "consistent_hash", "round_robin", "least_loaded"]
+Policy = Literal["bounded_consistent_hash", "predicted_ttft", "consistent_hash", "round_robin", "least_loaded"]
 _MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 ModuleName = Annotated[str, Field(pattern=_MODULE)]
 
@@ -55,6 +56,18 @@ class _Frozen(BaseModel):
 class ListenConfig(_Frozen):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+
+
+class TtftPriors(_Frozen):
+    """predicted_ttft's starting point (gateway/routing/costs.py): each regime's TTFT at no load, and what each
+    request ahead adds, in milliseconds. Learned from measured TTFTs from there. The defaults are a 7B model with
+    rank-16 adapters on one data-centre GPU (docs/architecture.md's latency table)."""
+
+    warm_ms: float = Field(default=20.0, ge=0, le=600_000)
+    kv_cold_ms: float = Field(default=40.0, ge=0, le=600_000)
+    host_ms: float = Field(default=70.0, ge=0, le=600_000)
+    cold_ms: float = Field(default=500.0, ge=0, le=600_000)
+    per_request_ms: float = Field(default=10.0, ge=0, le=600_000)
 
 
 class RoutingConfig(_Frozen):
@@ -87,6 +100,28 @@ class RoutingConfig(_Frozen):
     # When a request must leave its home, prefer an allowed replica where its adapter is already resident over
     # the next one on the ring (false: ring order only, the plain bounded-load rule).
     prefer_resident: bool = True
+    # --- predicted_ttft (gateway/routing/costs.py and scorers/) ---
+    ttft_priors: TtftPriors = TtftPriors()
+    # How much each measured TTFT (streams only) weighs against the past when the lines are refitted; about
+    # 1/rate recent requests make up the model. 0 keeps the priors.
+    ttft_learning_rate: float = Field(default=0.05, ge=0, le=1)
+    # A key served on a replica this recently counts as having its prefix in that replica's KV cache.
+    prefix_warm_s: float = Field(default=30.0, ge=0, le=86_400)
+    # Leaving the key's home must be predicted faster by more than this (the affinity scorer's hysteresis).
+    affinity_margin_ms: float = Field(default=10.0, ge=0, le=600_000)
+    # The scorers summed into a candidate's predicted TTFT, by name (gateway/routing/scorers/), with weights;
+    # a weight of 0 turns one off.
+    scorers: dict[str, float] = Field(default_factory=lambda: {"queue": 1.0, "regime": 1.0, "affinity": 1.0})
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, weights: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(weights) - set(SCORERS))
+        if unknown:
+            raise ValueError(f"unknown scorers {unknown}; known: {sorted(SCORERS)}")
+        if any(not 0 <= weight <= 1000 for weight in weights.values()):
+            raise ValueError("scorer weights must be between 0 and 1000")
+        return weights
 
 
 class ReplicaConfig(_Frozen):

@@ -12,6 +12,7 @@ from gateway.admin import tenants as admin_tenants
 from gateway.admin import ui as admin_ui
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin.auth import require_admin
+from gateway.admin.status import engine_load_json
 from gateway.appkeys import STATE
 from gateway.config import AdapterConfig
 from gateway.errors import InvalidRequest, ModelNotFound
@@ -33,7 +34,7 @@ async def route(request: web.Request) -> web.Response:
     key = affinity_key(serving.config.routing, tenant, target, request.query.get("session"))
     decision = pool.explain(key, target.engine_model if target.adapter is not None else None)
     engine_load = {
-        replica_id: asdict(replica.engine_load)
+        replica_id: engine_load_json(replica.engine_load)
         for replica_id, replica in pool.replicas.items()
         if replica.engine_load is not None
     }
@@ -101,9 +102,10 @@ async def residency(request: web.Request) -> web.Response:
 
 
 def _outlier_state(health: ReplicaHealth) -> dict[str, object]:
-    """Outlier detection's view of a replica: ejected now?, why it was last ejected, how often, for how long yet,
-    and its slow-start weight (the share of its capacity it may take)."""
+    """Health's view of a replica: up by its probes?, ejected now?, why it was last ejected, how often, for how long
+    yet, and its slow-start weight (the share of its capacity it may take)."""
     return {
+        "up": health.up,
         "ejected": health.ejected,
         "ejection_reason": health.ejection_reason,
         "ejections": health.ejections,

@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from backends.base import EngineLoad
 from gateway.observe.metrics import GatewayMetrics
 from gateway.state import Serving
 
@@ -25,7 +26,8 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool) -> dict[
             decision = pool.explain(tenant_config.id, targets[0].engine_model if targets[0].adapter else None)
             tenants.append(
                 {"id": tenant_config.id, "home": decision.home, "ring_home": pool.ring.ring_home(tenant_config.id),
-                 "now": decision.chosen, "position": round(pool.ring.position(tenant_config.id), 6)}
+                 "now": decision.chosen, "position": round(pool.ring.position(tenant_config.id), 6),
+                 "predicted": {r: asdict(p) for r, p in decision.predictions.items()}}
             )  # fmt: skip
         pools[name] = {
             "policy": pool.config.policy,
@@ -41,7 +43,7 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool) -> dict[
                     "ejected": replica.health.ejected,
                     "ejection_reason": replica.health.ejection_reason,
                     "in_flight": replica.in_flight,
-                    "engine_load": asdict(replica.engine_load) if replica.engine_load else None,
+                    "engine_load": engine_load_json(replica.engine_load),
                     "adapters": {
                         adapter: {
                             "idle_s": round(max(0.0, now - used), 1),
@@ -63,3 +65,10 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool) -> dict[
         "adapters": metrics.activity.adapters(),
         "decisions": list(metrics.activity.decisions)[::-1],
     }
+
+
+def engine_load_json(load: EngineLoad | None) -> dict[str, Any] | None:
+    """The engine's last scrape as JSON (its running adapters as a sorted list)."""
+    if load is None:
+        return None
+    return {**asdict(load), "running_adapters": sorted(load.running_adapters)}

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.fleet.fleet import Fleet
+from gateway.routing.costs import REGIMES
 
 
 class FleetCollector(Collector):
@@ -69,6 +70,10 @@ class FleetCollector(Collector):
             "tenantgate_adapter_slot_waiters", "Loads waiting now for a slot in the replica's working set",
             labels=replica_labels,
         )  # fmt: skip
+        ttft_model = GaugeMetricFamily(
+            "tenantgate_ttft_model_seconds", "predicted_ttft's learned TTFT line per regime: base (at no load) and "
+            "per_request (each request ahead adds)", labels=["pool", "regime", "term"],
+        )  # fmt: skip
         fixes = CounterMetricFamily(
             "tenantgate_residency_reconcile_fixes", "Record entries corrected to match an engine", labels=["pool"]
         )
@@ -93,6 +98,11 @@ class FleetCollector(Collector):
                     running.add_metric(labels, replica.engine_load.running)
                     kv_usage.add_metric(labels, replica.engine_load.kv_cache_usage)
             fixes.add_metric([name], pool.residency.counters.reconcile_fixes)
+            if pool.scoring is not None:
+                for regime in REGIMES:
+                    line = pool.scoring.model.line(regime)
+                    ttft_model.add_metric([name, regime, "base"], line.base_ms / 1000)
+                    ttft_model.add_metric([name, regime, "per_request"], line.per_request_ms / 1000)
         yield from (
             healthy,
             in_flight,
@@ -104,5 +114,6 @@ class FleetCollector(Collector):
             waiting,
             running,
             kv_usage,
+            ttft_model,
             fixes,
         )

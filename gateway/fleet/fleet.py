@@ -128,9 +128,11 @@ class Fleet:
             ]
 
     def _scrape_interval_s(self) -> float:
-        """How often the engines' own load is read: for the dashboards, or often enough to route by."""
+        """How often the engines' own load is read: for the dashboards, or often enough to route by (the engine's
+        load view, or predicted_ttft reading the adapters running on each GPU)."""
         interval = self.config.telemetry.engine_scrape_interval_s
-        if self.config.routing.load_view == "engine":
+        routing_reads_it = any(pool.policy == "predicted_ttft" for pool in self.config.pools)
+        if self.config.routing.load_view == "engine" or routing_reads_it:
             interval = min(interval, self.config.routing.load_scrape_interval_s)
         return interval
 

@@ -17,15 +17,22 @@ from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.outlier import Failure
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
+from gateway.routing.costs import Line, Regime, TtftModel
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.pipeline import decide
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
+from gateway.routing.scorers import ScorerSettings, Scoring, build_scoring
 
 log = logging.getLogger(__name__)
 
 # Policies that spread requests over the whole pool by design: they weigh every replica.
 _SPREADING = frozenset({"round_robin", "least_loaded"})
+# Policies that keep a slot at an active key's home (routing/reservations.py).
+_RESERVING = frozenset({"bounded_consistent_hash", "predicted_ttft"})
+# Keys whose recent replicas predicted_ttft remembers (the least recently routed go first): session keys are
+# unbounded in number.
+_RECENT_KEYS = 65_536
 
 
 @dataclass
@@ -76,17 +83,33 @@ class Pool:
         # The engine's view of load, when routing.load_view is "engine": how stale a scrape may be before the
         # gateway routes on its own count again.
         self.engine_view_max_age_s = 3 * routing.load_scrape_interval_s if routing.load_view == "engine" else None
+        self.scrape_interval_s = routing.load_scrape_interval_s
         self.replicas = {
             replica_id: Replica(endpoint, ReplicaHealth(config.health, config.outlier, config.slow_start_s))
             for replica_id, endpoint in residency.endpoints.items()
         }
         self.retry_budget = RetryBudget(config.retry.budget_ratio, config.retry.min_per_s)
         self.ring = Ring(list(self.replicas), routing.vnodes)
-        reserve = config.policy == "bounded_consistent_hash"
+        reserve = config.policy in _RESERVING
         self.reservations = HomeReservations(routing.home_reservation_s if reserve else 0.0)
         # Per replica, what to load and warm when it comes (back) up: (adapter, pinned).
         self.prewarm: dict[str, list[tuple[AdapterRef, bool]]] = {replica_id: [] for replica_id in self.replicas}
         self._ticks = 0
+        # predicted_ttft: the pool's learned TTFT lines and scorers, and per key the replicas that served it last
+        # (when), oldest key first: what "its prefix is warm there" reads.
+        self.scoring: Scoring | None = None
+        if config.policy == "predicted_ttft":
+            priors = routing.ttft_priors
+            lines: dict[Regime, Line] = {
+                "warm": Line(priors.warm_ms, priors.per_request_ms),
+                "kv_cold": Line(priors.kv_cold_ms, priors.per_request_ms),
+                "host": Line(priors.host_ms, priors.per_request_ms),
+                "cold": Line(priors.cold_ms, priors.per_request_ms),
+            }
+            model = TtftModel(lines, routing.ttft_learning_rate)
+            self.scoring = build_scoring(routing.scorers, ScorerSettings(routing.affinity_margin_ms), model)
+        self.prefix_warm_s = routing.prefix_warm_s
+        self._recent: dict[str, dict[str, float]] = {}
         self._welcomes: set[asyncio.Task[None]] = set()
         self.in_flight = 0
         # Set while no request is in flight: a retired pool waits on it before it closes.
@@ -115,7 +138,18 @@ class Pool:
             self.in_flight += 1
             self.idle.clear()
             self.reservations.arrived(key, decision.home, decision.chosen)
+            if self.scoring is not None:
+                self._served(key, decision.chosen)
         return decision
+
+    def _served(self, key: str, replica_id: str) -> None:
+        recent = self._recent.pop(key, None)  # re-inserted last: the dict's order is the keys' recency
+        if recent is None:
+            recent = {}
+            if len(self._recent) >= _RECENT_KEYS:
+                del self._recent[next(iter(self._recent))]
+        recent[replica_id] = time.monotonic()
+        self._recent[key] = recent
 
     def release(self, decision: RoutingDecision) -> None:
         assert decision.chosen is not None
@@ -130,21 +164,39 @@ class Pool:
         reservations.expire()
         resident = self.residency.resident_on(engine_model) if engine_model and self.prefer_resident else frozenset()
         order = self._candidates(key, resident)
-        replicas, max_age = self.replicas, self.engine_view_max_age_s
-        now = time.monotonic() if max_age is not None else 0.0
+        replicas, max_age, scoring = self.replicas, self.engine_view_max_age_s, self.scoring
+        now = time.monotonic() if max_age is not None or scoring is not None else 0.0
         loads = []
-        for replica_id in order:
-            replica = replicas[replica_id]
-            loads.append(
-                ReplicaLoad(
-                    replica_id,
-                    replica.healthy,
-                    replica.load_view(now, max_age),
-                    reservations.reserved(replica_id),
-                    replica.health.weight(),
-                    replica.in_flight >= self.max_in_flight_per_replica,
+        if scoring is None:
+            for replica_id in order:
+                replica = replicas[replica_id]
+                loads.append(
+                    ReplicaLoad(
+                        replica_id,
+                        replica.healthy,
+                        replica.load_view(now, max_age),
+                        reservations.reserved(replica_id),
+                        replica.health.weight(),
+                        replica.in_flight >= self.max_in_flight_per_replica,
+                    )
                 )
-            )
+        else:
+            warm_since = now - self.prefix_warm_s
+            recent = self._recent.get(key, {})
+            for replica_id in order:
+                replica = replicas[replica_id]
+                loads.append(
+                    ReplicaLoad(
+                        replica_id,
+                        replica.healthy,
+                        replica.load_view(now, max_age),
+                        reservations.reserved(replica_id),
+                        replica.health.weight(),
+                        replica.in_flight >= self.max_in_flight_per_replica,
+                        on_gpu=engine_model is None or self._running_on(replica_id, replica, engine_model, now),
+                        key_recent=recent.get(replica_id, -math.inf) >= warm_since,
+                    )
+                )
         return decide(
             order,
             key,
@@ -157,7 +209,19 @@ class Pool:
             standing=reservations.standing(key),
             resident=resident,
             avoid=avoid,
+            scoring=scoring,
         )
+
+    def _running_on(self, replica_id: str, replica: Replica, engine_model: str, now: float) -> bool:
+        """Whether the adapter is on the replica's GPU now, as far as the gateway can tell: the engine's last fresh
+        scrape listed it running (any gateway's request), or the record says it is in use or among the replica's
+        most recently used (as many as the engine has GPU slots, 1 until a scrape says)."""
+        load = replica.engine_load
+        fresh = load is not None and now - replica.scraped_at <= 3 * self.scrape_interval_s
+        if fresh and load is not None and engine_model in load.running_adapters:
+            return True
+        slots = load.gpu_slots if load is not None and load.gpu_slots else 1
+        return self.residency.likely_on_gpu(replica_id, engine_model, slots)
 
     def _candidates(self, key: str, resident: frozenset[str]) -> tuple[str, ...]:
         """The replicas a decision weighs, in the key's preference order: the first ``routing.candidates`` of it,
@@ -246,7 +310,7 @@ class Lease:
     says why) there is nothing to release. The lease keeps the pool it placed on: a reload that swaps fleets
     meanwhile retires that pool only after every lease on it has ended."""
 
-    __slots__ = ("adapter", "decision", "pool", "replica", "replica_id", "started_at")
+    __slots__ = ("adapter", "decision", "loaded", "placed_at", "pool", "replica", "replica_id", "started_at")
 
     def __init__(self, pool: Pool, decision: RoutingDecision, adapter: AdapterRef | None) -> None:
         self.pool = pool
@@ -255,6 +319,10 @@ class Lease:
         self.replica: Replica | None = None
         self.replica_id = ""  # "" when nothing was placed
         self.started_at = math.inf
+        # When it was placed (perf_counter, the request record's clock) and whether this attempt loaded the
+        # adapter: what the TTFT it measures is learned as (predicted_ttft).
+        self.placed_at = time.perf_counter()
+        self.loaded = False
         if decision.chosen is not None:
             self.replica = pool.replicas[decision.chosen]
             self.replica_id = decision.chosen
@@ -285,6 +353,7 @@ class Lease:
     async def load_adapter(self) -> None:
         """Make sure the request's adapter is loaded on the leased replica (single-flight across requests)."""
         assert self.adapter is not None
+        self.loaded = True
         await self.pool.residency.ensure(self.replica_id, self.adapter)
 
     async def adapter_lost(self) -> None:
@@ -295,3 +364,18 @@ class Lease:
     def report(self, failure: Failure | None) -> None:
         """The outcome of the request on the leased replica (None: it succeeded), for passive outlier detection."""
         self.pool.report(self.replica_id, failure, self.started_at)
+
+    def learn_ttft(self, first_byte_at: float) -> tuple[Regime, float, float] | None:
+        """A stream's first byte came at ``first_byte_at`` (perf_counter): teach the pool's TTFT model what this
+        attempt's regime cost at the load it was placed under. Returns the regime, the model's TTFT for it before
+        it learned, and the measured TTFT, in milliseconds (None when the pool does not predict). An attempt that
+        loaded the adapter was cold, whatever was predicted."""
+        scoring = self.pool.scoring
+        predicted = self.decision.predictions.get(self.replica_id)
+        if scoring is None or predicted is None:
+            return None
+        regime: Regime = "cold" if self.loaded else predicted.regime
+        expected_ms = scoring.model.line(regime).at(predicted.load)
+        measured_ms = 1000 * (first_byte_at - self.placed_at)
+        scoring.model.observe(regime, predicted.load, measured_ms)
+        return regime, expected_ms, measured_ms

@@ -11,7 +11,6 @@ from __future__ import annotations
 import platform
 
 from prometheus_client import (
-    GC_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -56,6 +55,11 @@ class GatewayMetrics:
             "tenantgate_time_to_first_token_seconds", "Streams only: from the request's arrival to the first chunk "
             "relayed to the client (a whole answer's time is tenantgate_request_duration_seconds)",
             ["tenant", "adapter", "pool"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttft_prediction_error = Histogram(
+            "tenantgate_ttft_prediction_error_seconds", "predicted_ttft: how far a stream's measured TTFT was from "
+            "what the pool's model expected for its regime (absolute), before it learned from it",
+            ["pool", "regime"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.duration = Histogram(
             "tenantgate_request_duration_seconds", "From the request's arrival to its last byte",

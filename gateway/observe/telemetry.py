@@ -144,6 +144,13 @@ class Telemetry:
         if self.tracer is not None:
             trace.get_current_span().add_event("first_byte")
 
+    def ttft_learned(self, pool: str, learned: tuple[str, float, float] | None) -> None:
+        """predicted_ttft's model learned a stream's TTFT (regime, what it expected, what it measured, in ms):
+        count how far off it was."""
+        if learned is not None:
+            regime, expected_ms, measured_ms = learned
+            self.metrics.ttft_prediction_error.labels(pool, regime).observe(abs(measured_ms - expected_ms) / 1000)
+
     def finish(self, record: RequestRecord) -> None:
         try:
             self._count(record)

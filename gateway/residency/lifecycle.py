@@ -121,6 +121,18 @@ class PoolResidency:
         """Some replica's resident set changed (not only a use time): the per-adapter answers are stale."""
         self._resident_on.clear()
 
+    def likely_on_gpu(self, replica_id: str, engine_name: str, gpu_slots: int) -> bool:
+        """Whether the adapter is likely in one of the replica's ``gpu_slots`` GPU slots: this gateway has requests
+        in flight with it there, or it is among the replica's ``gpu_slots`` most recently used adapters (engines
+        replace the least recently used slot; the use times are every gateway's when they share a store)."""
+        view = self.views[replica_id]
+        if engine_name in view.in_flight:
+            return True
+        used = view.resident.get(engine_name)
+        if used is None:
+            return False
+        return sum(1 for other in view.resident.values() if other > used) < gpu_slots
+
     def begin_use(self, replica_id: str, engine_name: str) -> None:
         in_flight = self.views[replica_id].in_flight
         in_flight[engine_name] = in_flight.get(engine_name, 0) + 1

@@ -3,12 +3,14 @@
 A request's *regime* on a replica is what the gateway knows there when it routes (docs/architecture.md's latency
 table describes the three the engines have; the adapter-warm case splits by where the adapter is):
 
-- ``warm``: the adapter is running on the GPU there (the engine's ``vllm:lora_requests_info``, or this gateway's
-  own requests in flight with it) and the key was served there within ``routing.prefix_warm_s``: its prefix is
+- ``warm``: the adapter is likely in a GPU slot there (the engine's ``vllm:lora_requests_info`` lists it running,
+  this gateway has requests in flight with it, or it is among the replica's most recently used adapters, as
+  many as the engine has GPU slots) and the key was served there within ``routing.prefix_warm_s``: its prefix is
   likely in the KV cache;
-- ``kv_cold``: the adapter is running there, the key was not: prefill pays for the whole prompt;
-- ``host``: the residency record holds the adapter there but nothing shows it running: a swap into a GPU slot
-  first (vLLM's CPU LoRA cache; Triton's host cache);
+- ``kv_cold``: the adapter is likely on the GPU there, the key was not served there: prefill pays for the whole
+  prompt;
+- ``host``: the residency record holds the adapter there but not among the likely GPU ones: a swap into a GPU
+  slot first (vLLM's CPU LoRA cache; Triton's host cache);
 - ``cold``: the adapter is not resident there: the gateway loads it (100 ms to over 1 s on a GPU).
 
 A request for the base model is never cold. Per regime, TTFT is a line in the replica's load (the requests ahead

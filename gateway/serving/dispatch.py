@@ -99,7 +99,11 @@ async def _attempt(
                 record.error = type(exc).__name__
                 return broken.error
 
-            response = await relay.stream(request, telemetry, ctx, record, upstream, stream_broke)
+            try:
+                response = await relay.stream(request, telemetry, ctx, record, upstream, stream_broke)
+            finally:  # a stream's first byte is its TTFT, what predicted_ttft learns: even if the client left since
+                if record.first_byte is not None:
+                    telemetry.ttft_learned(lease.pool.name, lease.learn_ttft(record.first_byte))
             return response, broken
         finally:
             upstream.release()

@@ -97,11 +97,26 @@ function drawPools(state) {
       residency.append(row);
     }
     const tenants = el("table", { class: "tenants", "data-pool": name },
-      el("tr", {}, el("th", {}, "tenant"), el("th", {}, "home"), el("th", {}, "goes to now")));
-    for (const t of pool.tenants) tenants.append(el("tr", { "data-tenant": t.id }, el("td", {}, t.id), el("td", {}, t.home), el("td", { class: "now" }, t.now ?? "-")));
+      el("tr", {}, el("th", {}, "tenant"), el("th", {}, "home"), el("th", {}, "goes to now"),
+        el("th", {}, "predicted TTFT per replica")));
+    for (const t of pool.tenants) {
+      tenants.append(el("tr", { "data-tenant": t.id }, el("td", {}, t.id), el("td", {}, t.home),
+        el("td", { class: "now" }, t.now ?? "-"), el("td", { class: "predicted" }, predictedText(t.predicted))));
+    }
     box.append(el("h3", {}, `${name} (${pool.policy}, working set ${pool.max_adapters})`),
       el("div", { class: "pool" }, ringPicture(pool), replicas, tenants), residency);
   }
+}
+
+// predicted_ttft's figures for one tenant, built here from the decision's numbers: "r1 52 ms (warm: queue 30 +
+// regime 12 + affinity 10)" per candidate, fastest first.
+function predictedText(predicted) {
+  const rows = Object.entries(predicted || {}).sort((a, b) => a[1].total_ms - b[1].total_ms);
+  if (!rows.length) return "-";
+  return rows.map(([replica, p]) => {
+    const parts = Object.entries(p.parts).map(([name, ms]) => `${name} ${Math.round(ms)}`).join(" + ");
+    return `${replica} ${Math.round(p.total_ms)} ms (${p.regime}: ${parts})`;
+  }).join("; ");
 }
 
 function drawAdapters(state) {

@@ -16,9 +16,11 @@ from gateway.routing.ring import Ring
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine
 
 
-def pool_of(size: int, candidates: int, cap: int) -> Pool:
+def pool_of(size: int, candidates: int, cap: int, policy: str = "bounded_consistent_hash") -> Pool:
     replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(size)]
-    config = PoolConfig.model_validate({"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas})
+    config = PoolConfig.model_validate(
+        {"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas, "policy": policy}
+    )
     endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
     driver = FakeDriver(FakeEngine())
     residency = PoolResidency(
@@ -33,6 +35,7 @@ def pool_of(size: int, candidates: int, cap: int) -> Pool:
 
 @settings(max_examples=150, deadline=None)
 @given(
+    policy=st.sampled_from(["bounded_consistent_hash", "predicted_ttft"]),
     size=st.integers(1, 12),
     candidates=st.integers(1, 12),
     cap=st.integers(1, 6),
@@ -40,9 +43,9 @@ def pool_of(size: int, candidates: int, cap: int) -> Pool:
     arrivals=st.lists(st.tuples(st.sampled_from([f"k{i}" for i in range(20)]), st.integers(0, 11)), max_size=40),
 )
 def test_a_pick_is_never_a_replica_left_out_nor_over_the_bound_while_one_under_it_exists(
-    size: int, candidates: int, cap: int, down: set[int], arrivals: list[tuple[str, int]]
+    policy: str, size: int, candidates: int, cap: int, down: set[int], arrivals: list[tuple[str, int]]
 ) -> None:
-    pool = pool_of(size, candidates, cap)
+    pool = pool_of(size, candidates, cap, policy)
     for index in down:
         if index < size:
             pool.replicas[f"r{index}"].health.up = False

@@ -1,0 +1,123 @@
+"""predicted_ttft in the real pool: what the pool tells the picker about each candidate (the adapter on the GPU,
+the key's prefix warm there) and what a lease teaches the pool's TTFT model."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from backends.base import AdapterRef, Endpoint, EngineLoad
+from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig, TtftPriors
+from gateway.fleet.pool import Pool
+from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.memory import MemoryStore
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
+
+ADAPTER: AdapterRef = ref("a")
+
+
+def predicting_pool(
+    size: int = 3, learning_rate: float = 0.0, prefix_warm_s: float = 30.0, policy: str = "predicted_ttft"
+) -> Pool:
+    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(size)]
+    config = PoolConfig.model_validate(
+        {"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas, "policy": policy}
+    )
+    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
+    driver = FakeDriver(FakeEngine())
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    routing = RoutingConfig(
+        ttft_priors=TtftPriors(warm_ms=20, kv_cold_ms=40, host_ms=70, cold_ms=500, per_request_ms=10),
+        ttft_learning_rate=learning_rate,
+        prefix_warm_s=prefix_warm_s,
+        home_reservation_s=0,
+    )
+    pool = Pool(config, routing, driver, residency)
+    for replica in pool.replicas.values():
+        replica.health.probed(True)
+    return pool
+
+
+def test_the_replica_that_served_a_key_has_its_prefix_warm_for_the_window() -> None:
+    pool = predicting_pool()
+    with pool.lease("k", None) as first:
+        served = first.replica_id
+    decision = pool.explain("k", None)
+    regimes = {r: p.regime for r, p in decision.predictions.items()}
+    assert regimes[served] == "warm"
+    assert [regime for r, regime in regimes.items() if r != served] == ["kv_cold"] * 2
+    assert decision.chosen == served
+
+
+def test_a_prefix_older_than_the_window_is_cold_again() -> None:
+    pool = predicting_pool(prefix_warm_s=0.0)
+    with pool.lease("k", None):
+        pass
+    time.sleep(0.01)  # not a timing assertion: the window is 0, any later decision is past it
+    assert {p.regime for p in pool.explain("k", None).predictions.values()} == {"kv_cold"}
+
+
+async def test_an_adapter_in_use_or_among_the_most_recently_used_is_on_the_gpu_others_in_host_memory() -> None:
+    pool = predicting_pool()
+    for replica_id in ("r0", "r1", "r2"):
+        await pool.residency.ensure(replica_id, ADAPTER)
+        await pool.residency.ensure(replica_id, ref("b"))  # used after it: "a" is no longer the most recent
+    with pool.lease("k", ADAPTER) as lease:
+        busy = lease.replica_id
+        regimes = {r: p.regime for r, p in pool.explain("other-key", ADAPTER.engine_name).predictions.items()}
+    assert regimes[busy] == "kv_cold"  # in use here: on the GPU; the other key's prefix is not warm
+    assert [regimes[r] for r in sorted(set(regimes) - {busy})] == ["host", "host"]  # one GPU slot until a scrape
+    # Once the request ends, "a" is the most recently used where it ran, and "b" where it did not.
+    regimes = {r: p.regime for r, p in pool.explain("other-key", "b").predictions.items()}
+    assert regimes == {r: "host" if r == busy else "kv_cold" for r in regimes}
+
+
+async def test_the_engines_gpu_slots_say_how_many_recent_adapters_are_on_the_gpu() -> None:
+    pool = predicting_pool()
+    await pool.residency.ensure("r1", ADAPTER)
+    await pool.residency.ensure("r1", ref("b"))
+    assert pool.explain("k", "a").predictions["r1"].regime == "host"
+    pool.replicas["r1"].engine_load = EngineLoad(0, 0, 0.0, gpu_slots=2)
+    assert pool.explain("k", "a").predictions["r1"].regime == "kv_cold"
+
+
+def test_the_engines_running_adapters_count_while_the_scrape_is_fresh() -> None:
+    pool = predicting_pool()
+    replica = pool.replicas["r1"]
+    replica.engine_load = EngineLoad(1, 0, 0.1, running_adapters=frozenset({"a"}))
+    replica.scraped_at = time.monotonic()
+    assert pool.explain("k", "a").predictions["r1"].regime == "kv_cold"
+    replica.scraped_at = time.monotonic() - 10  # older than 3 scrape intervals: not evidence any more
+    assert pool.explain("k", "a").predictions["r1"].regime == "cold"
+
+
+def test_a_lease_teaches_the_model_the_ttft_it_measured_for_its_regime_and_load() -> None:
+    pool = predicting_pool(learning_rate=0.5)
+    assert pool.scoring is not None
+    model = pool.scoring.model
+    with pool.lease("k", None) as lease:
+        regime = lease.decision.predictions[lease.replica_id].regime
+        learned = lease.learn_ttft(lease.placed_at + 0.300)
+    assert learned is not None
+    assert learned[0] == regime == "kv_cold"
+    assert learned[1] == pytest.approx(40)  # what it expected at no load
+    assert learned[2] == pytest.approx(300)
+    assert model.line("kv_cold").at(0) > 40  # it moved toward what it measured
+    assert model.line("warm").at(0) == pytest.approx(20)
+
+
+async def test_an_attempt_that_loaded_its_adapter_is_learned_as_cold() -> None:
+    pool = predicting_pool(learning_rate=0.5)
+    with pool.lease("k", ADAPTER) as lease:
+        await lease.load_adapter()
+        learned = lease.learn_ttft(lease.placed_at + 0.9)
+    assert learned is not None and learned[0] == "cold"
+
+
+def test_a_pool_of_another_policy_learns_nothing() -> None:
+    pool = predicting_pool(policy="bounded_consistent_hash")
+    with pool.lease("k", None) as lease:
+        assert lease.learn_ttft(lease.placed_at + 0.1) is None
