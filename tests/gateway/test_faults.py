@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import time
 from collections.abc import Iterator
@@ -96,26 +97,148 @@ def test_a_replica_killed_under_load(tmp_path: Path) -> None:
     assert set(outcomes.counts) <= {"ok", "error_event"}, outcomes.counts
 
 
-def test_a_replica_that_hangs_times_out_at_the_deadline_and_is_ejected(tmp_path: Path) -> None:
-    outlier = {"consecutive_failures": 2, "base_ejection_s": 60}
-    with sim_replicas(tmp_path, 3, *SIM) as replicas:
-        config = config_for(tmp_path, replicas, request_timeout_s=2.0, outlier=outlier)
-        with gateway(tmp_path, config) as gw:
-            victim = gw.home_of("t0")
-            theirs = [t for t in TENANTS if gw.home_of(t) == victim]
-            others = [t for t in TENANTS if t not in theirs]
-            with SteadyTraffic(gw.url, MODELS, deadline_s=2.0) as traffic:
-                traffic.wait_for(30)
-                replicas[victim].faults(hang=True)
-                until(lambda: not takes_traffic(gw, victim), "the hung replica is left out")
-                traffic.wait_for(40)
-                replicas[victim].faults(hang=False)
-            outcomes = traffic.outcomes
+def replica_state(gw: GatewayUnderTest, replica: str) -> dict[str, Any]:
+    """Health's view of ``replica`` (/admin/residency): up by its probes, ejected, why, how often, for how long yet,
+    its slow-start weight."""
+    state: dict[str, Any] = gw.admin("GET", "/admin/residency").json()["pools"]["llama"]["replicas"][replica]
+    return state
+
+
+def hang_config(root: Path, replicas: dict[str, SimReplica], **outlier: Any) -> dict[str, Any]:
+    """A 2 s pool timeout, two failures in a row eject, the engines' metrics scraped every 0.25 s and a stall after
+    1 s without a token: a hung engine is told from a slow one by its own metrics (gateway/fleet/outlier.py)."""
+    rule = {"consecutive_failures": 2, "stall_after_s": 1.0, **outlier}
+    config = config_for(root, replicas, request_timeout_s=2.0, outlier=rule)
+    config["telemetry"] = {"engine_scrape_interval_s": 0.25}
+    return config
+
+
+def test_a_replica_whose_inference_hangs_is_ejected_as_stalled_while_its_probes_pass(tmp_path: Path) -> None:
+    """The engine's step loop is held: requests queue and time out, /health and /metrics still answer. Probes
+    cannot see it; outlier detection ejects it on the engine's own metrics (reason "stalled"), and only the
+    tenants whose requests were caught in the hang see a timeout."""
+    with (
+        sim_replicas(tmp_path, 3, *SIM) as replicas,
+        gateway(tmp_path, hang_config(tmp_path, replicas, base_ejection_s=60)) as gw,
+    ):
+        victim = gw.home_of("t0")
+        theirs = [t for t in TENANTS if gw.home_of(t) == victim]
+        others = [t for t in TENANTS if t not in theirs]
+        with SteadyTraffic(gw.url, MODELS, deadline_s=2.0) as traffic:
+            traffic.wait_for(30)
+            replicas[victim].pause(True)
+            until(lambda: not takes_traffic(gw, victim), "the hung replica is left out")
+            state = replica_state(gw, victim)
+            traffic.wait_for(40)
+            replicas[victim].pause(False)
+        outcomes = traffic.outcomes
+    assert (state["up"], state["ejected"], state["ejection_reason"]) == (True, True, "stalled"), state
     assert outcomes.counts["lost"] == 0, outcomes.lost_details
     assert all(set(outcomes.by_tenant[t]) == {"ok"} for t in others), outcomes.by_tenant  # others unaffected
-    for tenant in theirs:
-        assert set(outcomes.by_tenant[tenant]) <= {"ok", "http_504"}, outcomes.by_tenant[tenant]
-    assert sum(outcomes.by_tenant[t]["http_504"] for t in theirs) >= 1  # the ones caught in the hang
+    for tenant in theirs:  # a stream that had started ends with an error event
+        assert set(outcomes.by_tenant[tenant]) <= {"ok", "http_504", "error_event"}, outcomes.by_tenant[tenant]
+    assert sum(outcomes.by_tenant[t]["http_504"] + outcomes.by_tenant[t]["error_event"] for t in theirs) >= 1
+
+
+def test_ejections_never_take_more_than_max_ejected_percent_of_the_pool(tmp_path: Path) -> None:
+    """Two of three replicas hang; a cap of 34% allows one ejection. The other hung replica keeps failing
+    requests (its tenants' timeouts go on) and stays in the pool."""
+    with sim_replicas(tmp_path, 3, *SIM) as replicas:
+        config = hang_config(tmp_path, replicas, base_ejection_s=60, max_ejected_percent=34)
+        with gateway(tmp_path, config) as gw:
+            hung = sorted({gw.home_of("t0"), next(gw.home_of(t) for t in TENANTS if gw.home_of(t) != gw.home_of("t0"))})
+            with SteadyTraffic(gw.url, MODELS, deadline_s=2.0) as traffic:
+                traffic.wait_for(30)
+                for name in hung:
+                    replicas[name].pause(True)
+                until(lambda: any(replica_state(gw, name)["ejected"] for name in hung), "one hung replica is ejected")
+
+                def timeouts() -> int:
+                    return traffic.outcomes.counts["http_504"] + traffic.outcomes.counts["error_event"]
+
+                # The hung replica left in keeps failing its tenants' requests (each a counted, stalled failure):
+                # only the cap keeps it in.
+                then = timeouts()
+                until(lambda: timeouts() >= then + 4, "more timeouts on the hung replica left in", attempts=1200)
+                states = {name: replica_state(gw, name) for name in hung}
+                for name in hung:
+                    replicas[name].pause(False)
+    assert sorted(s["ejected"] for s in states.values()) == [False, True], states
+    assert traffic.outcomes.counts["lost"] == 0, traffic.outcomes.lost_details
+
+
+def test_the_ejection_doubles_each_time_a_replica_is_ejected_again(tmp_path: Path) -> None:
+    """A replica that stays hung is ejected for 1 s, then 2 s, then 4 s: each time it comes back it fails again.
+    Polled every 50 ms: each ejection's time left, first seen, is within 0.5 s under its full length."""
+    with (
+        sim_replicas(tmp_path, 2, *SIM) as replicas,
+        gateway(tmp_path, hang_config(tmp_path, replicas, base_ejection_s=1, max_ejection_s=30)) as gw,
+    ):
+        victim = gw.home_of("t0")
+        first_seen: dict[int, float] = {}
+        with SteadyTraffic(gw.url, MODELS, deadline_s=2.0) as traffic:
+            traffic.wait_for(20)
+            replicas[victim].pause(True)
+
+            def third_ejection_seen() -> bool:
+                state = replica_state(gw, victim)
+                assert state["up"] and state["ejection_reason"] in (None, "stalled"), state
+                if state["ejected"]:
+                    first_seen.setdefault(state["ejections"], state["ejected_for_s"])
+                return 3 in first_seen
+
+            until(third_ejection_seen, "a third ejection", attempts=1200)
+            replicas[victim].pause(False)
+        outcomes = traffic.outcomes
+    for count, length in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        assert length - 0.5 < first_seen[count] <= length, first_seen
+    assert outcomes.counts["lost"] == 0, outcomes.lost_details
+
+
+def test_a_replica_back_from_ejection_takes_a_growing_share_over_slow_start(tmp_path: Path) -> None:
+    """slow_start_s 8: a replica back from an ejection may hold a share of the bound (8, the capacity floor here)
+    that grows from 0.1, so a burst of six concurrent requests of a tenant homed there mostly spills to the other
+    replica at first, and stays home once slow start is over."""
+    slow = ["--time-scale", "1.0", "--max-loras", "4", "--max-cpu-loras", "8"]  # a request takes ~0.3 s: they overlap
+    with sim_replicas(tmp_path, 2, *slow) as replicas:
+        config = hang_config(tmp_path, replicas, base_ejection_s=1)
+        config["pools"][0]["slow_start_s"] = 8
+        with gateway(tmp_path, config) as gw:
+            victim = gw.home_of("t0")
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key=api_key("t0"), max_retries=0, timeout=30)
+
+            def burst() -> int:
+                """Six requests of t0 at once; how many its home served."""
+                before = replicas[victim].stats()["requests_by_model"].get(MODELS["t0"], 0)
+
+                async def six() -> None:
+                    async_client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=api_key("t0"), max_retries=0)
+                    async with async_client:
+                        await asyncio.gather(
+                            *(
+                                async_client.completions.create(model=MODELS["t0"], prompt="x", max_tokens=24)
+                                for _ in range(6)
+                            )
+                        )
+
+                asyncio.run(six())
+                served: int = replicas[victim].stats()["requests_by_model"].get(MODELS["t0"], 0) - before
+                return served
+
+            replicas[victim].pause(True)
+            for _ in range(3):  # timeouts while it is stalled: the second ejects it
+                with contextlib.suppress(openai.APIStatusError):
+                    client.completions.create(model=MODELS["t0"], prompt="x", max_tokens=4)
+            until(lambda: replica_state(gw, victim)["ejected"], "the hung replica is ejected")
+            replicas[victim].pause(False)
+            until(lambda: not replica_state(gw, victim)["ejected"], "the ejection ends", attempts=400)
+            early = burst()
+            weight = replica_state(gw, victim)["weight"]
+            assert weight < 0.5
+            until(lambda: replica_state(gw, victim)["weight"] == 1.0, "slow start ends", attempts=400)
+            late = burst()
+    assert early <= math.ceil(8 * weight) < 6, (early, weight)  # the bound (floor 8) times its share, at most
+    assert late == 6
 
 
 def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:
