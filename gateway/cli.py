@@ -62,10 +62,11 @@ def _build_parser() -> argparse.ArgumentParser:
     hash_key.set_defaults(run=_hash_key)
     plan = commands.add_parser(
         "plan",
-        help="does a fleet plan fit in GPU memory, and what is the most it holds (arithmetic shown)",
+        help="does a fleet plan fit in GPU (and host) memory, and what is the most it holds (arithmetic shown)",
         description="Example: tenantgate plan --gpu-memory-gib 80 --base-weights-gib 16 --hidden-size 4096 "
-        "--layers 32 --adapter-rank 16 --target-modules 4 --working-set 16 --concurrent-sequences 64 "
-        "--context-tokens 4096 --kv-heads 8 --head-dim 128 --replicas 4",
+        "--layers 32 --adapter-rank 16 --target-modules 4 --working-set 16 --gpu-slots 4 "
+        "--concurrent-sequences 64 --context-tokens 4096 --kv-heads 8 --head-dim 128 --replicas 4 "
+        "--host-memory-gib 8",
     )
     for flag, kind, what in (
         ("--gpu-memory-gib", float, "GPU memory per replica"),
@@ -74,13 +75,21 @@ def _build_parser() -> argparse.ArgumentParser:
         ("--layers", int, "transformer layers"),
         ("--adapter-rank", int, "LoRA rank"),
         ("--target-modules", int, "LoRA target modules per layer (q,k,v,o = 4)"),
-        ("--working-set", int, "adapters resident per replica (max_adapters)"),
+        (
+            "--working-set",
+            int,
+            "adapters cached per replica (max_adapters = the engine's --max-cpu-loras): host memory",
+        ),
         ("--concurrent-sequences", int, "sequences in flight per replica at peak"),
         ("--context-tokens", int, "tokens per sequence (prompt + output)"),
         ("--kv-heads", int, "KV heads (grouped-query attention)"),
         ("--head-dim", int, "attention head dimension"),
     ):
         plan.add_argument(flag, type=kind, required=True, help=what)
+    plan.add_argument(
+        "--gpu-slots", type=int, default=1, help="the engine's GPU adapter slots (vLLM --max-loras; default 1)"
+    )
+    plan.add_argument("--host-memory-gib", type=float, help="host memory for the engine's adapter cache (checked)")
     plan.add_argument("--bytes-per-value", type=int, default=2, help="2 for fp16/bf16 (default), 1 for fp8")
     plan.add_argument("--headroom", type=float, default=0.1, help="share of GPU memory kept free (default 0.1)")
     plan.add_argument("--replicas", type=int, default=1, help="replicas in the pool (default 1)")
@@ -181,7 +190,11 @@ def _serve(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from gateway.plan import PlanInputs, compute
 
-    inputs = PlanInputs(**{k: v for k, v in vars(args).items() if k not in ("command", "run", "debug")})
+    try:
+        inputs = PlanInputs(**{k: v for k, v in vars(args).items() if k not in ("command", "run", "debug")})
+    except ValueError as exc:
+        print(f"tenantgate plan: {exc}", file=sys.stderr)
+        return 2
     result = compute(inputs)
     print("\n".join(result.lines))
     return 0 if result.fits else 1
