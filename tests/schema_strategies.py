@@ -1,6 +1,6 @@
 """Hypothesis strategies from the JSON Schema subset the gateway's OpenAPI description uses (object, array,
-string, integer, number, boolean, null, oneOf, enum, const, bounds). hypothesis-jsonschema would do this but no
-longer works with current hypothesis."""
+string, integer, number, boolean, null, oneOf, anyOf, enum, const, pattern, bounds). hypothesis-jsonschema would
+do this but no longer works with current hypothesis."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def from_schema(schema: dict[str, Any], root: dict[str, Any]) -> st.SearchStrate
         return st.just(schema["const"])
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
-    if "oneOf" in schema:
-        return st.one_of(*(from_schema(option, root) for option in schema["oneOf"]))
+    for key in ("oneOf", "anyOf"):
+        if key in schema:
+            return st.one_of(*(from_schema(option, root) for option in schema[key]))
     kind = schema.get("type")
     if isinstance(kind, list):
         return st.one_of(*(from_schema({**schema, "type": k}, root) for k in kind))
@@ -36,11 +37,18 @@ def from_schema(schema: dict[str, Any], root: dict[str, Any]) -> st.SearchStrate
         items = from_schema(schema.get("items", {}), root)
         return st.lists(items, min_size=schema.get("minItems", 0), max_size=max(4, schema.get("minItems", 0)))
     if kind == "string":
+        if "pattern" in schema:  # mostly matching strings, so valid-shaped requests get past the first check
+            return st.from_regex(schema["pattern"], fullmatch=True).filter(
+                lambda text: schema.get("minLength", 0) <= len(text) <= schema.get("maxLength", 1 << 30)
+            ) | st.text(max_size=20)
         return st.text(min_size=schema.get("minLength", 0), max_size=40)
     if kind == "integer":
         return st.integers(min_value=schema.get("minimum"), max_value=schema.get("maximum"))
     if kind == "number":
-        return st.floats(min_value=schema.get("minimum"), max_value=schema.get("maximum"), allow_nan=False)
+        low = schema.get("minimum", schema.get("exclusiveMinimum"))
+        return st.floats(
+            min_value=low, max_value=schema.get("maximum"), exclude_min="exclusiveMinimum" in schema, allow_nan=False
+        )
     if kind == "boolean":
         return st.booleans()
     if kind == "null":
