@@ -53,6 +53,9 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: str | None = None
+    # The engine's own reason, for failures whose message is the engine's about its state, never the request's
+    # content (a refused adapter load: bad path, rank above the limit).
+    error_detail: str | None = None
     retries: int = 0
     trace_id: str | None = None
 
@@ -244,6 +247,7 @@ def _log_line(record: RequestRecord) -> dict[str, Any]:
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
         "error": record.error,
+        "error_detail": record.error_detail,
         "retries": record.retries,
         "trace_id": record.trace_id,
     }

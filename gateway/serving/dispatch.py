@@ -18,7 +18,7 @@ import time
 from aiohttp import web
 
 from backends.base import EngineRequest, EngineResponse
-from backends.errors import AdapterCacheFull, AdapterNotLoaded, BackendError, DeadlineExceeded
+from backends.errors import AdapterCacheFull, AdapterLoadFailed, AdapterNotLoaded, BackendError, DeadlineExceeded
 from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
 from gateway.failures import Verdict, classify
 from gateway.fleet.outlier import Failure
@@ -52,6 +52,8 @@ async def dispatch(
             except BackendError as exc:
                 verdict = classify(exc, ctx.tenant_deadline)
                 record.error = type(exc).__name__
+                if isinstance(exc, AdapterLoadFailed):  # the engine's reason, for the operator (not the client)
+                    record.error_detail = str(exc)
                 failure, failed_on = exc, lease.replica_id
             else:
                 # The attempt's one outcome report, once the client has its answer: a stream that broke mid-way
