@@ -18,6 +18,7 @@ import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import grpc
@@ -153,6 +154,7 @@ class TritonDriver:
         self._weights_budget = weights_cache_bytes
         self._converting: dict[tuple[str, str], asyncio.Task[TrtLoraWeights]] = {}
         self._probe_timeout_s = probe_timeout_s
+        self._unready: dict[str, str | None] = {}  # replica id -> why its last probe failed (None: ready)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=probe_timeout_s))
 
     # --- adapters ------------------------------------------------------------------------------------------
@@ -315,14 +317,33 @@ class TritonDriver:
     # --- health and load -----------------------------------------------------------------------------------
 
     async def healthy(self, replica: Endpoint) -> bool:
-        try:
-            async with self._http.get(replica.url + "/v2/health/ready") as response:
-                ready = response.status == 200
-        except (TimeoutError, aiohttp.ClientError):
-            ready = False
-        if not ready:
+        """Ready means the server is up and has the pool's model (``triton.model``) ready: a server without it
+        would fail every request with "the model could not be loaded"; why it is not ready is logged when it
+        changes (from the first probe, at start-up)."""
+        reason = await self._unready_reason(replica)
+        if reason != self._unready.get(replica.id):
+            if reason is not None:
+                log.warning("triton replica %s is not ready: %s", replica.id, reason)
+            self._unready[replica.id] = reason
+        if reason is not None:
             self._inputs.pop(replica.id, None)  # it may come back with another model version: read it again
-        return ready
+        return reason is None
+
+    async def _unready_reason(self, replica: Endpoint) -> str | None:
+        model = quote(self._model, safe="")
+        try:
+            async with self._http.get(f"{replica.url}/v2/models/{model}/ready") as response:
+                if response.status == 200:
+                    return None
+            async with self._http.get(replica.url + "/v2/health/ready") as response:
+                if response.status != 200:
+                    return f"the server is not ready (GET /v2/health/ready answered {response.status})"
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return f"unreachable ({type(exc).__name__})"
+        return (
+            f"the server is up but model {self._model!r} is not ready there (GET /v2/models/{model}/ready answered "
+            f"{response.status}): check the pool's triton.model against the server's model repository"
+        )
 
     async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
         """TensorRT-LLM's request and KV-cache gauges where the model reports them, else Triton's queue depth."""
