@@ -98,11 +98,11 @@ class FleetResult:
     samples: Samples
 
 
-def build_pool(replicas: int) -> Pool:
+def build_pool(replicas: int, policy: str = "bounded_consistent_hash") -> Pool:
     """A pool of ``replicas`` replicas built as the gateway builds one (and as tests/gateway/fleet's make_pool)."""
     entries = [{"id": f"r{i}", "url": f"http://10.{i // 250}.{i % 250}.1:8000"} for i in range(replicas)]
     config = PoolConfig.model_validate(
-        {"name": "bench", "backend": "vllm", "base_model": "tiny-llama", "replicas": entries}
+        {"name": "bench", "backend": "vllm", "base_model": "tiny-llama", "replicas": entries, "policy": policy}
     )
     endpoints = [Endpoint(entry["id"], entry["url"]) for entry in entries]
     driver = NullDriver()

@@ -44,19 +44,23 @@ class ReplicaHealth:
     def __post_init__(self) -> None:
         self.progress = EngineProgress(self.outlier.stall_after_s)
 
-    def available(self) -> bool:
-        return self.up and not self.returning and not self.drained and self.clock() >= self.ejected_until
+    def available(self, now: float | None = None) -> bool:
+        """Takes traffic at ``now`` (health's clock; read when not given)."""
+        if not self.up or self.returning or self.drained:
+            return False
+        return (self.clock() if now is None else now) >= self.ejected_until
 
     @property
     def ejected(self) -> bool:
         return self.clock() < self.ejected_until
 
-    def weight(self) -> float:
-        """The share of its capacity it may take now: 1, or growing from 0.1 during slow start."""
+    def weight(self, now: float | None = None) -> float:
+        """The share of its capacity it may take at ``now`` (health's clock; read when not given): 1, or growing
+        from 0.1 during slow start."""
         if self.slow_start_s <= 0:
             return 1.0
         since = max(self.serving_since, self.ejected_until)
-        elapsed = self.clock() - since
+        elapsed = (self.clock() if now is None else now) - since
         return 1.0 if elapsed >= self.slow_start_s else max(0.1, elapsed / self.slow_start_s)
 
     def probed(self, ok: bool) -> str | None:

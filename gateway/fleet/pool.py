@@ -117,8 +117,9 @@ class Pool:
         self.idle.set()
 
     def explain(self, key: str, engine_model: str | None) -> RoutingDecision:
-        """The decision ``place`` would take for ``key`` now, without taking it (for /admin/route)."""
-        return self._decide(key, engine_model)
+        """The decision ``place`` would take for ``key`` now, without taking it, with every scorer's term per
+        candidate (for /admin/route and the status page)."""
+        return self._decide(key, engine_model, explain=True)
 
     def lease(self, key: str, adapter: AdapterRef | None, avoid: Collection[str] = ()) -> Lease:
         """Place ``key``'s request now and hold its place until the lease's ``with`` block ends: see ``Lease``.
@@ -159,44 +160,45 @@ class Pool:
             self.idle.set()
         self.reservations.finished(decision.key, decision.chosen)
 
-    def _decide(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
+    def _decide(
+        self, key: str, engine_model: str | None, avoid: Collection[str] = (), explain: bool = False
+    ) -> RoutingDecision:
         reservations = self.reservations
         reservations.expire()
         resident = self.residency.resident_on(engine_model) if engine_model and self.prefer_resident else frozenset()
         order = self._candidates(key, resident)
         replicas, max_age, scoring = self.replicas, self.engine_view_max_age_s, self.scoring
-        now = time.monotonic() if max_age is not None or scoring is not None else 0.0
-        loads = []
+        # One clock read for the whole snapshot: health's clock and the scrapes' are both time.monotonic here.
+        now = time.monotonic()
+        cap = self.max_in_flight_per_replica
         if scoring is None:
-            for replica_id in order:
-                replica = replicas[replica_id]
-                loads.append(
-                    ReplicaLoad(
-                        replica_id,
-                        replica.healthy,
-                        replica.load_view(now, max_age),
-                        reservations.reserved(replica_id),
-                        replica.health.weight(),
-                        replica.in_flight >= self.max_in_flight_per_replica,
-                    )
+            loads = [
+                ReplicaLoad(
+                    replica_id,
+                    (health := (replica := replicas[replica_id]).health).available(now),
+                    replica.load_view(now, max_age),
+                    reservations.reserved(replica_id),
+                    health.weight(now),
+                    replica.in_flight >= cap,
                 )
+                for replica_id in order
+            ]
         else:
             warm_since = now - self.prefix_warm_s
             recent = self._recent.get(key, {})
-            for replica_id in order:
-                replica = replicas[replica_id]
-                loads.append(
-                    ReplicaLoad(
-                        replica_id,
-                        replica.healthy,
-                        replica.load_view(now, max_age),
-                        reservations.reserved(replica_id),
-                        replica.health.weight(),
-                        replica.in_flight >= self.max_in_flight_per_replica,
-                        on_gpu=engine_model is None or self._running_on(replica_id, replica, engine_model, now),
-                        key_recent=recent.get(replica_id, -math.inf) >= warm_since,
-                    )
+            loads = [
+                ReplicaLoad(
+                    replica_id,
+                    (health := (replica := replicas[replica_id]).health).available(now),
+                    replica.load_view(now, max_age),
+                    reservations.reserved(replica_id),
+                    health.weight(now),
+                    replica.in_flight >= cap,
+                    engine_model is None or self._running_on(replica_id, replica, engine_model, now),
+                    recent.get(replica_id, -math.inf) >= warm_since,
                 )
+                for replica_id in order
+            ]
         return decide(
             order,
             key,
@@ -210,6 +212,7 @@ class Pool:
             resident=resident,
             avoid=avoid,
             scoring=scoring,
+            explain=explain,
         )
 
     def _running_on(self, replica_id: str, replica: Replica, engine_model: str, now: float) -> bool:

@@ -89,16 +89,20 @@ def _prior_sums(prior: Line, weight: float) -> tuple[float, float, float, float,
 
 
 class TtftModel:
-    """One pool's lines, one per regime; ``learning_rate`` 0 keeps the priors."""
+    """One pool's lines, one per regime; ``learning_rate`` 0 keeps the priors. ``lines`` is read per candidate:
+    a plain dict, replaced entry by entry as the fits move."""
 
     def __init__(self, priors: dict[Regime, Line], learning_rate: float) -> None:
         self._fits = {regime: _WeightedFit(priors[regime], learning_rate) for regime in REGIMES}
+        self.lines: dict[Regime, Line] = {regime: fit.line for regime, fit in self._fits.items()}
 
     def line(self, regime: Regime) -> Line:
-        return self._fits[regime].line
+        return self.lines[regime]
 
     def observe(self, regime: Regime, load: float, ttft_ms: float) -> None:
-        self._fits[regime].observe(load, ttft_ms)
+        fit = self._fits[regime]
+        fit.observe(load, ttft_ms)
+        self.lines[regime] = fit.line
 
 
 def regime_of(on_gpu: bool, resident: bool, key_recent: bool) -> Regime:

@@ -39,11 +39,12 @@ def decide(
     resident: frozenset[str] = frozenset(),
     avoid: Collection[str] = (),
     scoring: Scoring | None = None,
+    explain: bool = False,
 ) -> RoutingDecision:
     """Choose a replica for ``key`` among ``order`` (the candidates in the key's preference order, home first;
     ``replicas`` describes each of them); ``decision.chosen`` is None only when the filters left none, and then
     ``decision.unavailable`` says why. ``avoid``: replicas this request already failed on. ``scoring``:
-    predicted_ttft's scorers and model."""
+    predicted_ttft's scorers and model; ``explain``: keep each scorer's term per candidate, not only the sum."""
     picker = PICKERS.get(policy)
     if picker is None:
         raise ValueError(f"unknown routing policy {policy!r}")
@@ -63,7 +64,7 @@ def decide(
         decision.reasons.append(f"spill:{decision.excluded[decision.home]}")
     picker(
         decision,
-        PickInput(candidates, by_id, balance_factor, capacity_floor, tick, standing, resident, scoring),
+        PickInput(candidates, by_id, balance_factor, capacity_floor, tick, standing, resident, scoring, explain),
     )
     if decision.chosen == decision.home:
         decision.reasons.insert(0, "home")

@@ -8,7 +8,7 @@ module (``@scorer("name")``); adding one is one module here and its import in ``
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from gateway.routing.costs import Line, Regime, TtftModel
@@ -53,10 +53,16 @@ def scorer(name: str) -> Callable[[ScorerFactory], ScorerFactory]:
 
 @dataclass(frozen=True)
 class Scoring:
-    """A pool's scorers with their weights, and the TTFT model they read."""
+    """A pool's scorers with their weights, and the TTFT model they read. ``weighted``: each term's name, weight
+    and bound ``score``, looked up once here rather than per candidate."""
 
     terms: tuple[tuple[str, float, Scorer], ...]
     model: TtftModel
+    weighted: tuple[tuple[str, float, Callable[[Candidate], float]], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        weighted = tuple((name, weight, term.score) for name, weight, term in self.terms)
+        object.__setattr__(self, "weighted", weighted)
 
 
 def build_scoring(weights: Mapping[str, float], settings: ScorerSettings, model: TtftModel) -> Scoring:

@@ -42,6 +42,7 @@ def pick(
         resident=resident,
         standing=standing,
         scoring=SCORING,
+        explain=True,
     )
 
 
@@ -89,6 +90,7 @@ def test_weights_scale_each_term_and_zero_drops_it() -> None:
         balance_factor=1.25,
         capacity_floor=8,
         scoring=scoring,
+        explain=True,
     )
     assert decision.predictions[HOME].parts == {"queue": 40.0, "regime": 20.0}
 
@@ -154,3 +156,16 @@ def test_an_unhealthy_home_is_never_scored() -> None:
     )
     assert decision.excluded[HOME] == "unhealthy" and HOME not in decision.predictions
     assert decision.reasons[0] == "spill:unhealthy"
+
+
+def test_a_requests_own_decision_keeps_the_totals_and_explain_keeps_the_parts_too() -> None:
+    fleet = [replica(HOME, 5), replica(SECOND), replica(THIRD, 3)]
+    explained = pick(*fleet, resident=EVERYWHERE)
+    placed = decide(RING.preference(KEY), KEY, fleet, pool="p", policy="predicted_ttft", balance_factor=1.25,
+                    capacity_floor=8, resident=EVERYWHERE, scoring=SCORING)  # fmt: skip
+    assert placed.chosen == explained.chosen
+    assert {r: p.total_ms for r, p in placed.predictions.items()} == {
+        r: p.total_ms for r, p in explained.predictions.items()
+    }
+    assert all(not p.parts for p in placed.predictions.values())
+    assert all(p.parts for p in explained.predictions.values())
