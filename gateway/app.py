@@ -13,6 +13,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from gateway.admin import routes as admin
+from gateway.admin.auth import admin_token
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
@@ -92,7 +93,7 @@ def create_app(
     redis_url, timeout_s = config.state.redis_url, config.state.operation_timeout_s
     registry = Registry(redis_url, operation_timeout_s=timeout_s, cluster=config.state.cluster)
     state = app[STATE] = GatewayState(config, config_path, Admission(metrics, buckets), registry)
-    app[ADMIN_TOKEN] = os.environ.get(config.admin.token_env, "")
+    app[ADMIN_TOKEN] = admin_token(config.admin, os.environ)  # ConfigError: a weak token is refused
     telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)
     metrics.watch(FleetCollector(lambda: state.serving.fleet if state.started else None))
 

@@ -180,6 +180,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     try:
         return serve(config, Path(args.config))
+    except ConfigError as exc:  # found at start, beyond the file: a weak admin token
+        log.error("refusing to serve: %s", "; ".join(exc.problems), extra={"problems": exc.problems})
+        return 1
     except Exception:
         if args.debug:
             raise

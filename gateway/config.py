@@ -496,6 +496,17 @@ class AuthConfig(_Frozen):
 class AdminConfig(_Frozen):
     # The admin API is off unless this environment variable holds a token.
     token_env: str = "TENANTGATE_ADMIN_TOKEN"
+    # serve refuses a weak token (under 32 characters, fewer than 8 distinct ones, or a known default such as
+    # change-me); true allows one, for a local setup on loopback only.
+    allow_weak_token: bool = False
+    # Failed admin logins (Bearer or the status page) per source address and minute, per gateway; past it, 429
+    # with Retry-After before the token is even compared.
+    failed_logins_per_minute: int = Field(default=10, ge=1, le=100_000)
+    # Proxies whose X-Forwarded-For names the source address for that limit; from anywhere else the peer counts.
+    trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
+    # An api_key added through the admin API must be at least this long; a key request without one gets a
+    # generated key, returned once.
+    min_api_key_chars: int = Field(default=32, ge=1, le=4096)
 
 
 class LimitsConfig(_Frozen):

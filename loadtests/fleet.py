@@ -22,7 +22,8 @@ import yaml
 from loadtests.processes import free_port, running, sim_command
 
 BASE_MODEL = "tiny-llama"
-ADMIN_TOKEN = "admin-secret"
+# Strong enough for serve (a weak admin token is refused at start: gateway/admin/auth.py).
+ADMIN_TOKEN = "fleet-admin-token-0123456789abcdefghij"
 
 
 def api_key(tenant: str) -> str:

@@ -1,21 +1,147 @@
-"""The admin API's door: off unless a token is set, then Bearer-authenticated in constant time."""
+"""The admin API's door: off unless a token is set, then Bearer-authenticated in constant time.
+
+serve refuses to start with a weak token (``admin_token``) unless ``admin.allow_weak_token`` says this is a local
+setup. Failed logins are limited per source address (``FailedLogins``): past ``admin.failed_logins_per_minute`` an
+address gets 429 before its token is even compared, so guessing runs at that rate, not at the gateway's speed.
+"""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from gateway.appkeys import ADMIN_TOKEN
-from gateway.errors import AdminDisabled, AuthenticationFailed
+from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
+from gateway.config import AdminConfig, ConfigError
+from gateway.errors import AdminDisabled, AuthenticationFailed, RequestRateLimited
+from gateway.tenants.admission import Bucket
+
+MIN_TOKEN_CHARS = 32
+# Placeholders that ship in examples, or that people type first.
+KNOWN_DEFAULTS = frozenset({"change-me", "changeme", "admin", "admin-secret", "secret", "password", "token", "test"})
+
+
+def admin_token(admin: AdminConfig, environ: Mapping[str, str]) -> str:
+    """The admin token from the environment ("" leaves the admin API off); ``ConfigError`` if it is weak and the
+    config does not allow that."""
+    token = environ.get(admin.token_env, "")
+    if not token or admin.allow_weak_token:
+        return token
+    problem = None
+    if token.lower() in KNOWN_DEFAULTS:
+        problem = "is a known default"
+    elif len(token) < MIN_TOKEN_CHARS:
+        problem = f"is shorter than {MIN_TOKEN_CHARS} characters"
+    elif len(set(token)) < 8:
+        problem = "has fewer than 8 distinct characters"
+    if problem is None:
+        return token
+    raise ConfigError(
+        admin.token_env,
+        [
+            f"the admin token {problem}: set a strong one (e.g. `openssl rand -hex 32`), or admin.allow_weak_token: "
+            "true for a local setup on loopback only"
+        ],
+    )
+
+
+class FailedLogins:
+    """Failed admin logins per source address: a bucket of ``per_minute`` failures each, refilled continuously;
+    an address whose bucket is empty is refused until it refills. At most ``max_addresses`` are remembered (the
+    least recently failed are forgotten first), so a flood of addresses cannot grow memory."""
+
+    def __init__(
+        self, per_minute: int, clock: Callable[[], float] = time.monotonic, max_addresses: int = 10_000
+    ) -> None:
+        self._per_minute, self._clock, self._max = per_minute, clock, max_addresses
+        self._buckets: OrderedDict[str, Bucket] = OrderedDict()
+        self._blocked_until: dict[str, float] = {}
+
+    def check(self, address: str) -> None:
+        """Refuse an address that has failed too often lately (429, with when to try again)."""
+        until = self._blocked_until.get(address)
+        if until is None:
+            return
+        wait = until - self._clock()
+        if wait <= 0:
+            del self._blocked_until[address]
+            return
+        raise RequestRateLimited(
+            "Too many failed admin logins from this address; try again later.",
+            headers={"Retry-After": str(math.ceil(wait))},
+        )
+
+    def failed(self, address: str) -> None:
+        bucket = self._buckets.pop(address, None) or Bucket(self._per_minute, self._per_minute / 60, self._clock)
+        self._buckets[address] = bucket  # most recent last
+        while len(self._buckets) > self._max:
+            forgotten, _ = self._buckets.popitem(last=False)
+            self._blocked_until.pop(forgotten, None)
+        wait = bucket.take(1)
+        if not wait and bucket.tokens < 1:  # that was the last one: the next try waits for one to refill
+            wait = (1 - bucket.tokens) / bucket.per_s
+        if wait:
+            self._blocked_until[address] = self._clock() + wait
+
+
+FAILED_LOGINS = web.AppKey("failed_admin_logins", FailedLogins)
+
+
+def source_address(request: web.Request) -> str:
+    """Who is logging in: the peer, or behind ``admin.trusted_proxies`` the last address in X-Forwarded-For that
+    is not one of them (a client can write what it likes to the left of its proxy's entry)."""
+    peer = request.remote or ""
+    proxies = request.app[STATE].config.admin.trusted_proxies
+    if not proxies or not _within(peer, proxies):
+        return peer
+    hops = [hop.strip() for value in request.headers.getall("X-Forwarded-For", []) for hop in value.split(",")]
+    for hop in reversed(hops):
+        if hop and not _within(hop, proxies):
+            return hop
+    return peer
+
+
+def _within(address: str, networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
+
+
+def login_allowed(request: web.Request) -> str:
+    """The source address, once it is allowed to try (429 if it failed too often)."""
+    address = source_address(request)
+    try:
+        request.app[FAILED_LOGINS].check(address)
+    except RequestRateLimited:
+        request.app[METRICS].admin_login_failures.labels("rate_limited").inc()
+        raise
+    return address
+
+
+def login_failed(request: web.Request, address: str) -> None:
+    request.app[METRICS].admin_login_failures.labels("wrong_token").inc()
+    request.app[FAILED_LOGINS].failed(address)
+
+
+def same_token(presented: str, expected: str) -> bool:
+    """In constant time. compare_digest refuses a str with non-ASCII characters: bytes, then; aiohttp keeps
+    undecodable header bytes as surrogate escapes, which plain encode() refuses too."""
+    return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode())
 
 
 def require_admin(request: web.Request) -> None:
     token = request.app[ADMIN_TOKEN]
     if not token:
         raise AdminDisabled("The admin API is disabled: no admin token is configured.")
+    address = login_allowed(request)
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    # surrogateescape: aiohttp keeps undecodable header bytes as surrogate escapes, which plain encode() refuses.
-    presented_bytes = presented.strip().encode("utf-8", "surrogateescape")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented_bytes, token.encode()):
+    if scheme.lower() != "bearer" or not same_token(presented.strip(), token):
+        login_failed(request, address)
         raise AuthenticationFailed("A valid admin token is required.")

@@ -11,7 +11,7 @@ from gateway.admin import rollout
 from gateway.admin import tenants as admin_tenants
 from gateway.admin import ui as admin_ui
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
-from gateway.admin.auth import require_admin
+from gateway.admin.auth import FAILED_LOGINS, FailedLogins, require_admin
 from gateway.admin.status import engine_load_json
 from gateway.appkeys import STATE
 from gateway.config import AdapterConfig
@@ -121,6 +121,7 @@ async def reload_config(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app[FAILED_LOGINS] = FailedLogins(app[STATE].config.admin.failed_logins_per_minute)
     app.router.add_get("/admin/route", route)
     app.router.add_post("/admin/reload", reload_config)
     admin_tenants.add_routes(app)

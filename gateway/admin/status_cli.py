@@ -4,18 +4,43 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
-from typing import Any
+from http.client import HTTPMessage
+from typing import IO, Any
 
 
 class StatusError(Exception):
     """One line for the operator: what went wrong reaching the gateway."""
 
 
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only within the origin (scheme, host, port) the token was meant for: urllib's own handler
+    copies every header, the admin token included, to wherever a redirect points."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+    ) -> urllib.request.Request | None:
+        if _origin(newurl) != _origin(req.full_url):
+            raise StatusError(
+                f"{req.full_url} redirects to another origin ({_origin(newurl)}): not sending the admin token there"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return f"{parts.scheme}://{parts.hostname}:{port}"
+
+
+_OPENER = urllib.request.build_opener(_SameOriginRedirects)
+
+
 def fetch(url: str, token: str) -> dict[str, Any]:
     request = urllib.request.Request(url.rstrip("/") + "/admin/state", headers={"Authorization": f"Bearer {token}"})
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with _OPENER.open(request, timeout=10) as response:
             state: dict[str, Any] = json.load(response)
             return state
     except urllib.error.HTTPError as exc:

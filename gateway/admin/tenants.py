@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from typing import Any
 
 from aiohttp import web
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 _KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-async def _change(request: web.Request, change: dict[str, Any]) -> web.Response:
+async def _change(request: web.Request, change: dict[str, Any]) -> dict[str, Any]:
     state = request.app[STATE]
     try:
         await state.registry.change(change, state.base_config)
@@ -32,22 +33,35 @@ async def _change(request: web.Request, change: dict[str, Any]) -> web.Response:
     except StoreUnavailable as exc:
         raise InvalidRequest(f"The change was not made: the shared registry is unreachable ({exc}).") from exc
     state.refresh_tenants()
-    return web.json_response({"status": "ok", **{k: v for k, v in change.items() if k not in ("tenant", "adapter")}})
+    return {"status": "ok", **{k: v for k, v in change.items() if k not in ("tenant", "adapter")}}
 
 
-def _key_hash(body: dict[str, Any]) -> str:
-    if isinstance(body.get("api_key"), str) and body["api_key"]:
-        return hash_key(body["api_key"])
-    key_hash = body.get("key_hash")
-    if not isinstance(key_hash, str) or not _KEY_HASH.match(key_hash):
-        raise InvalidRequest("Send 'api_key' (hashed here, never stored) or 'key_hash' as sha256:<64 hex>.")
-    return key_hash
+def _key(body: dict[str, Any], min_chars: int) -> tuple[str, str | None]:
+    """(the key's hash, the key itself when the gateway made it). A plain key must be at least ``min_chars`` long
+    (admin.min_api_key_chars); a body with neither key nor hash gets a generated one, returned once and never
+    stored. A key_hash is taken as given: how strong its key is stays the operator's business."""
+    api_key, key_hash = body.get("api_key"), body.get("key_hash")
+    if api_key is not None:
+        if not isinstance(api_key, str) or len(api_key) < min_chars:
+            raise InvalidRequest(
+                f"'api_key' must be a string of at least {min_chars} characters (or send no key: one is generated).",
+                param="api_key",
+            )
+        return hash_key(api_key), None
+    if key_hash is not None:
+        if not isinstance(key_hash, str) or not _KEY_HASH.match(key_hash):
+            raise InvalidRequest("'key_hash' must be sha256:<64 hex>.", param="key_hash")
+        return key_hash, None
+    generated = "tg-" + secrets.token_urlsafe(32)
+    return hash_key(generated), generated
 
 
 async def add_tenant(request: web.Request) -> web.Response:
     require_admin(request)
     tenant = await json_object(request)
-    return await _change(request, {"kind": "add_tenant", "tenant": tenant, "tenant_id": tenant.get("id")})
+    return web.json_response(
+        await _change(request, {"kind": "add_tenant", "tenant": tenant, "tenant_id": tenant.get("id")})
+    )
 
 
 async def remove_tenant(request: web.Request) -> web.Response:
@@ -59,7 +73,7 @@ async def remove_tenant(request: web.Request) -> web.Response:
             "and reloading (or its keys revoked here).",
             param="tenant_id",
         )
-    return await _change(request, {"kind": "remove_tenant", "tenant_id": tenant_id})
+    return web.json_response(await _change(request, {"kind": "remove_tenant", "tenant_id": tenant_id}))
 
 
 async def add_key(request: web.Request) -> web.Response:
@@ -67,8 +81,13 @@ async def add_key(request: web.Request) -> web.Response:
     tenant_id = request.match_info["tenant_id"]
     if request.app[STATE].serving.tenants.tenant(tenant_id) is None:
         raise InvalidRequest(f"No tenant {tenant_id!r}.", param="tenant_id")
-    key_hash = _key_hash(await json_object(request))
-    return await _change(request, {"kind": "add_key", "tenant_id": tenant_id, "key_hash": key_hash})
+    min_chars = request.app[STATE].config.admin.min_api_key_chars
+    key_hash, generated = _key(await json_object(request, empty_is={}), min_chars)
+    answer = await _change(request, {"kind": "add_key", "tenant_id": tenant_id, "key_hash": key_hash})
+    if generated is None:
+        return web.json_response(answer)
+    # The only time the key is seen: the gateway keeps its hash alone.
+    return web.json_response({**answer, "api_key": generated})
 
 
 async def revoke_key(request: web.Request) -> web.Response:
@@ -76,14 +95,16 @@ async def revoke_key(request: web.Request) -> web.Response:
     key_hash = request.match_info["key_hash"]
     if not _KEY_HASH.match(key_hash):
         raise InvalidRequest("The key must be given as sha256:<64 hex>.", param="key_hash")
-    return await _change(request, {"kind": "revoke_key", "key_hash": key_hash})
+    return web.json_response(await _change(request, {"kind": "revoke_key", "key_hash": key_hash}))
 
 
 async def add_adapter(request: web.Request) -> web.Response:
     """A catalog entry (the config file's schema); tenants get it through add_tenant or a config reload."""
     require_admin(request)
     adapter = await json_object(request)
-    return await _change(request, {"kind": "add_adapter", "adapter": adapter, "name": adapter.get("name")})
+    return web.json_response(
+        await _change(request, {"kind": "add_adapter", "adapter": adapter, "name": adapter.get("name")})
+    )
 
 
 async def retire_adapter(request: web.Request) -> web.Response:
@@ -100,7 +121,7 @@ async def retire_adapter(request: web.Request) -> web.Response:
         await pool.residency.unload_everywhere(adapter.engine_name or adapter.name)
     except BackendError as exc:  # retired all the same; reconciliation and the eviction timer finish the job
         log.warning("retired %s but could not unload it everywhere: %s", name, exc)
-    return answer
+    return web.json_response(answer)
 
 
 def add_routes(app: web.Application) -> None:

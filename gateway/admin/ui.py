@@ -1,14 +1,15 @@
 """The operator's status page (``/admin/ui``) and the state it shows (``/admin/state``).
 
-The page logs in with the admin token and then holds a session cookie (HttpOnly, SameSite=Strict, path /admin);
-every action also needs the page's CSRF token in ``X-CSRF-Token``. Everything it loads comes from the gateway
-(a Content-Security-Policy forbids anything else). ``/admin/state`` also takes the admin token as a Bearer, for
-`tenantgate status` and scripts. Drain and undrain are also plain admin endpoints for scripts.
+The page logs in with the admin token and then holds a session cookie (HttpOnly, SameSite=Strict, path /admin,
+Secure when served over TLS or behind a proxy that says so); every action also needs the page's CSRF token in
+``X-CSRF-Token``. Every admin answer is ``Cache-Control: no-store`` and ``X-Content-Type-Options: nosniff``.
+Everything it loads comes from the gateway (a Content-Security-Policy forbids anything else). ``/admin/state`` also
+takes the admin token as a Bearer, for `tenantgate status` and scripts. Drain and undrain are also plain admin
+endpoints for scripts.
 """
 
 from __future__ import annotations
 
-import hmac
 import secrets
 import time
 from dataclasses import dataclass
@@ -18,11 +19,11 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
-from gateway.admin.auth import require_admin
+from gateway.admin.auth import login_allowed, login_failed, require_admin, same_token
 from gateway.admin.body import json_object
 from gateway.admin.status import snapshot
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
-from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound
+from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RequestRateLimited
 from gateway.serving.json_body import RefusedInput
 
 _UI = Path(__file__).with_name("static")
@@ -72,9 +73,18 @@ async def ui(request: web.Request) -> web.Response:
 
 async def login(request: web.Request) -> web.Response:
     token = request.app[ADMIN_TOKEN]
+    try:
+        address = login_allowed(request)
+    except RequestRateLimited as exc:
+        page = _page("login.html", error="Too many failed logins from this address; try again later.")
+        page.set_status(exc.status)
+        page.headers.update(exc.headers)
+        return page
     form = await request.post()
     presented = str(form.get("token", ""))
-    if not token or not _same_token(presented, token):
+    if not token or not same_token(presented, token):
+        if token:
+            login_failed(request, address)
         page = _page("login.html", error="Wrong token." if token else "The admin API is disabled: no token is set.")
         page.set_status(401)
         return page
@@ -84,14 +94,17 @@ async def login(request: web.Request) -> web.Response:
         del sessions[stale]
     sessions[session_id] = _Session(secrets.token_urlsafe(32), time.time() + _SESSION_S)
     response = web.HTTPSeeOther("/admin/ui")
-    response.set_cookie(_COOKIE, session_id, httponly=True, samesite="Strict", path="/admin", max_age=_SESSION_S)
+    response.set_cookie(
+        _COOKIE, session_id, httponly=True, samesite="Strict", path="/admin", max_age=_SESSION_S,
+        secure=_over_tls(request),
+    )  # fmt: skip
     raise response
 
 
 async def logout(request: web.Request) -> web.Response:
     session = _session(request)
     form = await request.post()
-    if session is not None and _same_token(str(form.get("csrf", "")), session.csrf):
+    if session is not None and same_token(str(form.get("csrf", "")), session.csrf):
         request.app[SESSIONS].pop(request.cookies.get(_COOKIE, ""), None)
     response = web.HTTPSeeOther("/admin/ui")
     response.del_cookie(_COOKIE, path="/admin")
@@ -102,15 +115,21 @@ async def asset(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in _ASSETS:
         raise web.HTTPNotFound()
-    return web.Response(
-        text=(_UI / name).read_text(), content_type=_ASSETS[name], headers={"Cache-Control": "no-cache"}
-    )
+    return web.Response(text=(_UI / name).read_text(), content_type=_ASSETS[name])
 
 
-def _same_token(presented: str, expected: str) -> bool:
-    """In constant time. compare_digest refuses a str with non-ASCII characters (a 500 once): bytes, then; a
-    client's header may even hold undecodable bytes, kept as surrogate escapes."""
-    return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode())
+def _over_tls(request: web.Request) -> bool:
+    """Served over TLS, here or at a proxy in front that says so (X-Forwarded-Proto). Believing any sender is
+    safe: a Secure cookie on a plain-HTTP page only fails that client's own login."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.secure or forwarded == "https"
+
+
+async def _admin_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every admin answer, errors included: never cached (tokens, tenants, the CSRF token), never sniffed."""
+    if request.path.startswith("/admin"):
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Content-Type-Options"] = "nosniff"
 
 
 def _require_session_or_token(request: web.Request) -> None:
@@ -156,7 +175,7 @@ async def action(request: web.Request) -> web.Response:
     presented = request.headers.get("X-CSRF-Token", "")
     if not presented.isascii():  # the page's tokens are URL-safe base64: anything else is a malformed request
         raise RefusedInput("The X-CSRF-Token header must be ASCII.", "shape", param="X-CSRF-Token")
-    if not _same_token(presented, session.csrf):
+    if not same_token(presented, session.csrf):
         raise AuthenticationFailed("The CSRF token is missing or wrong.")
     body = await json_object(request, empty_is={})
     return web.json_response({"status": "ok", **await _act(request, request.match_info["action"], body)})
@@ -171,6 +190,7 @@ async def drain(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app[SESSIONS] = _Sessions()
+    app.on_response_prepare.append(_admin_headers)
     app.router.add_get("/admin/ui", ui)
     app.router.add_post("/admin/ui/login", login)
     app.router.add_post("/admin/ui/logout", logout)

@@ -111,6 +111,11 @@ class GatewayMetrics:
             "and reason (encoding, json, non_finite, unicode, depth, shape, content_part, template_kwargs)",
             ["surface", "reason"], registry=r,
         )  # fmt: skip
+        self.admin_login_failures = Counter(
+            "tenantgate_admin_login_failures", "Admin logins refused: a wrong token (wrong_token), or an address "
+            "past admin.failed_logins_per_minute refused before its token was compared (rate_limited)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.upstream_errors = Counter(
             "tenantgate_upstream_errors", "Errors talking to a replica, by kind", ["pool", "replica", "kind"],
             registry=r,

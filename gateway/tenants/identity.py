@@ -10,8 +10,10 @@ import hashlib
 import ipaddress
 from collections.abc import Mapping
 
+from multidict import MultiMapping
+
 from gateway.config import AuthConfig
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, InvalidRequest
 from gateway.tenants.directory import Tenant, TenantDirectory
 
 
@@ -22,15 +24,30 @@ def hash_key(api_key: str) -> str:
 
 
 def identify(directory: TenantDirectory, headers: Mapping[str, str], peer: str | None, auth: AuthConfig) -> Tenant:
-    """The caller: by the trusted header when it comes from a trusted network, else by its API key."""
-    if auth.trusted_header and peer is not None:
-        claimed = headers.get(auth.trusted_header)
-        if claimed is not None and _within(peer, auth):
-            tenant = directory.by_id.get(claimed)
+    """The caller: by the trusted header when it comes from a trusted network, else by its API key. From a trusted
+    network the header must be there once (a repeated one is refused, not read first-wins), and a key sent with it
+    must name the same tenant: a proxy that forwards a client's key and sets the header can never be made to
+    act for one tenant on another's key."""
+    if auth.trusted_header and peer is not None and _within(peer, auth):
+        claimed = _all(headers, auth.trusted_header)
+        if len(claimed) > 1:
+            raise InvalidRequest(f"The {auth.trusted_header} header is repeated: send it once.")
+        if claimed:
+            tenant = directory.by_id.get(claimed[0])
             if tenant is None:
                 raise AuthenticationFailed("Unknown tenant in the trusted header.")
+            key = headers.get("Authorization")
+            if key is not None and authenticate(directory, key).id != tenant.id:
+                raise AuthenticationFailed(f"The API key and the {auth.trusted_header} header name different tenants.")
             return tenant
     return authenticate(directory, headers.get("Authorization"))
+
+
+def _all(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every value of a header (aiohttp's headers are a multi-mapping; a plain mapping holds one)."""
+    if isinstance(headers, MultiMapping):
+        return list(headers.getall(name, []))
+    return [headers[name]] if name in headers else []
 
 
 def authenticate(directory: TenantDirectory, authorization: str | None) -> Tenant:

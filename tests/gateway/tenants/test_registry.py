@@ -9,9 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config import AuthConfig, ConfigError, GatewayConfig
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, InvalidRequest
 from gateway.tenants.directory import TenantDirectory
 from gateway.tenants.identity import authenticate, hash_key, identify
 from gateway.tenants.registry import Registry, RegistryState
@@ -80,6 +81,23 @@ def test_the_trusted_header_counts_only_from_trusted_networks() -> None:
         AuthConfig.model_validate({"trusted_header": "X-Tenant-ID"})
 
 
+def test_the_trusted_header_and_a_key_must_agree_and_the_header_comes_once() -> None:
+    directory = TenantDirectory(base_config())
+    auth = AuthConfig.model_validate({"trusted_header": "X-Tenant-ID", "trusted_networks": ["10.0.0.0/8"]})
+    both = {"X-Tenant-ID": "globex", "Authorization": f"Bearer {api_key('acme')}"}
+    with pytest.raises(AuthenticationFailed, match="different tenants"):  # was: globex, on acme's key
+        identify(directory, both, "10.1.2.3", auth)
+    with pytest.raises(AuthenticationFailed):  # a key that names no tenant does not agree either
+        identify(directory, {**both, "Authorization": "Bearer wrong"}, "10.1.2.3", auth)
+    agreeing = {"X-Tenant-ID": "acme", "Authorization": f"Bearer {api_key('acme')}"}
+    assert identify(directory, agreeing, "10.1.2.3", auth).id == "acme"
+    repeated = CIMultiDictProxy(CIMultiDict([("X-Tenant-ID", "acme"), ("X-Tenant-ID", "globex")]))
+    with pytest.raises(InvalidRequest, match="repeated"):  # was: the first value, acme
+        identify(directory, repeated, "10.1.2.3", auth)
+    with pytest.raises(AuthenticationFailed):  # from elsewhere the header, repeated or not, is ignored
+        identify(directory, repeated, "192.168.1.1", auth)
+
+
 def completion(gateway: str, key: str, model: str) -> int:
     body = {"model": model, "prompt": "hi", "max_tokens": 2}
     return httpx.post(gateway + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}).status_code
@@ -113,12 +131,13 @@ def test_changes_through_one_gateway_take_effect_at_another(
         assert httpx.post(a + "/admin/tenants", json=tenant, headers=ADMIN).status_code == 200
         assert answers(b, "initech-key", "sql-globex", 200)
         # A key added to a config tenant through B works at A; revoked through A, B refuses it next.
-        added = httpx.post(b + "/admin/tenants/acme/keys", json={"api_key": "rotated-acme-key"}, headers=ADMIN)
-        assert added.status_code == 200 and "rotated-acme-key" not in added.text
-        assert answers(a, "rotated-acme-key", "support-acme", 200)
-        revoked = httpx.delete(a + f"/admin/keys/{hash_key('rotated-acme-key')}", headers=ADMIN)
+        rotated = "rotated-acme-key-0123456789abcdefgh"  # admin.min_api_key_chars: 32
+        added = httpx.post(b + "/admin/tenants/acme/keys", json={"api_key": rotated}, headers=ADMIN)
+        assert added.status_code == 200 and rotated not in added.text
+        assert answers(a, rotated, "support-acme", 200)
+        revoked = httpx.delete(a + f"/admin/keys/{hash_key(rotated)}", headers=ADMIN)
         assert revoked.status_code == 200
-        assert answers(b, "rotated-acme-key", "support-acme", 401)
+        assert answers(b, rotated, "support-acme", 401)
         assert completion(b, api_key("acme"), "support-acme") == 200  # the config's own key still works
         # A change that does not validate is refused whole.
         bad = httpx.post(a + "/admin/tenants", json={"id": "x", "api_keys": ["plain"], "adapters": []}, headers=ADMIN)
