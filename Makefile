@@ -9,7 +9,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv engines redis browser promtool lint typecheck test test-fast demo bench-sim bench-gateway bench-decision bench-residency bench bench-overhead peers soak loadtest clean
+.PHONY: help venv lock engines redis browser promtool lint typecheck test test-fast demo bench-sim bench-gateway bench-decision bench-residency bench bench-overhead peers soak loadtest clean
 
 # Every target is listed here (tests/deploy/test_packaging.py checks).
 help:
@@ -18,6 +18,7 @@ help:
 	@echo "make test       lint, types and every test lane (real vLLM and Triton on the CPU included)"
 	@echo "make test-fast  unit and simulator tests only (no engine lanes)"
 	@echo "make venv       create .venv and install the package with its dev, otlp and loadtest extras"
+	@echo "make lock       re-resolve requirements/gateway.lock and dev.lock after a dependency change"
 	@echo "make lint       ruff check and format check"
 	@echo "make typecheck  mypy, strict, over gateway, backends, loadtests and tests"
 	@echo "make engines    build the vLLM and Triton engine venvs and the tiny test model"
@@ -37,11 +38,21 @@ help:
 
 venv: $(BIN)/.installed
 
-$(BIN)/.installed: pyproject.toml
+# From the lock (requirements/dev.lock: the dev, otlp and loadtest extras, at the versions the image's
+# requirements/gateway.lock pins), then the package itself without resolving again: the tests run what the image runs.
+$(BIN)/.installed: pyproject.toml requirements/dev.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,otlp,loadtest]'
+	$(BIN)/pip install --quiet -r requirements/dev.lock
+	$(BIN)/pip install --quiet --no-deps -e '.[dev,otlp,loadtest]'
 	touch $@
+
+# After changing pyproject.toml's dependencies: re-resolve both locks (pip-tools, from the package registry).
+LOCK_FLAGS := --quiet --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links
+lock: venv
+	cd requirements && ../$(BIN)/pip-compile $(LOCK_FLAGS) --extra otlp --output-file gateway.lock ../pyproject.toml
+	cd requirements && ../$(BIN)/pip-compile $(LOCK_FLAGS) --extra dev --extra otlp --extra loadtest \
+		--output-file dev.lock ../pyproject.toml dev.in
 
 # Each real engine runs in its own venv, never imported by the gateway (docs/engines-on-cpu.md).
 engines: $(VLLM_VENV)/.installed $(TRITON_VENV)/.installed $(TINY_MODEL)/.made-v1
