@@ -27,6 +27,7 @@ from gateway.reload import close_retiring, rediscover
 from gateway.residency.lifecycle import every
 from gateway.residency.timed import TimedStore
 from gateway.serving import ingress
+from gateway.serving.connections import phases
 from gateway.serving.json_body import RefusedInput, undecodable
 from gateway.state import GatewayState, Serving
 from gateway.tenants.admission import Admission
@@ -81,7 +82,8 @@ def create_app(
 ) -> web.Application:
     """The gateway app; ``config_path`` is what a reload re-reads; ``span_exporter`` replaces the configured
     trace exporter (tests use an in-memory one)."""
-    app = web.Application(middlewares=[openai_errors], client_max_size=config.limits.max_body_bytes)
+    # phases first: the connection guard learns when a request's head is in and when it is done.
+    app = web.Application(middlewares=[phases, openai_errors], client_max_size=config.limits.max_body_bytes)
     metrics = app[METRICS] = GatewayMetrics()
     buckets = None
     if config.state.redis_url is not None:

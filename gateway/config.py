@@ -54,8 +54,19 @@ class _Frozen(BaseModel):
 
 
 class ListenConfig(_Frozen):
+    """The tenant listener, and what a client connection may cost (gateway/serving/connections.py): its request
+    line and headers within header_timeout_s; its body at min_body_bytes_per_s on average after body_grace_s; closed
+    after idle_timeout_s without a request; at most max_connections open (and never more than half the process's
+    file limit), at most max_unauthenticated_connections without a valid key yet (a newcomer closes the oldest)."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    body_grace_s: float = Field(default=10.0, ge=0, le=600)
+    min_body_bytes_per_s: int = Field(default=1024, ge=0)
+    idle_timeout_s: float = Field(default=75.0, gt=0, le=3600)
+    max_connections: int = Field(default=4096, ge=1)
+    max_unauthenticated_connections: int = Field(default=256, ge=1)
 
 
 class TtftPriors(_Frozen):

@@ -12,10 +12,11 @@ import uvloop
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.appkeys import STATE
+from gateway.appkeys import METRICS, STATE
 from gateway.config import GatewayConfig
 from gateway.observe import logs
 from gateway.reload import ReloadRefused, reload
+from gateway.serving.connections import ConnectionGuard, GuardedSite, keepalive_timeout
 
 log = logging.getLogger("tenantgate")
 
@@ -24,12 +25,17 @@ async def _run(config: GatewayConfig, config_path: Path | None) -> None:
     app = create_app(config, config_path)
     # handler_cancellation: a client that goes away cancels its handler, which cancels the upstream request.
     # shutdown_timeout: on shutdown, in-flight handlers get this long to finish before they are cancelled.
+    # keepalive_timeout: aiohttp's own idle timer (an hour by default), as a backstop behind the guard's, which
+    # adds the other client deadlines and the connection caps (gateway/serving/connections.py).
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown.drain_timeout_s
-    )
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown.drain_timeout_s,
+        keepalive_timeout=keepalive_timeout(config.listen),
+    )  # fmt: skip
     await runner.setup()
-    site = web.TCPSite(runner, config.listen.host, config.listen.port)
+    guard = ConnectionGuard(config.listen, app[METRICS])
+    site = GuardedSite(runner, guard, config.listen.host, config.listen.port)
     await site.start()
+    guard.start()
     # What start-up built (modules, config, fleet, metrics) lives as long as the process: out of the cyclic GC's
     # sight, each collection walks only what requests allocate (time in the collector per request, timed with
     # gc.callbacks under bench-gateway's vLLM load: 16 us -> 5 us).
@@ -47,6 +53,7 @@ async def _run(config: GatewayConfig, config_path: Path | None) -> None:
     log.info("shutting down: not ready any more, draining in-flight requests")
     await asyncio.sleep(app[STATE].config.shutdown.drain_delay_s)  # a reload may have changed it
     await runner.cleanup()
+    await guard.stop()
     log.info("shut down")
 
 

@@ -106,6 +106,14 @@ class GatewayMetrics:
             "tenantgate_admission_rejections", "Requests refused by admission control, by reason",
             ["tenant", "reason"], registry=r,
         )  # fmt: skip
+        self.client_connections_closed = Counter(
+            "tenantgate_client_connections_closed", "Client connections the gateway closed, by reason (header_timeout, "
+            "body_rate, idle, max_connections, max_unauthenticated)", ["reason"], registry=r,
+        )  # fmt: skip
+        self.client_connections = Gauge(
+            "tenantgate_client_connections", "Client connections open on the tenant listener, and how many of them "
+            "have not presented a valid key yet (state: open, unauthenticated)", ["state"], registry=r,
+        )  # fmt: skip
         self.refused_inputs = Counter(
             "tenantgate_refused_inputs", "Bodies refused before anything was sent on (400), by surface (tenant, admin) "
             "and reason (encoding, json, non_finite, unicode, depth, shape, content_part, template_kwargs)",

@@ -10,6 +10,7 @@ from aiohttp import web
 from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord
+from gateway.serving.connections import authenticated
 from gateway.serving.context import RequestContext
 from gateway.serving.dispatch import RETRY_SOON, dispatch
 from gateway.serving.json_body import read_body
@@ -50,9 +51,12 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
     serving, limits = state.serving, state.config.limits
     with telemetry.span("admission"):
         tenant = identify(serving.tenants, request.headers, request.remote, serving.config.auth)
+        authenticated(request)
         record.tenant = tenant.id
+        with state.admission.reading_body(tenant.id):  # a half-sent body holds one of the tenant's concurrent requests
+            body = await read_body(request)
         inference: InferenceRequest = parse_inference(
-            await read_body(request), kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
+            body, kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
         )
         record.stream = inference.stream
         session_id = request.headers.get("x-session-id") or inference.user
@@ -103,6 +107,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     serving = request.app[STATE].serving
     tenant = identify(serving.tenants, request.headers, request.remote, serving.config.auth)
+    authenticated(request)
     created = int(time.time())
     data = [{"id": name, "object": "model", "created": created, "owned_by": "tenantgate"} for name in tenant.targets]
     return web.json_response({"object": "list", "data": data})

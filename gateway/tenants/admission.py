@@ -16,10 +16,11 @@ bucket at once (one call, off the request path, only for a request that overran)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -166,13 +167,20 @@ class TenantLimiter:
         self.tokens = None if tpm is None else RateLimit(f"{tenant}:tokens", tpm, shared)
         self.in_flight = 0
 
-    async def admit(self, estimated_tokens: int) -> Ticket:
+    def hold(self) -> None:
+        """Take one of the tenant's concurrent requests (429 at its limit); ``settle`` or ``release`` gives it back."""
         limits = self.limits
         if limits.max_concurrent is not None and self.in_flight >= limits.max_concurrent:
             raise RequestRateLimited(
                 f"Too many concurrent requests: the limit is {limits.max_concurrent}.", headers={"Retry-After": "1"}
             )
-        self.in_flight += 1  # held before any await, so concurrent admissions see it; given back if refused
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+
+    async def admit(self, estimated_tokens: int) -> Ticket:
+        self.hold()  # held before any await, so concurrent admissions see it; given back if refused
         try:
             await self._take_rates(estimated_tokens)
         except BaseException:
@@ -237,6 +245,25 @@ class Admission:
             self._metrics.rejections.labels(tenant, "max_tokens").inc()
             raise InvalidRequest(f"max_tokens is {max_tokens}; this key may ask for at most {cap}.", param="max_tokens")
         return max_tokens if max_tokens is not None else cap
+
+    @contextlib.contextmanager
+    def reading_body(self, tenant: str) -> Iterator[None]:
+        """While ``tenant``'s request body is read it counts against the tenant's concurrency (429 at the limit), so
+        half-sent bodies cannot pile up past it; given back when the read ends, with no await before ``admit``
+        takes the place for the request."""
+        limiter = self._limiters.get(tenant)
+        if limiter is None:
+            yield
+            return
+        try:
+            limiter.hold()
+        except RequestRateLimited:
+            self._metrics.rejections.labels(tenant, "concurrency").inc()
+            raise
+        try:
+            yield
+        finally:
+            limiter.release()
 
     async def admit(self, tenant: str, estimated_tokens: int) -> Ticket:
         limiter = self._limiters.get(tenant)

@@ -9,7 +9,7 @@ failure table), config and telemetry. Config here includes ``gateway.state``, th
 directory, fleet), which ingress reads again after admission on purpose: a reload may have swapped it meanwhile.
 Also left out is the request's own data model (``serving.openai_request`` and the JSON it is read from,
 ``serving.json_body``: parsed first, then written again for the engine once the tenant's directory has said what it
-runs on).
+runs on). So is the connection's own bookkeeping (``serving.connections``: that it presented a valid key).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ NOT_STAGES = (
     "gateway.observe.",
     "gateway.serving.openai_request",
     "gateway.serving.json_body",
+    "gateway.serving.connections",
 )
 # What may come back after the answer is relayed: the lease's release (and its one outcome report), and the
 # admission ticket's, which gives back the tenant's concurrency slot and settles its token estimate.

@@ -74,6 +74,28 @@ async def test_concurrency_and_max_tokens() -> None:
         limiter.check_max_tokens("acme", 51)
 
 
+async def test_a_body_being_read_holds_one_of_the_tenants_concurrent_requests() -> None:
+    """Half-sent bodies count against the limit (issue 20: a tenant limited to 4 held 50 of them): a read beyond it
+    is refused at once, and a read that ends gives its place to the request it admits."""
+    limiter = admission(max_concurrent=2)
+    with limiter.reading_body("acme"), limiter.reading_body("acme"):
+        with pytest.raises(RequestRateLimited, match="concurrent"), limiter.reading_body("acme"):
+            pass
+        with pytest.raises(RequestRateLimited, match="concurrent"):
+            await limiter.admit("acme", 1)
+    with limiter.reading_body("acme"):
+        pass  # read, then admitted: the place passes from the body to the request
+    first = await limiter.admit("acme", 1)
+    with limiter.reading_body("acme"):
+        pass
+    await limiter.admit("acme", 1)
+    with pytest.raises(RequestRateLimited), limiter.reading_body("acme"):
+        pass
+    first.settle(None)
+    with limiter.reading_body("acme"), limiter.reading_body("globex"):  # a tenant without limits: never refused
+        pass
+
+
 def test_the_estimate_counts_the_prompt_and_the_answer() -> None:
     assert estimate_tokens(prompt_chars=40, max_tokens=16) == 26
     assert estimate_tokens(prompt_chars=1, max_tokens=None) == 257

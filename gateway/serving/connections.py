@@ -1,0 +1,220 @@
+"""Slow and idle clients cost nothing: deadlines and caps on the tenant listener's connections.
+
+aiohttp's server has one client-side timer, the keep-alive timeout (an hour by default), and it stops as soon as a
+byte arrives: a client that sends half a header, or a body one byte a minute, holds its connection (and a file
+descriptor) for ever. This layer adds, per connection (``listen.*`` in the config; defaults in the README):
+
+- **request line and headers**: a new connection, or the next request on a kept-alive one once its first byte has
+  come, must have sent its whole head within ``header_timeout_s``;
+- **body rate**: once the head is in, the body must arrive at ``min_body_bytes_per_s`` on average from its start,
+  after a grace of ``body_grace_s`` (a large prompt on a slow link is legitimate; a trickle is not);
+- **idle keep-alive**: a connection with no request for ``idle_timeout_s`` is closed (aiohttp's own keep-alive
+  timer is set a little longer, as a backstop: ``keepalive_timeout``);
+- **caps**: at most ``max_connections`` open (never more than half the process's file limit: the rest is for the
+  engines, Redis and the listening sockets); a newcomer over it is closed at once. At most
+  ``max_unauthenticated_connections`` that have not yet presented a valid key: a newcomer over it closes the
+  oldest of them (a stalled client is the oldest; a real one presents its key within milliseconds), so stalled
+  clients cannot lock real ones out.
+Each close is counted in ``tenantgate_client_connections_closed_total{reason}``.
+
+A tenant's bodies being read count against its concurrency (``Admission.reading_body``, in ingress).
+
+How it hooks in, and why it is pinned to aiohttp 3.14: ``GuardedSite`` is aiohttp's ``TCPSite`` whose protocol
+factory builds ``GuardedHandler``, a ``RequestHandler`` subclass that only adds bookkeeping around its public
+protocol methods (``connection_made``, ``data_received``, ``connection_lost``) and closes with its public
+``force_close``; the request's phase comes from an outermost middleware (``phases``), and a request's body progress
+from ``request.content.total_bytes`` (bytes received so far). One sweeper task checks every connection a few times
+per deadline. tests/gateway/serving/test_slow_clients.py exercises each rule against a real server; run it when
+aiohttp moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.config import ListenConfig
+from gateway.observe.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def keepalive_timeout(config: ListenConfig) -> float:
+    """aiohttp's own keep-alive timer: a backstop a little after the guard's idle deadline (which counts the close)."""
+    return config.idle_timeout_s + 5.0
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's request handler (one per connection) with what the guard needs to know about it."""
+
+    def __init__(self, guard: ConnectionGuard, server: web.Server, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self.guard = guard
+        self.opened_at = 0.0
+        # Between requests: when the connection fell idle, and when the next request's first byte came (None: none
+        # yet). During a request: the request, and when its head was in.
+        self.idle_since = 0.0
+        self.first_byte_at: float | None = None
+        self.current: web.BaseRequest | None = None
+        self.head_at = 0.0
+        self.requests = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.opened_at = self.idle_since = self.guard.now()
+        self.guard.opened(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.guard.lost(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if data and self.current is None and self.first_byte_at is None:
+            self.first_byte_at = self.guard.now()
+        super().data_received(data)
+
+    def began(self, request: web.BaseRequest) -> None:
+        self.current, self.head_at, self.first_byte_at = request, self.guard.now(), None
+        self.requests += 1
+
+    def ended(self) -> None:
+        self.current, self.idle_since = None, self.guard.now()
+
+
+class ConnectionGuard:
+    """The tenant listener's connections, their deadlines and caps (the module docstring says which)."""
+
+    def __init__(self, config: ListenConfig, metrics: GatewayMetrics, now: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self._metrics = metrics
+        self.now = now or asyncio.get_running_loop().time
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.max_connections = (
+            config.max_connections
+            if soft_limit == resource.RLIM_INFINITY
+            else min(config.max_connections, soft_limit // 2)
+        )
+        self.open: set[GuardedHandler] = set()
+        # Not yet shown a valid key, oldest first (a dict keeps insertion order).
+        self.unauthenticated: dict[GuardedHandler, None] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # --- the connections' life ---------------------------------------------------------------------------------
+    def opened(self, connection: GuardedHandler) -> None:
+        if len(self.open) >= self.max_connections:
+            self._close(connection, "max_connections")
+            return
+        self.open.add(connection)
+        if len(self.unauthenticated) >= self.config.max_unauthenticated_connections:
+            self._close(next(iter(self.unauthenticated)), "max_unauthenticated")
+        self.unauthenticated[connection] = None
+
+    def lost(self, connection: GuardedHandler) -> None:
+        self.open.discard(connection)
+        self.unauthenticated.pop(connection, None)
+
+    def authenticated(self, connection: GuardedHandler) -> None:
+        self.unauthenticated.pop(connection, None)
+
+    def _close(self, connection: GuardedHandler, reason: str) -> None:
+        self.lost(connection)
+        self._metrics.client_connections_closed.labels(reason).inc()
+        connection.force_close()
+
+    # --- deadlines -----------------------------------------------------------------------------------------------
+    def overdue(self, connection: GuardedHandler, now: float) -> str | None:
+        """Why ``connection`` is to be closed now, or None."""
+        config = self.config
+        request = connection.current
+        if request is not None:
+            body = request.content
+            if body.is_eof():
+                return None  # the request is being served: its own deadline covers it
+            elapsed = now - connection.head_at
+            if elapsed > config.body_grace_s and body.total_bytes < config.min_body_bytes_per_s * elapsed:
+                return "body_rate"
+            return None
+        if connection.first_byte_at is not None:  # a request's head is coming in
+            return "header_timeout" if now - connection.first_byte_at > config.header_timeout_s else None
+        if connection.requests == 0:  # a new connection must send its request line in time
+            return "header_timeout" if now - connection.opened_at > config.header_timeout_s else None
+        return "idle" if now - connection.idle_since > config.idle_timeout_s else None
+
+    def sweep(self) -> None:
+        now = self.now()
+        for connection in list(self.open):
+            reason = self.overdue(connection, now)
+            if reason is not None:
+                log.info("closing a client connection: %s", reason)
+                self._close(connection, reason)
+        gauge = self._metrics.client_connections
+        gauge.labels("open").set(len(self.open))
+        gauge.labels("unauthenticated").set(len(self.unauthenticated))
+
+    async def _sweep_forever(self) -> None:
+        config = self.config
+        shortest = min(config.header_timeout_s, config.body_grace_s, config.idle_timeout_s)
+        interval = min(1.0, max(0.05, shortest / 4))
+        while True:
+            await asyncio.sleep(interval)
+            self.sweep()
+
+    def start(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="client connection deadlines")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+
+class GuardedSite(web.TCPSite):
+    """aiohttp's TCP site whose connections are ``GuardedHandler``s of ``guard``."""
+
+    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int) -> None:
+        super().__init__(runner, host, port)
+        self._guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite.start does
+        server = self._runner.server
+        assert server is not None
+        guard = self._guard
+
+        def connection() -> GuardedHandler:
+            return GuardedHandler(guard, server, loop=asyncio.get_running_loop(), **server._kwargs)
+
+        self._server = await asyncio.get_running_loop().create_server(
+            connection, self._host, self._port, backlog=self._backlog
+        )
+        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
+
+
+@web.middleware
+async def phases(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The outermost middleware: tells the connection's guard when a request's head is in and when it is done."""
+    connection = request.protocol
+    if not isinstance(connection, GuardedHandler):  # served without the guard (in-process tests)
+        return await handler(request)
+    connection.began(request)
+    try:
+        return await handler(request)
+    finally:
+        connection.ended()
+
+
+def authenticated(request: web.BaseRequest) -> None:
+    """The request presented a valid key: its connection no longer counts as unauthenticated."""
+    connection = request.protocol
+    if isinstance(connection, GuardedHandler):
+        connection.guard.authenticated(connection)

@@ -1,0 +1,152 @@
+"""The connection guard (gateway/serving/connections.py) against a real aiohttp server on 127.0.0.1, one rule at a
+time, through raw sockets: what a slow or idle client is allowed, and when it is closed. These tests pin the layer to
+the aiohttp version in use: they are what to run when aiohttp moves."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway.config import ListenConfig
+from gateway.observe.metrics import GatewayMetrics
+from gateway.serving.connections import ConnectionGuard, GuardedSite, authenticated, keepalive_timeout, phases
+
+GOOD_KEY = "good"
+
+
+async def echo(request: web.Request) -> web.Response:
+    """Reads the body; a request with the good key authenticates its connection."""
+    if request.headers.get("x-key") == GOOD_KEY:
+        authenticated(request)
+    body = await request.read()
+    return web.Response(text=str(len(body)))
+
+
+class Server:
+    def __init__(self, guard: ConnectionGuard, port: int) -> None:
+        self.guard, self.port = guard, port
+
+    def closed(self, reason: str) -> float:
+        value: float = self.guard._metrics.client_connections_closed.labels(reason)._value.get()
+        return value
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection("127.0.0.1", self.port)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Any]]:
+    runners: list[tuple[web.AppRunner, ConnectionGuard]] = []
+
+    async def start(**listen: Any) -> Server:
+        config = ListenConfig(**{"header_timeout_s": 30, "idle_timeout_s": 30, "body_grace_s": 30, **listen})
+        app = web.Application(middlewares=[phases])
+        app.router.add_post("/", echo)
+        runner = web.AppRunner(app, handler_cancellation=True, keepalive_timeout=keepalive_timeout(config))
+        await runner.setup()
+        guard = ConnectionGuard(config, GatewayMetrics())
+        site = GuardedSite(runner, guard, "127.0.0.1", 0)
+        await site.start()
+        guard.start()
+        runners.append((runner, guard))
+        return Server(guard, site.port)
+
+    yield start
+    for runner, guard in runners:
+        await guard.stop()
+        await runner.cleanup()
+
+
+async def closed_by_server(reader: asyncio.StreamReader, within_s: float = 10) -> bytes:
+    """Everything the server sent until it closed the connection (bounded); a client still writing sees the close
+    as a reset or a broken pipe (then nothing was read)."""
+    try:
+        return await asyncio.wait_for(reader.read(), within_s)
+    except (ConnectionResetError, BrokenPipeError):
+        return b""
+
+
+def head(length: int, key: str = "") -> bytes:
+    extra = f"x-key: {key}\r\n" if key else ""
+    return f"POST / HTTP/1.1\r\nHost: gw\r\nContent-Length: {length}\r\n{extra}\r\n".encode()
+
+
+async def test_a_half_sent_head_is_closed_at_the_header_deadline(serve: Callable[..., Any]) -> None:
+    server: Server = await serve(header_timeout_s=0.3)
+    reader, writer = await server.connect()
+    writer.write(b"POST / HTTP/1.1\r\nHost: gw\r\n")  # and never the rest
+    assert await closed_by_server(reader) == b""
+    silent, _ = await server.connect()  # a connection that sends nothing at all: the request line's deadline
+    assert await closed_by_server(silent) == b""
+    assert server.closed("header_timeout") == 2
+
+
+async def test_a_trickled_body_is_closed_after_the_grace_and_a_slow_steady_one_is_served(
+    serve: Callable[..., Any],
+) -> None:
+    server: Server = await serve(body_grace_s=0.5, min_body_bytes_per_s=400)
+    trickle_reader, trickle = await server.connect()
+    trickle.write(head(10_000))
+
+    async def drip() -> None:
+        for _ in range(100):  # 10 bytes/s
+            if trickle.is_closing():
+                return
+            trickle.write(b"x")
+            await asyncio.sleep(0.1)
+
+    dripping = asyncio.create_task(drip())
+    # A large body on a slow but steady link (about 1,000 bytes/s for 1.5 s, past the grace) is legitimate.
+    steady_reader, steady = await server.connect()
+    steady.write(head(1_500))
+    for _ in range(15):
+        steady.write(b"y" * 100)
+        await asyncio.sleep(0.1)
+    answer = await asyncio.wait_for(steady_reader.readuntil(b"1500"), 10)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert await closed_by_server(trickle_reader) == b""
+    dripping.cancel()
+    assert server.closed("body_rate") == 1
+
+
+async def test_an_idle_kept_alive_connection_is_closed(serve: Callable[..., Any]) -> None:
+    server: Server = await serve(idle_timeout_s=0.3)
+    reader, writer = await server.connect()
+    writer.write(head(2) + b"hi")
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n2"), 10)).startswith(b"HTTP/1.1 200")
+    assert await closed_by_server(reader) == b""
+    assert server.closed("idle") == 1
+
+
+async def test_a_newcomer_over_the_unauthenticated_cap_closes_the_oldest_stalled_connection(
+    serve: Callable[..., Any],
+) -> None:
+    server: Server = await serve(max_unauthenticated_connections=3)
+    known_reader, known = await server.connect()  # a client that presented a valid key: it is never evicted
+    known.write(head(2, GOOD_KEY) + b"hi")
+    await asyncio.wait_for(known_reader.readuntil(b"\r\n\r\n2"), 10)
+    stalled = [await server.connect() for _ in range(3)]
+    for _, writer in stalled:
+        writer.write(b"POST / HTTP/1.1\r\n")
+    newcomer_reader, newcomer = await server.connect()
+    assert await closed_by_server(stalled[0][0]) == b""  # the oldest stalled one made room
+    newcomer.write(head(2) + b"ok")
+    assert (await asyncio.wait_for(newcomer_reader.readuntil(b"\r\n\r\n2"), 10)).startswith(b"HTTP/1.1 200")
+    known.write(head(2, GOOD_KEY) + b"hi")  # still open
+    assert (await asyncio.wait_for(known_reader.readuntil(b"\r\n\r\n2"), 10)).startswith(b"HTTP/1.1 200")
+    assert server.closed("max_unauthenticated") == 1
+
+
+async def test_a_connection_over_max_connections_is_closed_at_once(serve: Callable[..., Any]) -> None:
+    server: Server = await serve(max_connections=2)
+    held = [await server.connect() for _ in range(2)]
+    for reader, writer in held:
+        writer.write(head(2, GOOD_KEY) + b"hi")
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n2"), 10)
+    third, _ = await server.connect()
+    assert await closed_by_server(third) == b""
+    assert server.closed("max_connections") == 1
