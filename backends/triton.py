@@ -109,8 +109,9 @@ class TritonResponse:
             raise StreamBroken(f"{self._replica_id}: the call was cancelled (the pool is closing)") from None
         if message is grpc.aio.EOF:
             return None
-        if message.error_message:
-            raise StreamBroken(f"{self._replica_id} failed mid-answer: {message.error_message}")
+        if message.error_message:  # the engine's own error, not a broken connection: whose fault it names
+            text = f"{self._replica_id} failed mid-answer: {message.error_message}"
+            raise EngineRejected(400 if _CLIENT_FAULT.search(message.error_message) else 500, text)
         return message.infer_response
 
     def _read(self, result: service_pb2.ModelInferResponse) -> str:
