@@ -194,3 +194,12 @@ def test_compose_serves_completions_through_the_openai_sdk(compose_up: dict[str,
         assert completion.model == model
         chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
         assert chat.choices[0].message.content
+
+
+def test_the_weak_example_admin_token_is_published_on_loopback_only() -> None:
+    """compose keeps the example admin token (change-me), which serve refuses unless the config allows a weak one:
+    that is only for a gateway nothing but this machine can reach."""
+    gateway = yaml.safe_load(COMPOSE.read_text())["services"]["gateway"]
+    config = yaml.safe_load(_mounts(gateway)["/etc/tenantgate/gateway.yaml"].read_text())
+    if config.get("admin", {}).get("allow_weak_token"):
+        assert all(port.startswith("127.0.0.1:") for port in gateway["ports"]), gateway["ports"]
