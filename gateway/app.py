@@ -23,7 +23,8 @@ from gateway.fleet.discovery import interval_s as discovery_interval_s
 from gateway.fleet.fleet import Fleet, make_store
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import Telemetry
-from gateway.reload import close_retiring, rediscover
+from gateway.reload import close_retiring, rediscover, reload_answer
+from gateway.reload_fanout import FANOUT, Fanout
 from gateway.residency.lifecycle import every
 from gateway.residency.timed import TimedStore
 from gateway.serving import ingress
@@ -125,6 +126,12 @@ def create_app(
         telemetry.close()
 
     app.cleanup_ctx.append(fleet_context)
+    if config.state.redis_url is not None and config_path is not None:  # reload every gateway sharing the Redis
+        fanout = app[FANOUT] = Fanout(
+            config.state.redis_url, lambda: reload_answer(app), operation_timeout_s=timeout_s,
+            cluster=config.state.cluster,
+        )  # fmt: skip
+        app.cleanup_ctx.append(fanout.running)
     ingress.add_routes(app)
     admin.add_routes(app)
     return app

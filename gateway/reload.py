@@ -1,7 +1,8 @@
 """Config reload (SIGHUP or ``POST /admin/reload``): re-read the file, build and warm a new fleet beside the old
 one, swap it in whole, and retire the old one once its in-flight requests have finished.
 
-A config that does not load is refused whole (the old one keeps serving). Settings bound to the running process
+With Redis, ``POST /admin/reload`` reloads every gateway sharing it (gateway/reload_fanout.py); SIGHUP reloads this
+one. A config that does not load is refused whole (the old one keeps serving). Settings bound to the running process
 (``RESTART_ONLY``) cannot change without a restart: a reload applies the rest and names each of these that the file
 changes, in its answer (``restart_required``), a warning in the log and ``tenantgate_config_restart_pending``.
 """
@@ -10,17 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from gateway.appkeys import METRICS, STATE, TELEMETRY
-from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.errors import InvalidRequest
 from gateway.fleet.discovery import Discovered, discover
 from gateway.fleet.fleet import Fleet
+from gateway.reload_fanout import FANOUT, GATEWAY_ID
+from gateway.residency.store import StoreUnavailable
 from gateway.state import Serving
 from gateway.tenants.directory import TenantDirectory
 
@@ -40,6 +45,7 @@ RESTART_ONLY = (
 class ReloadResult:
     pools: list[str]
     restart_required: list[str] = field(default_factory=list)
+    config_digest: str = ""  # sha256 of the config file as read for this reload
 
     @property
     def warnings(self) -> list[str]:
@@ -48,7 +54,7 @@ class ReloadResult:
     def as_json(self) -> dict[str, Any]:
         return {
             "status": "reloaded", "pools": self.pools, "restart_required": self.restart_required,
-            "warnings": self.warnings,
+            "warnings": self.warnings, "config_digest": self.config_digest,
         }  # fmt: skip
 
 
@@ -66,7 +72,8 @@ async def reload(app: web.Application) -> ReloadResult:
         raise ReloadRefused("This gateway was not started from a config file; there is nothing to reload.")
     async with _lock:
         try:
-            base = load_config(state.config_path)
+            data = await asyncio.to_thread(_read, state.config_path)
+            base = parse_config(data.decode(), str(state.config_path))
             discovered = await discover(base, state.discovered)
             config = state.compose(base, discovered)  # with DNS's replicas and the run-time tenants and keys
         except Exception as exc:  # ConfigError, or anything else: the old config keeps serving
@@ -77,12 +84,32 @@ async def reload(app: web.Application) -> ReloadResult:
         await _rebuild(app, config, base, discovered)
         app[TELEMETRY].access_log = config.telemetry.access_log
     # Against what the process runs (its start-up config), so a second reload still says so.
-    result = ReloadResult(sorted(config.pools_by_name), restart_required(state.started_config, config))
+    digest = hashlib.sha256(data).hexdigest()  # as `sha256sum` prints it for the file
+    result = ReloadResult(sorted(config.pools_by_name), restart_required(state.started_config, config), digest)
     app[METRICS].restart_pending(result.restart_required)
     for warning in result.warnings:
         log.warning("reload: %s", warning)
     log.info("config reloaded from %s: pools %s", state.config_path, sorted(config.pools_by_name))
     return result
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read: {exc.strerror}"]) from exc
+
+
+async def reload_answer(app: web.Application) -> dict[str, Any]:
+    """This gateway's reload as another gateway's fan-out collects it: never raises."""
+    try:
+        result = await reload(app)
+    except ReloadRefused as exc:
+        return {"gateway": GATEWAY_ID, "status": "refused", "error": str(exc)}
+    except Exception as exc:
+        log.exception("reload failed; the old config keeps serving")
+        return {"gateway": GATEWAY_ID, "status": "failed", "error": str(exc)}
+    return {"gateway": GATEWAY_ID, **result.as_json()}
 
 
 async def rediscover(app: web.Application) -> None:
@@ -165,6 +192,15 @@ async def _retire(fleet: Fleet, drain_timeout_s: float) -> None:
 
 
 async def admin_reload(request: web.Request) -> web.Response:
-    # Shielded: an admin client that gives up must not cancel a rebuild half-way.
+    """This gateway's reload (refused: 400, as it was), then, with Redis and unless ``?scope=local``, every other
+    live gateway's: their answers under ``gateways`` (this one's included), who did not answer under ``missing``."""
+    # Shielded: an admin client that gives up must not cancel a rebuild (or the collection) half-way.
     result = await asyncio.shield(reload(request.app))
-    return web.json_response(result.as_json())
+    answer: dict[str, Any] = {"gateway": GATEWAY_ID, **result.as_json()}
+    fanout = request.app.get(FANOUT)
+    if fanout is not None and request.query.get("scope") != "local":
+        try:
+            answer |= await asyncio.shield(fanout.everywhere(dict(answer)))
+        except StoreUnavailable as exc:
+            answer["fanout"] = f"only this gateway reloaded: Redis did not answer ({exc})"
+    return web.json_response(answer)

@@ -1,0 +1,143 @@
+"""A reload reaches every gateway, not only the one a request reached.
+
+Behind a Kubernetes Service, ``POST /admin/reload`` lands on one pod. With Redis (``state.redis_url``) the gateway
+asked reloads itself, then publishes the request on ``{prefix}:reload`` and collects, on a reply channel of its
+own, each other gateway's answer: its id, whether it reloaded, the digest (sha256) of the config file it now runs
+and what needs a restart. Every gateway follows the channel and reloads its own copy of the file (a ConfigMap is
+mounted in every pod), exactly as a local reload would. Who to wait for: each gateway keeps itself in
+``{prefix}:gateways`` (a sorted set, scored by its last heartbeat), so the one asked knows which gateways are alive,
+waits for those, and names the ones that did not answer in time.
+
+A message carries no config, only who asks and where to answer: whoever can publish on Redis can make gateways
+re-read their own files, nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from redis.asyncio.cluster import RedisCluster
+
+from gateway.redis_client import make_client, redis_call
+from gateway.residency.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+# A pod's host name is its name: with the process id, unique among gateways sharing a Redis.
+GATEWAY_ID = f"{socket.gethostname()}-{os.getpid()}"
+HEARTBEAT_S = 5.0
+ALIVE_S = 3 * HEARTBEAT_S  # a gateway not seen for this long is not waited for
+
+Answer = dict[str, Any]
+
+
+class Fanout:
+    def __init__(
+        self,
+        redis_url: str,
+        reload_here: Callable[[], Awaitable[Answer]],
+        *,
+        operation_timeout_s: float,
+        cluster: bool = False,
+        answer_wait_s: float = 30.0,
+        prefix: str = "tg",
+    ) -> None:
+        self._reload_here = reload_here
+        self._timeout_s = operation_timeout_s
+        self._answer_wait_s = answer_wait_s  # a reload builds and warms a fleet: allow it seconds
+        self._client = make_client(redis_url, operation_timeout_s, cluster=cluster)
+        self._subscriber = make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster)
+        self._channel = f"{prefix}:reload"
+        self._members = f"{prefix}:gateways"
+
+    async def running(self, app: web.Application) -> AsyncIterator[None]:
+        """The app's cleanup context: follow the channel and keep this gateway's heartbeat while it serves."""
+        tasks = [
+            asyncio.create_task(self._follow(), name="reload fan-out"),
+            asyncio.create_task(self._heartbeat(), name="gateway heartbeat"),
+        ]
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(StoreUnavailable):  # gone at once, rather than waited for until it ages out
+            async with redis_call("gateway leave", self._timeout_s):
+                await self._client.zrem(self._members, GATEWAY_ID)
+        await self._client.aclose()
+        await self._subscriber.aclose()
+
+    async def everywhere(self, own: Answer) -> dict[str, Any]:
+        """Ask every other live gateway to reload; their answers and ``own``, and who did not answer in time."""
+        reply = f"{self._channel}:{uuid.uuid4().hex}"
+        answers = [own]
+        async with redis_call("live gateways", self._timeout_s):
+            alive = await self._client.zrangebyscore(self._members, time.time() - ALIVE_S, "+inf")
+        waiting = set(alive) - {GATEWAY_ID}
+        if waiting:
+            if isinstance(self._subscriber, RedisCluster):
+                await self._subscriber.initialize()
+            async with self._subscriber.pubsub() as pubsub:
+                await pubsub.subscribe(reply)  # before asking: no answer can come before we listen
+                async with redis_call("reload publish", self._timeout_s):
+                    await self._client.publish(self._channel, json.dumps({"from": GATEWAY_ID, "reply": reply}))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._answer_wait_s):
+                        async for message in pubsub.listen():
+                            if message.get("type") != "message":
+                                continue
+                            answer = json.loads(message["data"])
+                            answers.append(answer)
+                            waiting.discard(answer.get("gateway"))
+                            if not waiting:
+                                break
+        return {"gateways": sorted(answers, key=lambda a: str(a.get("gateway"))), "missing": sorted(waiting)}
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                if isinstance(self._subscriber, RedisCluster):
+                    await self._subscriber.initialize()
+                async with self._subscriber.pubsub() as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            await self._answer(json.loads(message["data"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: follow again shortly (a reload meanwhile reaches this one later)
+                log.warning("reload fan-out: not following (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+
+    async def _answer(self, request: dict[str, Any]) -> None:
+        if request.get("from") == GATEWAY_ID or not isinstance(request.get("reply"), str):
+            return
+        log.info("reload asked by gateway %s", request.get("from"))
+        answer = await self._reload_here()
+        async with redis_call("reload answer", self._timeout_s):
+            await self._client.publish(request["reply"], json.dumps(answer))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                async with redis_call("gateway heartbeat", self._timeout_s):
+                    now = time.time()
+                    await self._client.zadd(self._members, {GATEWAY_ID: now})
+                    await self._client.zremrangebyscore(self._members, "-inf", now - 10 * ALIVE_S)
+            except StoreUnavailable as exc:
+                log.debug("gateway heartbeat skipped: %s", exc)
+            await asyncio.sleep(HEARTBEAT_S)
+
+
+FANOUT = web.AppKey("fanout", Fanout)
