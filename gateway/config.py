@@ -39,6 +39,7 @@ from pydantic_core.core_schema import ErrorType
 from backends import registry as engines
 from backends.base import AdapterRef
 from backends.registry import EngineSpec, NoSettings
+from gateway import adapter_sources
 from gateway.routing.scorers import SCORERS
 
 # "@" for versions: support-acme@2 is version 2 of the tenant-facing name support-acme.
@@ -432,11 +433,36 @@ class TelemetryConfig(_Frozen):
     engine_scrape_interval_s: float = Field(default=5.0, gt=0, le=3600)
 
 
+class AdapterSourcesConfig(_Frozen):
+    """Where adapters may come from (gateway/adapter_sources.py): paths under ``roots`` (when set; without roots
+    the file's own sources are taken as written and the admin API takes paths beside them), URLs only with one of
+    ``schemes`` (none by default) and never to a non-public address."""
+
+    roots: list[Annotated[str, Field(pattern=r"^/")]] = Field(default_factory=list)
+    schemes: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9+.-]*$")]] = Field(default_factory=list)
+
+    @field_validator("roots")
+    @classmethod
+    def _plain_roots(cls, roots: list[str]) -> list[str]:
+        for root in roots:
+            adapter_sources.normalised(root)  # SourceRefused is a ValueError: reported at the field
+        return [adapter_sources.normalised(root) for root in roots]
+
+
 class AdapterConfig(_Frozen):
     name: Name
     pool: Name
-    # Where the engine reads the adapter from (a path on the replicas' disk); only ever from this catalog.
+    # Where the engine reads the adapter from (a path on the replicas' disk); only ever from this catalog. Checked
+    # and normalised (gateway/adapter_sources.py); the normalised form is what engines get.
     source: str = Field(min_length=1)
+    # Two adapters may name one source only if both say so: otherwise one tenant's adapter could be another's.
+    shared_source: bool = False
+
+    @field_validator("source")
+    @classmethod
+    def _source_is_safe(cls, source: str) -> str:
+        return adapter_sources.normalised(source)
+
     # The name the engine serves it under, if not `name`.
     engine_name: Name | None = None
     # Load on its home replicas (and warm with a one-token request) before the gateway reports ready;
@@ -560,6 +586,7 @@ class GatewayConfig(_Frozen):
     residency: ResidencyConfig = ResidencyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
+    adapter_sources: AdapterSourcesConfig = AdapterSourcesConfig()
 
     @property
     def pools_by_name(self) -> dict[str, PoolConfig]:
@@ -601,11 +628,28 @@ class GatewayConfig(_Frozen):
         if isinstance(data, dict):
             problems += cross_reference_problems(data)
         if config is not None and not problems:
-            problems += _engine_checks(config) + _slot_wait_problems(config)
+            problems += _engine_checks(config) + _slot_wait_problems(config) + _source_problems(config)
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         assert config is not None
         return config
+
+
+def _source_problems(config: GatewayConfig) -> list[InitErrorDetails]:
+    """Each adapter's source within adapter_sources, and no source under two adapters unless both share it."""
+    problems: list[InitErrorDetails] = []
+    first: dict[str, AdapterConfig] = {}
+    sources = config.adapter_sources
+    for index, adapter in enumerate(config.adapters):
+        try:
+            adapter_sources.check(adapter.source, sources.roots, sources.schemes)
+        except adapter_sources.SourceRefused as exc:
+            problems.append(_problem(("adapters", index, "source"), adapter.source, str(exc)))
+        other = first.setdefault(adapter.source, adapter)
+        if other is not adapter and not (other.shared_source and adapter.shared_source):
+            message = f"adapter {other.name!r} has this source too (set shared_source: true on both to share it)"
+            problems.append(_problem(("adapters", index, "source"), adapter.source, message))
+    return problems
 
 
 def _slot_wait_problems(config: GatewayConfig) -> list[InitErrorDetails]:

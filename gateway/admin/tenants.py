@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from backends.errors import BackendError
+from gateway import adapter_sources
 from gateway.admin.auth import require_admin
 from gateway.admin.body import json_object
 from gateway.appkeys import STATE
@@ -98,10 +99,27 @@ async def revoke_key(request: web.Request) -> web.Response:
     return web.json_response(await _change(request, {"kind": "revoke_key", "key_hash": key_hash}))
 
 
+def _allowed_source(request: web.Request, source: str) -> str:
+    """A new adapter's source, normalised, if adapter_sources allows it (gateway/adapter_sources.py). Without
+    configured roots, a path must lie in a directory that holds one of the config file's own adapters."""
+    base = request.app[STATE].base_config
+    roots = base.adapter_sources.roots or adapter_sources.directories_of(a.source for a in base.adapters)
+    try:
+        kept = adapter_sources.normalised(source)
+        if not roots and not adapter_sources.is_url(kept):
+            raise adapter_sources.SourceRefused("no adapter_sources.roots are configured, nor adapters in the file")
+        adapter_sources.check(kept, roots, base.adapter_sources.schemes)
+    except adapter_sources.SourceRefused as exc:
+        raise InvalidRequest(f"The adapter's source is refused: {exc}.", param="source") from exc
+    return kept
+
+
 async def add_adapter(request: web.Request) -> web.Response:
     """A catalog entry (the config file's schema); tenants get it through add_tenant or a config reload."""
     require_admin(request)
     adapter = await json_object(request)
+    if isinstance(adapter.get("source"), str):
+        adapter["source"] = _allowed_source(request, adapter["source"])
     return web.json_response(
         await _change(request, {"kind": "add_adapter", "adapter": adapter, "name": adapter.get("name")})
     )

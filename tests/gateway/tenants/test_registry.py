@@ -151,7 +151,8 @@ def test_changes_through_one_gateway_take_effect_at_another(
 
         # An adapter and a tenant for it, added through A, serve through B; retired through B, both answer 404.
         # (A tenant left with nothing to call is refused: the retire would fail whole.)
-        adapter = {"name": "summarize-hooli", "pool": "llama", "source": adapters["sql-globex"]}
+        source = write_adapters(tmp_path, ["summarize-hooli"])["summarize-hooli"]  # beside the file's adapters
+        adapter = {"name": "summarize-hooli", "pool": "llama", "source": source}
         assert httpx.post(a + "/admin/catalog/adapters", json=adapter, headers=ADMIN).status_code == 200
         hooli = {"id": "hooli", "api_keys": [hash_key("hooli-key")], "adapters": ["summarize-hooli"],
                  "base_models": ["tiny-llama"]}  # fmt: skip
