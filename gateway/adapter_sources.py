@@ -56,7 +56,7 @@ def check(source: str, roots: Sequence[str], schemes: Sequence[str]) -> None:
             allowed = ", ".join(schemes) or "none"
             raise SourceRefused(f"scheme {scheme!r} is not in adapter_sources.schemes (allowed: {allowed})")
         host = urlsplit(source).hostname or ""
-        if not _public(host):
+        if not public_host(host):
             raise SourceRefused(f"host {host!r} is not a public address (loopback, link-local, private or local)")
         return
     if roots and not under(source, roots):
@@ -79,7 +79,8 @@ def directories_of(sources: Iterable[str]) -> list[str]:
     return sorted({posixpath.dirname(s) for s in sources if posixpath.isabs(s) and posixpath.dirname(s) != "/"})
 
 
-def _public(host: str) -> bool:
+def public_host(host: str) -> bool:
+    """Not loopback, link-local, private or local, by its literal form (chat image URLs use this too)."""
     name = host.lower().rstrip(".")
     if not name or name in _NOT_PUBLIC_NAMES or name.endswith(".localhost"):
         return False

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
+from gateway.adapter_sources import public_host
 from gateway.errors import InvalidRequest
 from gateway.serving.json_body import RefusedInput, dumps, parse_object
 
@@ -51,6 +53,8 @@ class InferenceRequest:
     # The chat content part types the messages use, and the chat_template_kwargs keys the request sets.
     part_types: frozenset[str] = frozenset()
     template_kwargs: frozenset[str] = frozenset()
+    # URLs the content parts point at (image_url and the like), for an engine to fetch.
+    part_urls: tuple[str, ...] = ()
 
     def check_pool(self, part_types: frozenset[str], template_kwargs: frozenset[str]) -> None:
         """What the model's pool lets through: content part types, chat_template_kwargs keys (both allow-lists)."""
@@ -62,6 +66,12 @@ class InferenceRequest:
                 "content_part",
                 param="messages",
             )
+        for url in self.part_urls:  # only parts a pool allows get here: never a local file or a private address
+            if not _fetchable(url):
+                raise RefusedInput(
+                    "Content part URLs must be http(s) to a public address, or data: URLs.", "content_part",
+                    param="messages",
+                )  # fmt: skip
         keys = sorted(self.template_kwargs - template_kwargs)
         if keys:
             allowed = ", ".join(sorted(template_kwargs)) or "none"
@@ -104,12 +114,13 @@ def parse_inference(
         if value is not None and (isinstance(value, bool) or value < 1):
             raise InvalidRequest(f"'{field}' must be an integer of at least 1.", param=field)
     part_types: set[str] = set()
+    part_urls: list[str] = []
     template_kwargs: frozenset[str] = frozenset()
     if kind == "completions":
         prompt_chars = _check_prompt(body.get("prompt"))
         max_tokens = body.get("max_tokens")
     else:
-        prompt_chars = _check_messages(body.get("messages"), part_types)
+        prompt_chars = _check_messages(body.get("messages"), part_types, part_urls)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
     if prompt_chars > max_prompt_chars:
@@ -118,8 +129,18 @@ def parse_inference(
     best_of = body.get("best_of")
     choices = max(body.get("n") or 1, best_of if isinstance(best_of, int) and not isinstance(best_of, bool) else 1)
     return InferenceRequest(
-        body, model, bool(stream), user, max_tokens, prompt_chars, choices, frozenset(part_types), template_kwargs
-    )
+        body, model, bool(stream), user, max_tokens, prompt_chars, choices, frozenset(part_types), template_kwargs,
+        tuple(part_urls),
+    )  # fmt: skip
+
+
+def _fetchable(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        scheme, host = parts.scheme.lower(), parts.hostname or ""
+    except ValueError:  # e.g. a bracketed host that is no IPv6 address
+        return False
+    return scheme == "data" or (scheme in ("http", "https") and public_host(host))
 
 
 def _template_kwargs(value: Any) -> frozenset[str]:
@@ -150,8 +171,9 @@ def _check_prompt(prompt: Any) -> int:
     raise InvalidRequest("'prompt' is required: a non-empty string or list.", param="prompt")
 
 
-def _check_messages(messages: Any, part_types: set[str]) -> int:
-    """The messages' text length in characters; the content part types they use are added to ``part_types``."""
+def _check_messages(messages: Any, part_types: set[str], part_urls: list[str]) -> int:
+    """The messages' text length in characters; the content part types they use are added to ``part_types``, and
+    the URLs parts point at (``{"type": T, T: {"url": ...}}``) to ``part_urls``."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' is required: a non-empty list of messages.", param="messages")
     chars = 0
@@ -172,6 +194,13 @@ def _check_messages(messages: Any, part_types: set[str]) -> int:
                         f"'messages[{index}].content' text parts need a string 'text'.", param="messages"
                     )
                 part_types.add(part["type"])
+                payload = part.get(part["type"])
+                if isinstance(payload, dict) and "url" in payload:
+                    if not isinstance(payload["url"], str):
+                        raise InvalidRequest(
+                            f"'messages[{index}].content' part URLs must be strings.", param="messages"
+                        )
+                    part_urls.append(payload["url"])
                 text = part.get("text")
                 chars += len(text) if isinstance(text, str) else 0
         elif content is not None:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.errors import InvalidRequest
 from gateway.serving.json_body import RefusedInput, depth, dumps, parse_object
 from gateway.serving.openai_request import parse_inference
 
@@ -133,3 +134,34 @@ def test_pool_allow_lists_let_through_what_they_name() -> None:
 def test_a_non_text_part_with_a_non_string_text_is_not_a_crash() -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "image_url", "text": 5}]}]}
     assert parse_inference(json.dumps(body).encode(), "chat").prompt_chars == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("https://images.example.com/cat.png", True),
+        ("data:image/png;base64,iVBORw0KGgo=", True),
+        ("http://169.254.169.254/latest/meta-data/", False),
+        ("file:///etc/passwd", False),
+        ("http://localhost:8000/x", False),
+        ("http://[fe80::1]/x", False),
+        ("http://[not-an-ip/x", False),
+        ("ftp://example.com/x", False),
+    ],
+)
+def test_a_pool_that_allows_image_parts_still_refuses_local_urls(url: str, allowed: bool) -> None:
+    """Even where image_url parts are allowed, an engine is never sent to fetch a local file or a private address."""
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+    request = parse_inference(json.dumps(body).encode(), "chat")
+    if allowed:
+        request.check_pool(frozenset({"text", "image_url"}), frozenset())
+        return
+    with pytest.raises(RefusedInput) as refused:
+        request.check_pool(frozenset({"text", "image_url"}), frozenset())
+    assert refused.value.reason == "content_part"
+
+
+def test_a_part_url_must_be_a_string() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 7}}]}]}
+    with pytest.raises(InvalidRequest):
+        parse_inference(json.dumps(body).encode(), "chat")
