@@ -53,6 +53,8 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: str | None = None
+    # The replica the error came from: a retry may have served the request elsewhere since (``replica``).
+    error_replica: str = UNRESOLVED
     # The engine's own reason, for failures whose message is the engine's about its state, never the request's
     # content (a refused adapter load: bad path, rank above the limit).
     error_detail: str | None = None
@@ -184,7 +186,7 @@ class _Series:
         self._metrics, self._labels = m, (tenant, adapter, pool, replica)
         self._requests: dict[int, Any] = {}
         self._routing: dict[str, Any] = {}
-        self._errors: dict[str, Any] = {}
+        self._errors: dict[tuple[str, str], Any] = {}
         self.ttft = m.ttft.labels(tenant, adapter, pool)
         self.duration = m.duration.labels(tenant, adapter, pool)
         self.prompt_tokens = m.prompt_tokens.labels(tenant, adapter)
@@ -212,9 +214,12 @@ class _Series:
                 routing = self._routing[reason] = m.routing.labels(tenant, pool, reason)
             routing.inc()
         if record.error is not None and replica != UNRESOLVED:
-            errors = self._errors.get(record.error)
+            failed_on = record.error_replica if record.error_replica != UNRESOLVED else replica
+            errors = self._errors.get((record.error, failed_on))
             if errors is None:
-                errors = self._errors[record.error] = m.upstream_errors.labels(pool, replica, record.error)
+                errors = self._errors[(record.error, failed_on)] = m.upstream_errors.labels(
+                    pool, failed_on, record.error
+                )
             errors.inc()
 
 

@@ -51,7 +51,7 @@ async def dispatch(
                 response, broken = await _attempt(request, telemetry, ctx, record, lease)
             except BackendError as exc:
                 verdict = classify(exc, ctx.tenant_deadline)
-                record.error = type(exc).__name__
+                record.error, record.error_replica = type(exc).__name__, lease.replica_id
                 if isinstance(exc, AdapterLoadFailed):  # the engine's reason, for the operator (not the client)
                     record.error_detail = str(exc)
                 failure, failed_on = exc, lease.replica_id
@@ -98,7 +98,7 @@ async def _attempt(
                 nonlocal broken
                 log.warning("stream from %s/%s broke after it started: %s", lease.pool.name, lease.replica_id, exc)
                 broken = classify(exc, ctx.tenant_deadline)
-                record.error = type(exc).__name__
+                record.error, record.error_replica = type(exc).__name__, lease.replica_id
                 return broken.error
 
             try:

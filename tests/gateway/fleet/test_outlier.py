@@ -108,6 +108,10 @@ def test_no_stall_without_fresh_evidence(scrapes: list[tuple[float, float]], age
     assert fail(health, 10, "suspect") == []
 
 
+def test_a_stall_is_15_s_without_a_token_by_default() -> None:  # the README says so
+    assert OutlierConfig().stall_after_s == 15.0
+
+
 def test_an_engine_without_a_token_counter_never_looks_stalled() -> None:
     clock = Clock(100)
     health = replica(clock)

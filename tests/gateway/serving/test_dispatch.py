@@ -11,7 +11,7 @@ from backends.base import Endpoint, EngineRequest
 from backends.errors import EngineRejected, EngineUnavailable
 from backends.registry import EngineSpec, NoSettings, register
 from gateway.app import create_app
-from gateway.appkeys import STATE
+from gateway.appkeys import METRICS, STATE
 from gateway.config import GatewayConfig
 from loadtests.fleet import api_key, gateway_config, write_adapters
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, FakeResponse
@@ -117,3 +117,10 @@ async def test_a_broken_replica_serving_one_tenant_is_still_ejected(tmp_path: Pa
         health = pool.replicas[home].health
         assert health.ejected and health.ejection_reason == "failed_here_only"
         assert pool.in_flight == 0
+        exported = app[METRICS].exposition().decode()
+        assert f'tenantgate_replica_ejections_total{{pool="llama",reason="failed_here_only",replica="{home}"}} 1.0' in (
+            exported
+        )
+        # The upstream errors are the broken replica's, though the retries served the requests elsewhere.
+        errors = f'tenantgate_upstream_errors_total{{kind="EngineRejected",pool="llama",replica="{home}"}} 5.0'
+        assert errors in exported, [line for line in exported.splitlines() if "upstream_errors_total{" in line]
