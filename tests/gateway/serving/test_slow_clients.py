@@ -5,11 +5,14 @@ the aiohttp version in use: they are what to run when aiohttp moves."""
 from __future__ import annotations
 
 import asyncio
+import inspect
+import resource
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import ListenConfig
 from gateway.observe.metrics import GatewayMetrics
@@ -150,3 +153,46 @@ async def test_a_connection_over_max_connections_is_closed_at_once(serve: Callab
     third, _ = await server.connect()
     assert await closed_by_server(third) == b""
     assert server.closed("max_connections") == 1
+
+
+def test_the_defaults_the_readme_states() -> None:
+    listen = ListenConfig()
+    assert (listen.header_timeout_s, listen.min_body_bytes_per_s, listen.body_grace_s, listen.idle_timeout_s) == (
+        10.0,
+        1024,
+        10.0,
+        75.0,
+    )
+    assert (listen.max_connections, listen.max_unauthenticated_connections) == (4096, 256)
+    # aiohttp's own keep-alive timeout, what the gateway had before: an hour.
+    assert inspect.signature(RequestHandler.__init__).parameters["keepalive_timeout"].default == 3630
+
+
+async def test_never_more_connections_than_half_the_file_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
+    try:
+        assert ConnectionGuard(ListenConfig(), GatewayMetrics()).max_connections == 256
+        assert ConnectionGuard(ListenConfig(max_connections=100), GatewayMetrics()).max_connections == 100
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_the_gauge_counts_open_and_unauthenticated_connections(serve: Callable[..., Any]) -> None:
+    server: Server = await serve()
+    known_reader, known = await server.connect()
+    known.write(head(2, GOOD_KEY) + b"hi")
+    await asyncio.wait_for(known_reader.readuntil(b"\r\n\r\n2"), 10)
+    stalled = [await server.connect() for _ in range(2)]
+    gauge = server.guard._metrics.client_connections
+
+    def state() -> tuple[float, float]:
+        return gauge.labels("open")._value.get(), gauge.labels("unauthenticated")._value.get()
+
+    for _ in range(200):  # the sweeper sets the gauge a few times a second
+        if state() == (3, 2):
+            break
+        await asyncio.sleep(0.05)
+    assert state() == (3, 2)
+    for _, writer in stalled:
+        writer.close()
