@@ -19,13 +19,16 @@ Each close is counted in ``tenantgate_client_connections_closed_total{reason}``.
 
 A tenant's bodies being read count against its concurrency (``Admission.reading_body``, in ingress).
 
-How it hooks in, and why it is pinned to aiohttp 3.14: ``GuardedSite`` is aiohttp's ``TCPSite`` whose protocol
-factory builds ``GuardedHandler``, a ``RequestHandler`` subclass that only adds bookkeeping around its public
-protocol methods (``connection_made``, ``data_received``, ``connection_lost``) and closes with its public
-``force_close``; the request's phase comes from an outermost middleware (``phases``), and a request's body progress
-from ``request.content.total_bytes`` (bytes received so far). One sweeper task checks every connection a few times
-per deadline. tests/gateway/serving/test_slow_clients.py exercises each rule against a real server; run it when
-aiohttp moves.
+How it hooks in, and why it is pinned to aiohttp 3.14 (pyproject: >=3.14,<3.15): ``GuardedSite`` is aiohttp's
+``TCPSite`` whose protocol factory builds ``GuardedHandler``, a ``RequestHandler`` subclass that only adds
+bookkeeping around its protocol methods (``connection_made``, ``data_received``, ``connection_lost``) and closes
+with ``force_close``. Two private parts are read: the server's handler arguments (``Server._kwargs``, to build a
+handler as ``Server.__call__`` does) and ``TCPSite``'s own fields in ``start``. The request's phase comes from an
+outermost middleware (``phases``), and a request's body progress from ``request.content.total_bytes`` (bytes
+received so far). One sweeper task checks every connection a few times per deadline.
+tests/gateway/serving/test_slow_clients.py exercises each rule against a real server: run it when aiohttp moves.
+Known gaps: admin API and status page requests do not mark their connection as authenticated (they count as
+unauthenticated until closed), nor do probes and metric scrapes, which never present a key.
 """
 
 from __future__ import annotations
