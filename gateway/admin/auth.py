@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
 from gateway.config import AdminConfig, ConfigError
 from gateway.errors import AdminDisabled, AuthenticationFailed, RequestRateLimited
+from gateway.serving.connections import authenticated
 from gateway.tenants.admission import Bucket
 
 MIN_TOKEN_CHARS = 32
@@ -145,3 +146,4 @@ def require_admin(request: web.Request) -> None:
     if scheme.lower() != "bearer" or not same_token(presented.strip(), token):
         login_failed(request, address)
         raise AuthenticationFailed("A valid admin token is required.")
+    authenticated(request)  # its connection is no longer one of the unauthenticated the listener caps

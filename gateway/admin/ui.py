@@ -24,6 +24,7 @@ from gateway.admin.body import json_object
 from gateway.admin.status import snapshot
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RequestRateLimited
+from gateway.serving.connections import authenticated
 from gateway.serving.json_body import RefusedInput
 
 _UI = Path(__file__).with_name("static")
@@ -53,6 +54,7 @@ def _session(request: web.Request) -> _Session | None:
     session = request.app[SESSIONS].get(request.cookies.get(_COOKIE, ""))
     if session is None or session.expires < time.time():
         return None
+    authenticated(request)  # its connection is no longer one of the unauthenticated the listener caps
     return session
 
 

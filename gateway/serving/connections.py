@@ -27,8 +27,8 @@ handler as ``Server.__call__`` does) and ``TCPSite``'s own fields in ``start``. 
 outermost middleware (``phases``), and a request's body progress from ``request.content.total_bytes`` (bytes
 received so far). One sweeper task checks every connection a few times per deadline.
 tests/gateway/serving/test_slow_clients.py exercises each rule against a real server: run it when aiohttp moves.
-Known gaps: admin API and status page requests do not mark their connection as authenticated (they count as
-unauthenticated until closed), nor do probes and metric scrapes, which never present a key.
+A connection counts as authenticated once a request on it presented a valid tenant key, the admin token or a
+status-page session; probes and metric scrapes never do, so they count as unauthenticated while open.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from loadtests.faultkit import GatewayUnderTest, SimReplica, sim_replicas
-from loadtests.fleet import api_key, gateway_config, write_adapters
+from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, write_adapters
 from loadtests.processes import free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 SIM = ["--time-scale", "0.1"]
 STALLED = 300
 FILE_LIMIT = 256  # below STALLED: without the caps, the stalled connections take every descriptor
+UNAUTH_CAP_4 = {"header_timeout_s": 60, "max_unauthenticated_connections": 4}
 
 
 @contextlib.contextmanager
@@ -121,3 +122,30 @@ def test_a_tenants_half_sent_bodies_count_against_its_concurrency_and_trickles_a
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key=api_key("acme"), max_retries=0, timeout=10)
         assert client.completions.create(model="lora-a", prompt="hello", max_tokens=4).choices
     assert outcomes == ["429"] * 6 + ["closed"] * 4, outcomes
+
+
+def test_an_admin_connection_is_not_evicted_as_unauthenticated(tmp_path: Path) -> None:
+    """A kept-alive connection that presented the admin token is no longer one of the unauthenticated the listener
+    caps: stalled newcomers evict each other, never it."""
+    with sim_replicas(tmp_path, 1, *SIM) as replicas, gateway(tmp_path, replicas, UNAUTH_CAP_4) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        ask = f"GET /admin/residency HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n".encode()
+
+        async def scenario() -> tuple[bytes, bytes]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(ask)
+            first = await asyncio.wait_for(reader.readline(), 10)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
+            await asyncio.wait_for(reader.readexactly(length), 10)  # the whole answer: the next one starts clean
+            stalled = await stall(port, 12)  # three times the cap: the oldest stalled ones are closed
+            assert sum(await asyncio.gather(*(closed(r) for r, _ in stalled[:8]))) == 8
+            writer.write(ask)  # the same connection answers again
+            second = await asyncio.wait_for(reader.readline(), 10)
+            for _, stalled_writer in stalled:
+                stalled_writer.close()
+            writer.close()
+            return first, second
+
+        first, second = asyncio.run(scenario())
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200"), (first, second)
