@@ -142,7 +142,7 @@ async def test_run_time_keys_are_long_or_generated(client: TestClient[Any, Any])
     made = await client.post("/admin/tenants/acme/keys", json={}, headers=ADMIN)
     assert made.status == 200, await made.text()
     key = (await made.json())["api_key"]
-    assert len(key) >= 32
+    assert key.startswith("tg-") and len(key) == 3 + 43  # 32 random bytes, URL-safe
     assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})).status == 200
     state = json.dumps(await (await client.get("/admin/state", headers=ADMIN)).json())
     assert key not in state  # returned once, kept nowhere

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.config import LimitsConfig
 from gateway.errors import InvalidRequest
 from gateway.serving.json_body import RefusedInput, depth, dumps, parse_object
 from gateway.serving.openai_request import parse_inference
@@ -165,3 +166,9 @@ def test_a_part_url_must_be_a_string() -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 7}}]}]}
     with pytest.raises(InvalidRequest):
         parse_inference(json.dumps(body).encode(), "chat")
+
+
+def test_the_depth_limit_stops_where_orjson_can_write_back() -> None:
+    assert LimitsConfig(max_json_depth=254).max_json_depth == 254
+    with pytest.raises(ValueError, match="less than or equal to 254"):
+        LimitsConfig(max_json_depth=255)
