@@ -26,8 +26,9 @@ def hash_key(api_key: str) -> str:
 def identify(directory: TenantDirectory, headers: Mapping[str, str], peer: str | None, auth: AuthConfig) -> Tenant:
     """The caller: by the trusted header when it comes from a trusted network, else by its API key. From a trusted
     network the header must be there once (a repeated one is refused, not read first-wins), and a key sent with it
-    must name the same tenant: a proxy that forwards a client's key and sets the header can never be made to
-    act for one tenant on another's key."""
+    must not be another tenant's: a proxy that forwards a client's key and sets the header can never be made to
+    act for one tenant on another's key. (A credential that is no tenant's key, such as the ingress's own token
+    passed through, says nothing: the header decides.)"""
     if auth.trusted_header and peer is not None and _within(peer, auth):
         claimed = _all(headers, auth.trusted_header)
         if len(claimed) > 1:
@@ -36,11 +37,19 @@ def identify(directory: TenantDirectory, headers: Mapping[str, str], peer: str |
             tenant = directory.by_id.get(claimed[0])
             if tenant is None:
                 raise AuthenticationFailed("Unknown tenant in the trusted header.")
-            key = headers.get("Authorization")
-            if key is not None and authenticate(directory, key).id != tenant.id:
+            keyed = _key_tenant(directory, headers.get("Authorization"))
+            if keyed is not None and keyed.id != tenant.id:
                 raise AuthenticationFailed(f"The API key and the {auth.trusted_header} header name different tenants.")
             return tenant
     return authenticate(directory, headers.get("Authorization"))
+
+
+def _key_tenant(directory: TenantDirectory, authorization: str | None) -> Tenant | None:
+    """The tenant whose API key this is, if it is one."""
+    scheme, _, api_key = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not api_key.strip():
+        return None
+    return directory.by_key_hash.get(hash_key(api_key.strip()))
 
 
 def _all(headers: Mapping[str, str], name: str) -> list[str]:
