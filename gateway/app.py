@@ -67,11 +67,13 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def _refused(request: web.Request, exc: RefusedInput) -> web.Response:
-    """One line and one count per refused body, never a traceback, whatever the body was. A body that did not
-    decode leaves its connection's parser mid-body: the connection closes after the answer."""
+    """One line and one count per refused body, never a traceback, whatever the body was: the request's access
+    line on a tenant endpoint (its error says refused:<reason>), else a line here. A body that did not decode
+    leaves its connection's parser mid-body: the connection closes after the answer."""
     surface = "admin" if request.path.startswith("/admin") else "tenant"
     request.app[METRICS].refused_inputs.labels(surface, exc.reason).inc()
-    log.info("refused %s %s (%s): %s", request.method, request.path, exc.reason, exc.message[:200])
+    if not (surface == "tenant" and request.app[TELEMETRY].access_log):  # else its access line says it
+        log.info("refused %s %s (%s): %s", request.method, request.path, exc.reason, exc.message[:200])
     response = exc.response()
     if exc.reason == "encoding":
         response.force_close()

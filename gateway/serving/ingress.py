@@ -13,7 +13,7 @@ from gateway.observe.telemetry import RequestRecord
 from gateway.serving.connections import authenticated
 from gateway.serving.context import RequestContext
 from gateway.serving.dispatch import RETRY_SOON, dispatch
-from gateway.serving.json_body import read_body
+from gateway.serving.json_body import RefusedInput, read_body
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
 from gateway.tenants.admission import estimate_tokens
@@ -35,6 +35,8 @@ async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
             return response
         except GatewayError as exc:
             record.status = exc.status
+            if isinstance(exc, RefusedInput):  # the access line is then the refusal's one log line
+                record.error = f"refused:{exc.reason}"
             raise
         except web.HTTPException as exc:  # e.g. 413 from aiohttp's body limit
             record.status = exc.status

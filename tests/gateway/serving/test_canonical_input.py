@@ -5,6 +5,7 @@ the gateway checked, serialised again (checked on the bytes an in-process engine
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import socket
 from collections.abc import Iterator
@@ -100,6 +101,19 @@ def test_hostile_tenant_bodies_are_400s_with_one_log_line(
     assert len(new_lines.splitlines()) == 1, new_lines[:2000]
     ok = httpx.post(fleet.gateway_url + "/v1/completions", json={"prompt": "after", "max_tokens": 2}, headers=KEY)
     assert ok.status_code == 200, ok.text
+
+
+def test_with_the_access_log_on_the_refusal_is_its_access_line(tmp_path: Path) -> None:
+    with fleet_with_gateway(tmp_path, TENANTS, 1, ["--time-scale", "0"]) as logged:
+        log_path = tmp_path / "gateway.log"
+        before = log_path.read_text()
+        body = b'{"prompt": "x", "temperature": NaN}'
+        response = httpx.post(logged.gateway_url + "/v1/completions", content=body, headers=KEY, timeout=30)
+        assert response.status_code == 400
+        new_lines = log_path.read_text()[len(before) :].splitlines()
+    assert len(new_lines) == 1, new_lines
+    line = json.loads(new_lines[0])
+    assert line["logger"] == "tenantgate.access" and line["status"] == 400 and line["error"] == "refused:non_finite"
 
 
 def test_a_real_gzip_body_is_served(fleet: RunningFleet) -> None:
