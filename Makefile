@@ -137,8 +137,11 @@ $(PEERS)/sglang-router/.installed:
 	$(PEERS)/sglang-router/bin/pip install -q sglang-router==0.3.2
 	touch $@
 
+# make bench's seeds: one by default (about 20 minutes); docs/benchmarks.md's figures are BENCH_SEEDS=17,18,19.
+BENCH_SEEDS ?= 17
+
 bench: venv
-	$(BIN)/python -m loadtests.bench_routing --out bench-results
+	$(BIN)/python -m loadtests.bench_routing --trace all --seconds 20 --seeds $(BENCH_SEEDS) --out bench-results
 
 bench-overhead: venv
 	$(BIN)/python -m loadtests.bench_overhead

@@ -123,7 +123,9 @@ class RoutingConfig(_Frozen):
     affinity_margin_ms: float = Field(default=10.0, ge=0, le=600_000)
     # The scorers summed into a candidate's predicted TTFT, by name (gateway/routing/scorers/), with weights;
     # a weight of 0 turns one off.
-    scorers: dict[str, float] = Field(default_factory=lambda: {"queue": 1.0, "regime": 1.0, "affinity": 1.0})
+    scorers: dict[str, float] = Field(
+        default_factory=lambda: {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0}
+    )
 
     @field_validator("scorers")
     @classmethod

@@ -71,7 +71,8 @@ def bounded_consistent_hash(decision: RoutingDecision, given: PickInput) -> None
 def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     """The lowest predicted TTFT among the candidates under the bound (the same bound as bounded_consistent_hash,
     over the load routing counts), each predicted as the sum of the pool's weighted scorers (routing/scorers/).
-    A key holding its home's reservation may take it whatever the bound says."""
+    A key holding its home's reservation may take it whatever the bound says, and the bound never forces a cold
+    load: when every candidate under it has the adapter cold, those over it where it is warm compete too."""
     assert given.scoring is not None, "predicted_ttft needs the pool's scoring"
     candidates, by_id, home = given.candidates, given.by_id, decision.home
     capacity = decision.capacity = _capacity(given)
@@ -81,6 +82,14 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
         del decision.excluded[home]
         allowed.insert(0, home)
     scoring, resident = given.scoring, given.resident
+    if not any(by_id[r].on_gpu or r in resident for r in allowed):
+        # The bound left only replicas where the adapter is cold. A cold load stalls its replica for every request
+        # there and evicts another adapter, so the bound does not force one: the warm candidates over it compete
+        # too, and the prediction decides whether waiting there or loading elsewhere is faster.
+        warm_over = [r for r in candidates if r not in allowed and (by_id[r].on_gpu or r in resident)]
+        for replica_id in warm_over:
+            del decision.excluded[replica_id]
+        allowed = [r for r in candidates if r in allowed or r in warm_over]
     lines, weighted, explain = scoring.model.lines, scoring.weighted, given.explain
     best, best_ms = allowed[0], math.inf
     predictions = decision.predictions

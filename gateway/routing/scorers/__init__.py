@@ -1,6 +1,6 @@
 """Scorers for the predicted_ttft policy: each module registers one (scorers/base.py says what one is)."""
 
-from gateway.routing.scorers import affinity, queue, regime
+from gateway.routing.scorers import affinity, queue, regime, stall
 from gateway.routing.scorers.base import SCORERS, Candidate, Scorer, ScorerSettings, Scoring, build_scoring
 
 __all__ = [
@@ -13,4 +13,5 @@ __all__ = [
     "build_scoring",
     "queue",
     "regime",
+    "stall",
 ]

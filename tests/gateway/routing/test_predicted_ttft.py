@@ -73,6 +73,13 @@ def test_the_affinity_term_charges_every_replica_but_home() -> None:
     assert affinity.score(candidate(0, home=False)) == 15
 
 
+def test_the_cold_stall_term_charges_a_cold_load_to_every_request_already_there() -> None:
+    stall = SCORERS["cold_stall"](ScorerSettings())
+    assert stall.score(candidate(3, "cold")) == 1500  # 3 requests wait out a 500 ms load
+    assert stall.score(candidate(0, "cold")) == 0  # an idle replica: nobody waits
+    assert stall.score(candidate(3, "host")) == 0  # a swap-in does not stop the engine
+
+
 def test_an_unknown_scorer_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown scorers"):
         build_scoring({"queue": 1, "vibes": 2}, ScorerSettings(), TtftModel(PRIORS, 0))
@@ -136,12 +143,29 @@ def test_a_warm_prefix_beats_a_cold_one_by_its_cost() -> None:
     assert decision.predictions[SECOND].regime == "warm"
 
 
-def test_the_fastest_replica_over_the_bound_is_never_taken() -> None:
+def test_the_fastest_replica_over_the_bound_is_never_taken_while_a_warm_one_is_under_it() -> None:
     # floor 1, loads 6/0/0: cap ceil(1.25 x 7/3) = 3; home is over it whatever it would predict
-    decision = pick(replica(HOME, 6, recent=True), replica(SECOND, gpu=False), replica(THIRD, gpu=False), floor=1)
+    decision = pick(
+        replica(HOME, 6, recent=True),
+        replica(SECOND, gpu=False),
+        replica(THIRD, gpu=False),
+        resident=frozenset({HOME, SECOND}),
+        floor=1,
+    )
     assert decision.excluded[HOME] == "over_capacity"
     assert HOME not in decision.predictions
     assert decision.chosen == SECOND and decision.reasons == ["spill:over_capacity"]
+
+
+def test_the_bound_never_forces_a_cold_load() -> None:
+    # Home is over the cap (3) but the adapter is cold everywhere under it: home competes, and 6 ahead x 10 ms +
+    # 20 (warm) = 80 ms beats 500 ms + a cold load elsewhere.
+    decision = pick(replica(HOME, 6, recent=True), replica(SECOND, gpu=False), replica(THIRD, gpu=False), floor=1)
+    assert "over_capacity" not in decision.excluded.values()
+    assert decision.chosen == HOME and decision.reasons == ["home"]
+    # ... until waiting there costs more than loading elsewhere: 60 ahead = 620 ms against 510 ms
+    decision = pick(replica(HOME, 60, recent=True), replica(SECOND, gpu=False), replica(THIRD, gpu=False), floor=1)
+    assert decision.chosen == SECOND and decision.predictions[SECOND].regime == "cold"
 
 
 def test_a_key_holding_its_reservation_may_take_its_home_over_the_bound() -> None:

@@ -67,7 +67,7 @@ def test_streams_teach_the_model_and_route_explains_each_candidate(fleet: Runnin
     served_on = decision["chosen"]
     assert predictions[served_on]["regime"] == "warm"  # its adapter and prefix are warm where it was served
     for replica, predicted in predictions.items():
-        assert set(predicted["parts"]) == {"queue", "regime", "affinity"}
+        assert set(predicted["parts"]) == {"queue", "regime", "affinity", "cold_stall"}
         assert predicted["total_ms"] == pytest.approx(sum(predicted["parts"].values()))
         assert predicted["parts"]["affinity"] == (0 if replica == decision["home"] else 10)
     assert min(predictions, key=lambda r: predictions[r]["total_ms"]) == served_on
