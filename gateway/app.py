@@ -12,8 +12,9 @@ from pathlib import Path
 from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from gateway.admin import operator
 from gateway.admin import routes as admin
-from gateway.admin.auth import admin_token
+from gateway.admin.auth import admin_token, metrics_token
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
@@ -86,7 +87,10 @@ def create_app(
     """The gateway app; ``config_path`` is what a reload re-reads; ``span_exporter`` replaces the configured
     trace exporter (tests use an in-memory one)."""
     # phases first: the connection guard learns when a request's head is in and when it is done.
-    app = web.Application(middlewares=[phases, openai_errors], client_max_size=config.limits.max_body_bytes)
+    # surfaces after openai_errors: a path on the wrong listener is answered as any unknown route.
+    app = web.Application(
+        middlewares=[phases, openai_errors, operator.surfaces], client_max_size=config.limits.max_body_bytes
+    )
     metrics = app[METRICS] = GatewayMetrics()
     buckets = None
     if config.state.redis_url is not None:
@@ -99,6 +103,8 @@ def create_app(
     registry = Registry(redis_url, operation_timeout_s=timeout_s, cluster=config.state.cluster)
     state = app[STATE] = GatewayState(config, config_path, Admission(metrics, buckets), registry)
     app[ADMIN_TOKEN] = admin_token(config.admin, os.environ)  # ConfigError: a weak token is refused
+    app[operator.METRICS_TOKEN] = metrics_token(config.admin, os.environ)
+    app[operator.SEPARATE_LISTENER] = config.admin.listen is not None
     telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)
     metrics.watch(FleetCollector(lambda: state.serving.fleet if state.started else None))
 
@@ -135,5 +141,6 @@ def create_app(
         )  # fmt: skip
         app.cleanup_ctx.append(fanout.running)
     ingress.add_routes(app)
+    operator.add_routes(app)
     admin.add_routes(app)
     return app

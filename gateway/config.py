@@ -532,9 +532,23 @@ class AuthConfig(_Frozen):
         return self
 
 
+class OperatorListenConfig(_Frozen):
+    """The operator listener: /metrics, the admin API and the status page on their own port, and not on the
+    tenant port (gateway/admin/operator.py). Loopback by default; a pod binds 0.0.0.0 and the Service leaves it out."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(ge=0, le=65535)
+
+
 class AdminConfig(_Frozen):
     # The admin API is off unless this environment variable holds a token.
     token_env: str = "TENANTGATE_ADMIN_TOKEN"
+    # Unset (the default): /metrics and /admin share the tenant port, and /metrics needs a Bearer token (the
+    # metrics token below, or the admin token). Set: they answer only on this listener (the tenant port's answer is
+    # the 404 of any unknown route), where /metrics needs no token; /admin still needs the admin token.
+    listen: OperatorListenConfig | None = None
+    # A read-only token for /metrics on the tenant port (a scraper need not hold the admin token); checked like it.
+    metrics_token_env: str = "TENANTGATE_METRICS_TOKEN"
     # serve refuses a weak token (under 32 characters, fewer than 8 distinct ones, or a known default such as
     # change-me); true allows one, for a local setup on loopback only.
     allow_weak_token: bool = False

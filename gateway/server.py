@@ -11,6 +11,7 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
+from gateway.admin.operator import OperatorSite
 from gateway.app import create_app
 from gateway.appkeys import METRICS, STATE
 from gateway.config import GatewayConfig
@@ -36,6 +37,10 @@ async def _run(config: GatewayConfig, config_path: Path | None) -> None:
     site = GuardedSite(runner, guard, config.listen.host, config.listen.port)
     await site.start()
     guard.start()
+    operator = config.admin.listen
+    if operator is not None:  # /metrics and /admin answer there only (gateway/admin/operator.py)
+        await OperatorSite(runner, operator.host, operator.port).start()
+        log.info("tenantgate operator listener on http://%s:%d", operator.host, operator.port)
     # What start-up built (modules, config, fleet, metrics) lives as long as the process: out of the cyclic GC's
     # sight, each collection walks only what requests allocate (time in the collector per request, timed with
     # gc.callbacks under bench-gateway's vLLM load: 16 us -> 5 us).

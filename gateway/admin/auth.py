@@ -30,7 +30,16 @@ KNOWN_DEFAULTS = frozenset({"change-me", "changeme", "admin", "admin-secret", "s
 def admin_token(admin: AdminConfig, environ: Mapping[str, str]) -> str:
     """The admin token from the environment ("" leaves the admin API off); ``ConfigError`` if it is weak and the
     config does not allow that."""
-    token = environ.get(admin.token_env, "")
+    return _strong(admin, admin.token_env, environ.get(admin.token_env, ""), "admin")
+
+
+def metrics_token(admin: AdminConfig, environ: Mapping[str, str]) -> str:
+    """The read-only token for /metrics on the tenant port ("": only the admin token reads it), held to the admin
+    token's strength."""
+    return _strong(admin, admin.metrics_token_env, environ.get(admin.metrics_token_env, ""), "metrics")
+
+
+def _strong(admin: AdminConfig, env: str, token: str, what: str) -> str:
     if not token or admin.allow_weak_token:
         return token
     problem = None
@@ -43,9 +52,9 @@ def admin_token(admin: AdminConfig, environ: Mapping[str, str]) -> str:
     if problem is None:
         return token
     raise ConfigError(
-        admin.token_env,
+        env,
         [
-            f"the admin token {problem}: set a strong one (e.g. `openssl rand -hex 32`), or admin.allow_weak_token: "
+            f"the {what} token {problem}: set a strong one (e.g. `openssl rand -hex 32`), or admin.allow_weak_token: "
             "true for a local setup on loopback only"
         ],
     )

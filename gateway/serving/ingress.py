@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from gateway.appkeys import METRICS, STATE, TELEMETRY
+from gateway.appkeys import STATE, TELEMETRY
 from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord
 from gateway.serving.connections import authenticated
@@ -141,17 +141,10 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready", **detail})
 
 
-async def metrics(request: web.Request) -> web.Response:
-    return web.Response(
-        body=request.app[METRICS].exposition(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-    )
-
-
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from aiohttp import web
 
+from gateway.admin.operator import add_routes
 from gateway.config import parse_config
-from gateway.serving.ingress import add_routes
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = sorted(p.parent for p in (REPO / "deploy/k8s/overlays").glob("*/kustomization.yaml"))
@@ -227,10 +227,20 @@ def test_prometheus_is_told_where_to_scrape_the_gateway(overlay: Path) -> None:
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    assert int(annotations["prometheus.io/port"]) in {p["containerPort"] for p in container["ports"]}
+    port = int(annotations["prometheus.io/port"])
+    assert port in {p["containerPort"] for p in container["ports"]}
+    # The operator listener, where /metrics needs no token (a scrape that follows annotations sends none), and
+    # never the tenant port, where it would need one (gateway/admin/operator.py).
     [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and "tenantgate-config" in o["metadata"]["name"]]
-    assert int(annotations["prometheus.io/port"]) == parse_config(config_map["data"]["gateway.yaml"]).listen.port
+    config = parse_config(config_map["data"]["gateway.yaml"])
+    assert config.admin.listen is not None and config.admin.listen.host == "0.0.0.0"
+    assert port == config.admin.listen.port != config.listen.port
     app = web.Application()
     add_routes(app)
     served = {r.canonical for r in app.router.resources()}
     assert annotations["prometheus.io/path"] in served
+    # The Service (what tenants reach) leaves the operator port out.
+    named = {p.get("name"): p["containerPort"] for p in container["ports"]}
+    for service in (o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "tenantgate"):
+        targets = {named.get(p["targetPort"], p["targetPort"]) for p in service["spec"]["ports"]}
+        assert port not in targets and config.listen.port in targets

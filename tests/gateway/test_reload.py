@@ -60,7 +60,7 @@ async def test_restart_only_changes_are_named_in_the_answer_the_log_and_a_metric
         assert answer["warnings"] == [f"{name} changed but applies only after a restart" for name in expected]
         logged = [r.getMessage() for r in caplog.records if r.name == "gateway.reload"]
         assert logged == [f"reload: {w}" for w in answer["warnings"]]
-        metrics = await (await client.get("/metrics")).text()
+        metrics = await (await client.get("/metrics", headers=ADMIN)).text()
         for name in expected:
             assert f'tenantgate_config_restart_pending{{field="{name}"}} 1.0' in metrics
         # The process still runs its start-up values: a second reload of the same file says so again.
@@ -69,7 +69,7 @@ async def test_restart_only_changes_are_named_in_the_answer_the_log_and_a_metric
         assert app[STATE].config.shutdown.drain_delay_s == 5
         # Back to what runs: nothing pending.
         assert (await _reload(client, path, first))["restart_required"] == []
-        assert "tenantgate_config_restart_pending{" not in await (await client.get("/metrics")).text()
+        assert "tenantgate_config_restart_pending{" not in await (await client.get("/metrics", headers=ADMIN)).text()
 
 
 async def test_the_access_log_switch_applies_at_reload(

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.timeout(180)
 TRITON_BASE = "trt-base"
 MODEL = "tensorrt_llm_bls"
 FAST = ("--time-scale", "0.01", "--max-loras", "2", "--max-cpu-loras", "2")
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @dataclass
@@ -176,7 +177,7 @@ async def test_a_forced_eviction_costs_one_resend_with_the_weights(fleet: MixedF
     assert after["cache_misses"].get(task, 0) == before["cache_misses"].get(task, 0) + 1
     assert after["weights_received"][task] == before["weights_received"][task] + 1
     async with httpx.AsyncClient() as http:
-        metrics = (await http.get(fleet.url + "/metrics")).text
+        metrics = (await http.get(fleet.url + "/metrics", headers=ADMIN)).text
     pattern = rf'tenantgate_engine_adapter_events_total{{event="cache_miss",pool="trt",replica="{home.id}"}} (\S+)'
     assert [float(v) for v in re.findall(pattern, metrics)] == [1.0]
 
@@ -275,7 +276,7 @@ async def test_a_full_engine_cache_is_retried_elsewhere_and_leaves_the_record(fl
             residency = (await http.get(fleet.url + "/admin/residency", headers=admin)).json()
             replica = residency["pools"]["trt"]["replicas"][home.id]
             assert "t-a" not in replica["adapters"] and replica["healthy"]
-            metrics = (await http.get(fleet.url + "/metrics")).text
+            metrics = (await http.get(fleet.url + "/metrics", headers=ADMIN)).text
             pattern = (
                 rf'tenantgate_engine_adapter_events_total{{event="cache_full",pool="trt",replica="{home.id}"}} (\S+)'
             )

@@ -113,7 +113,7 @@ async def test_failed_admin_logins_get_429_before_the_token_is_compared(client: 
     # Behind a trusted proxy, the address it forwards counts, not the proxy's own.
     elsewhere = {**ADMIN, "X-Forwarded-For": "198.51.100.1, 127.0.0.1"}
     assert (await client.get("/admin/state", headers=elsewhere)).status == 200
-    metrics = await (await client.get("/metrics")).text()
+    metrics = await (await client.get("/metrics", headers=elsewhere)).text()
     assert 'tenantgate_admin_login_failures_total{outcome="wrong_token"} 10.0' in metrics
     assert 'tenantgate_admin_login_failures_total{outcome="rate_limited"} 3.0' in metrics
 

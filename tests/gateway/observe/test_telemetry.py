@@ -36,7 +36,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(gateway_url: str) -> Samples:
-    text = httpx.get(gateway_url + "/metrics", timeout=10).text
+    text = httpx.get(gateway_url + "/metrics", headers=ADMIN, timeout=10).text
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)
@@ -179,7 +179,7 @@ def test_engine_load_signals_are_scraped_and_explained(fleet: RunningFleet) -> N
 def exported_families(gateway_url: str) -> dict[str, str]:
     """Every metric family the gateway exports, sampled yet or not (each has its TYPE line), by the name a query
     uses: a counter's samples are ``<name>_total``, a histogram's ``<name>_bucket`` (given as ``<name>``)."""
-    text = httpx.get(gateway_url + "/metrics", timeout=10).text
+    text = httpx.get(gateway_url + "/metrics", headers=ADMIN, timeout=10).text
     families = {}
     for line in text.splitlines():
         if line.startswith("# TYPE tenantgate_"):

@@ -200,7 +200,7 @@ def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path
             asyncio.run(run(5))  # Redis is gone: loads, evictions and uses go on from the local view
             ready = httpx.get(gateway + "/readyz").json()
             assert ready["status"] == "ready" and ready["residency_store"].startswith("down")
-            assert "tenantgate_residency_store_up 0.0" in httpx.get(gateway + "/metrics").text
+            assert "tenantgate_residency_store_up 0.0" in httpx.get(gateway + "/metrics", headers=ADMIN).text
             assert failures == []
 
             redis.start()  # back, and empty
@@ -227,6 +227,6 @@ def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path
             asyncio.run(run(2))
             assert failures == []
             assert httpx.get(gateway + "/readyz").json()["residency_store"] == "up"
-            assert "tenantgate_residency_store_up 1.0" in httpx.get(gateway + "/metrics").text
+            assert "tenantgate_residency_store_up 1.0" in httpx.get(gateway + "/metrics", headers=ADMIN).text
     finally:
         redis.stop()

@@ -48,7 +48,7 @@ def gateway_log(fleet: RunningFleet) -> str:
 
 
 def refused_count(fleet: RunningFleet, surface: str, reason: str) -> float:
-    text = httpx.get(fleet.gateway_url + "/metrics").text
+    text = httpx.get(fleet.gateway_url + "/metrics", headers=ADMIN).text
     found = re.search(rf'tenantgate_refused_inputs_total\{{reason="{reason}",surface="{surface}"\}} (\S+)', text)
     return float(found.group(1)) if found else 0.0
 

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.app import create_app
+from gateway.appkeys import METRICS
 from gateway.config import GatewayConfig
 from loadtests.fleet import api_key, gateway_config
 from loadtests.processes import free_port
@@ -44,7 +45,7 @@ async def test_one_pool_down_keeps_the_gateway_ready_and_says_which(sim_engine: 
         status, ready = await ready_answer(client)
         assert status == 200, ready
         assert ready["pools_without_healthy_replica"] == ["other"]
-        metrics = await (await client.get("/metrics")).text()
+        metrics = client.app[METRICS].exposition().decode()  # what /metrics serves (with a token)
         assert 'tenantgate_pool_up{pool="llama"} 1.0' in metrics
         assert 'tenantgate_pool_up{pool="other"} 0.0' in metrics
         # The healthy pool's tenant is served; the down pool's tenant gets its 503.

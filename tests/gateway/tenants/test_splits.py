@@ -12,7 +12,9 @@ import yaml
 
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.tenants.directory import TenantDirectory
-from loadtests.fleet import api_key, fleet_with_gateway, gateway_config
+from loadtests.fleet import ADMIN_TOKEN, api_key, fleet_with_gateway, gateway_config
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 ADAPTERS = {"support-a": "/srv/a", "support-b": "/srv/b"}
 SPLIT = {"name": "support", "variants": [{"model": "support-a", "weight": 30}, {"model": "support-b", "weight": 70}]}
@@ -61,7 +63,7 @@ def test_each_response_names_its_variant_and_users_stay_on_theirs(tmp_path: Path
                                     headers={"Authorization": f"Bearer {api_key('acme')}"})  # fmt: skip
                 assert answer.status_code == 200, answer.text
                 seen.setdefault(user, set()).add(answer.headers["x-tenantgate-variant"])
-        metrics = httpx.get(fleet.gateway_url + "/metrics").text
+        metrics = httpx.get(fleet.gateway_url + "/metrics", headers=ADMIN).text
     assert all(len(variants) == 1 for variants in seen.values())  # sticky per user
     assert {v for variants in seen.values() for v in variants} == {"support-a", "support-b"}
     assert 'adapter="support-a"' in metrics and 'adapter="support-b"' in metrics  # labelled by variant

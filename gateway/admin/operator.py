@@ -1,0 +1,102 @@
+"""The operator surfaces (``/metrics``, the admin API, the status page) and where they answer.
+
+``/metrics`` names every tenant and adapter, so a public one would undo the indistinguishable 404 of another
+tenant's model. Two ways to keep it from tenants (README, "Security defaults"):
+
+- ``admin.listen`` unset (the default): one listener. ``/metrics`` needs a Bearer token, the read-only metrics token
+  (``admin.metrics_token_env``) or the admin token; with neither set it is the 404 of a disabled admin API. A wrong
+  token counts as a failed admin login (the same per-address limit).
+- ``admin.listen: {host, port}``: a second listener, served by the same app and runner. Operator paths answer only
+  there and tenant paths only on the tenant listener; on the wrong one either is the 404 of any unknown route
+  (probes answer on both). ``/metrics`` there needs no token (a Prometheus scrape job that follows pod annotations
+  sends none): who can connect is the listener's address and the network's policy. ``/admin`` still needs the
+  admin token.
+
+Which listener a request came in on is its connection's handler class: ``OperatorSite`` builds ``OperatorHandler``s
+(the same private ``Server._kwargs`` reading as ``GuardedSite``, pinned with it to aiohttp 3.14). The operator
+listener is not under the tenant listener's connection guard: it is not for tenants to reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.admin.auth import login_allowed, login_failed, same_token
+from gateway.appkeys import ADMIN_TOKEN, METRICS
+from gateway.errors import AdminDisabled, AuthenticationFailed, RouteNotFound
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The read-only metrics token ("" when none is set) and whether operator paths have a listener of their own.
+METRICS_TOKEN = web.AppKey("metrics_token", str)
+SEPARATE_LISTENER = web.AppKey("separate_operator_listener", bool)
+
+PROBES = frozenset({"/healthz", "/readyz"})
+
+
+def operator_path(path: str) -> bool:
+    return path == "/metrics" or path == "/admin" or path.startswith("/admin/")
+
+
+class OperatorHandler(RequestHandler):
+    """aiohttp's request handler for a connection to the operator listener (its class is the mark)."""
+
+
+def on_operator_listener(request: web.BaseRequest) -> bool:
+    return isinstance(request.protocol, OperatorHandler)
+
+
+class OperatorSite(web.TCPSite):
+    """aiohttp's TCP site whose connections are ``OperatorHandler``s: a second site on the gateway's runner."""
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite.start does
+        server = self._runner.server
+        assert server is not None
+
+        def connection() -> OperatorHandler:
+            return OperatorHandler(server, loop=asyncio.get_running_loop(), **server._kwargs)
+
+        self._server = await asyncio.get_running_loop().create_server(
+            connection, self._host, self._port, backlog=self._backlog
+        )
+
+
+@web.middleware
+async def surfaces(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With an operator listener, each path answers on its own listener only (probes on both)."""
+    separate = request.app[SEPARATE_LISTENER] and request.path not in PROBES
+    if separate and operator_path(request.path) != on_operator_listener(request):
+        raise RouteNotFound(f"No route {request.method} {request.path}.")
+    return await handler(request)
+
+
+def require_metrics_reader(request: web.Request) -> None:
+    """On the operator listener anyone who can connect may read; elsewhere the metrics or the admin token."""
+    if on_operator_listener(request):
+        return
+    tokens = [token for token in (request.app[METRICS_TOKEN], request.app[ADMIN_TOKEN]) if token]
+    if not tokens:
+        raise AdminDisabled("Metrics are not served here: no metrics or admin token is configured.")
+    address = login_allowed(request)
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    # Every token is compared (constant time each), so the answer's timing does not say which one nearly matched.
+    matches = [same_token(presented.strip(), token) for token in tokens]
+    if scheme.lower() != "bearer" or not any(matches):
+        login_failed(request, address)
+        raise AuthenticationFailed("A valid metrics or admin token is required.")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    require_metrics_reader(request)
+    return web.Response(
+        body=request.app[METRICS].exposition(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/metrics", metrics)
