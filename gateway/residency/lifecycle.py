@@ -23,6 +23,7 @@ import json
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -98,6 +99,8 @@ class PoolResidency:
         self._replica_locks = {replica_id: asyncio.Lock() for replica_id in self.endpoints}
         # Set when an adapter's last request in flight here ends: a load waiting for room looks again.
         self._adapter_idle = {replica_id: asyncio.Event() for replica_id in self.endpoints}
+        # Per replica, the adapters whose loads wait for a slot, in arrival order (one load per adapter).
+        self._slot_line: dict[str, deque[str]] = {replica_id: deque() for replica_id in self.endpoints}
 
     # --- the request path -------------------------------------------------------------------------------------
 
@@ -181,14 +184,30 @@ class PoolResidency:
     async def _load(self, replica_id: str, adapter: AdapterRef, pinned: bool) -> None:
         await self.driver.prepare_adapter(adapter)  # outside the lock: other loads on the replica need not wait
         give_up_at = time.monotonic() + self.config.slot_wait_timeout_s
-        while True:
-            async with self._locked(replica_id, adapter.engine_name) as record:
-                if adapter.engine_name in record.resident or await self._made_room(replica_id, record, give_up_at):
-                    await self._load_locked(replica_id, adapter, pinned, record)
-                    return
-            # Wait with the lock released: the holders of the slots may need it to finish (another gateway's
-            # request for an adapter this one loaded, say), and other adapters' loads may find room meanwhile.
-            await self._wait_for_room(replica_id, record, give_up_at)
+        name, in_line = adapter.engine_name, self._slot_line[replica_id]
+        try:
+            while True:
+                async with self._locked(replica_id, name) as record:
+                    if name in record.resident:
+                        await self._load_locked(replica_id, adapter, pinned, record)
+                        return
+                    # Loads waiting for a slot take one in arrival order: a newcomer finding room while others
+                    # wait does not take it (the first in line is woken for it) and queues behind them.
+                    first = not in_line or in_line[0] == name
+                    if first and await self._made_room(replica_id, record, give_up_at):
+                        await self._load_locked(replica_id, adapter, pinned, record)
+                        return
+                if name not in in_line:
+                    in_line.append(name)
+                if not first:
+                    self._adapter_idle[replica_id].set()
+                # Wait with the lock released: the holders of the slots may need it to finish (another gateway's
+                # request for an adapter this one loaded, say), and other adapters' loads may find room meanwhile.
+                await self._wait_for_room(replica_id, record, give_up_at)
+        finally:
+            if name in in_line:
+                in_line.remove(name)
+                self._adapter_idle[replica_id].set()  # the next in line looks again
 
     async def _load_locked(self, replica_id: str, adapter: AdapterRef, pinned: bool, record: ReplicaRecord) -> None:
         if adapter.engine_name not in record.resident:

@@ -335,3 +335,30 @@ async def test_a_full_slot_wait_queue_refuses_a_newcomer_at_once(store: Residenc
     life.end_use("r0", "a")
     await asyncio.wait_for(waiting, 5)  # the one in the queue gets the slot a left
     assert engine.loaded["r0"] == {"b", "c"}
+
+
+async def test_a_newcomer_does_not_overtake_a_load_waiting_for_a_slot(store: ResidencyStore) -> None:
+    """Loads waiting for a slot on a replica are served in arrival order (one per adapter: a tenant's burst is one
+    load), so a later load, however lucky its timing, never takes the slot an earlier one waits for."""
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, config=ResidencyConfig(slot_wait_timeout_s=30))
+    await life.ensure("r0", ref("a"))
+    await life.ensure("r0", ref("b"))
+    life.begin_use("r0", "a")
+    life.begin_use("r0", "b")
+    life.begin_use("r0", "first")  # as a lease does: marked in use when placed, before its load
+    first = asyncio.create_task(life.ensure("r0", ref("first")))
+    for _ in range(5_000):  # a bounded poll until the first load waits
+        if life.slot_waiters["r0"]:
+            break
+        await asyncio.sleep(0.001)
+    assert life.slot_waiters["r0"] == 1
+    life.end_use("r0", "a")  # a slot frees, and in the same instant another load arrives
+    life.begin_use("r0", "newcomer")
+    newcomer = asyncio.create_task(life.ensure("r0", ref("newcomer")))
+    await asyncio.wait_for(first, 5)
+    assert engine.loaded["r0"] == {"b", "first"}
+    assert not newcomer.done()  # it waits its turn: b and first are in use
+    life.end_use("r0", "b")
+    await asyncio.wait_for(newcomer, 5)
+    assert engine.loaded["r0"] == {"first", "newcomer"}
