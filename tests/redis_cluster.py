@@ -41,7 +41,9 @@ class RedisCluster:
             node.mkdir(parents=True, exist_ok=True)
             cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                    "--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf"),
-                   "--cluster-node-timeout", str(self.node_timeout_ms), "--dir", str(node)]  # fmt: skip
+                   "--cluster-node-timeout", str(self.node_timeout_ms), "--dir", str(node),
+                   # A replica's first sync at once (the default waits 5 s for more replicas to share it)
+                   "--repl-diskless-sync-delay", "0"]  # fmt: skip
             with (node / "log").open("ab") as log:
                 self.processes[port] = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -60,7 +62,14 @@ class RedisCluster:
         ]
         subprocess.run(create, check=True, capture_output=True, timeout=60)
         self._until(self.healthy, "the cluster is ok")
+        # A replica that has never synced with its master will not take over from it: wait for every link.
+        self._until(self.replicas_synced, "every replica synced")
         return self
+
+    def replicas_synced(self) -> bool:
+        infos = [self.info(p, "info", "replication") for p, proc in self.processes.items() if proc.poll() is None]
+        replicas = [i for i in infos if "role:slave" in i]
+        return len(replicas) == len(self.ports) // 2 and all("master_link_status:up" in i for i in replicas)
 
     def info(self, port: int, *command: str) -> str:
         cli = shutil.which("redis-cli") or "redis-cli"
@@ -78,12 +87,45 @@ class RedisCluster:
             if proc.poll() is None and "role:master" in self.info(p, "info", "replication")
         ]
 
+    def keyslot(self, key: str) -> int:
+        """The slot Redis itself computes for ``key`` (CLUSTER KEYSLOT: hash tags included)."""
+        alive = next(p for p, proc in self.processes.items() if proc.poll() is None)
+        return int(self.info(alive, "cluster", "keyslot", key))
+
+    def master_of(self, slot: int) -> int | None:
+        """The port of the master serving ``slot`` as a live node's CLUSTER NODES says, if its process is alive
+        (right after a kill the others still name the dead master until they agree it failed)."""
+        alive = next(p for p, proc in self.processes.items() if proc.poll() is None)
+        for line in self.info(alive, "cluster", "nodes").splitlines():
+            _, address, flags, *_ = line.split()[:8]
+            if "master" not in flags.split(","):
+                continue
+            for served in line.split()[8:]:
+                if served.startswith("["):  # a slot being migrated: none here
+                    continue
+                low, _, high = served.partition("-")
+                if int(low) <= slot <= int(high or low):
+                    port = int(address.split("@")[0].rsplit(":", 1)[1])
+                    return port if self.processes[port].poll() is None else None
+        return None
+
+    def wait_promoted(self, slot: int) -> int:
+        """After its master was killed: wait until a live node (its replica, promoted) serves ``slot`` and the
+        cluster is ok again; that node's port."""
+        self._until(lambda: self.master_of(slot) is not None, f"a live master for slot {slot}")
+        self.wait_healthy()
+        port = self.master_of(slot)
+        assert port is not None
+        return port
+
     def kill(self, port: int) -> None:
         process = self.processes[port]
         process.kill()
         process.wait(timeout=10)
 
     def wait_healthy(self) -> None:
+        """Every live node says cluster_state:ok. Right after a kill they still do (the failure is not detected
+        yet): wait for the failover with ``wait_promoted``."""
         self._until(self.healthy, "the cluster is ok again")
 
     @staticmethod

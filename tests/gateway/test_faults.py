@@ -367,23 +367,73 @@ def test_a_stream_cut_mid_way_ends_with_an_error_event_not_silence(tmp_path: Pat
         assert client.completions.create(model="lora-t0", prompt="x", max_tokens=8).choices  # and it goes on
 
 
+def store_state(gw: GatewayUnderTest) -> tuple[str, float]:
+    """The gateway's view of its residency store: /readyz's detail and the tenantgate_residency_store_up gauge."""
+    readyz: str = httpx.get(gw.url + "/readyz").json()["residency_store"]
+    exposition = gw.admin("GET", "/metrics").text
+    gauge = next(line for line in exposition.splitlines() if line.startswith("tenantgate_residency_store_up "))
+    return readyz, float(gauge.split()[1])
+
+
 def test_a_redis_cluster_master_killed_under_load(tmp_path: Path) -> None:
-    """Residency, rate limits and the registry on a three-master Redis Cluster; one master dies mid-run, its
-    replica is promoted, and no request fails because of it."""
+    """Residency, rate limits and the registry on a three-master Redis Cluster. The master killed is the one that
+    holds keys the traffic uses, by CLUSTER KEYSLOT: a replica's residency record (read every sync) and the rate
+    bucket of a tenant whose limit (10 a minute, so a lease of one token) makes every request lease from it. The
+    gateway's store goes down and comes back up once the master's replica is promoted (/readyz and the gauge), the
+    tenant leases from the promoted node again, and no request fails meanwhile."""
     from tests.redis_cluster import RedisCluster
 
     with RedisCluster(tmp_path / "cluster") as cluster, sim_replicas(tmp_path, 2, *SIM) as replicas:
-        config = config_for(tmp_path, replicas)
+        # The key layouts of gateway/residency/redis.py and gateway/tenants/rate_buckets.py (prefix "tg").
+        victim = cluster.master_of(cluster.keyslot("tg:{llama:r0}:resident"))
+        assert victim is not None
+        limited = next(
+            t
+            for t in (f"limited-{i}" for i in range(100))
+            if cluster.master_of(cluster.keyslot(f"tg:rl:{{{t}:requests}}")) == victim
+        )
+        bucket = f"tg:rl:{{{limited}:requests}}"
+        slot = cluster.keyslot(bucket)
+        config = config_for(tmp_path, replicas, {**TENANTS, limited: ["lora-t0"]})
         config["state"] = {"redis_url": cluster.url, "cluster": True}
         config["residency"] = {"sync_interval_s": 0.2}
-        config["tenants"][0]["limits"] = {"requests_per_minute": 100_000}  # leases from the cluster
+        config["tenants"][-1]["limits"] = {"requests_per_minute": 10}
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{config['listen']['port']}/v1", api_key=api_key(limited), max_retries=0
+        )
+
+        def limited_request() -> None:  # raises on any status but 200
+            assert client.completions.create(model="lora-t0", prompt="x", max_tokens=2).choices
+
         with gateway(tmp_path, config) as gw, SteadyTraffic(gw.url, MODELS, deadline_s=10) as traffic:
             traffic.wait_for(30)
-            victim = cluster.masters()[0]
+            limited_request()
+            assert store_state(gw) == ("up", 1.0)
+            assert cluster.info(victim, "hexists", bucket, "at").strip() == "1"  # the bucket is on the victim
             cluster.kill(victim)
+            seen: set[tuple[str, float]] = set()
+
+            def down_seen() -> bool:
+                seen.add(store_state(gw))
+                return ("down (routing from the local view)", 0.0) in seen
+
+            until(down_seen, "the gateway sees its store down")
+            limited_request()  # the bucket unreachable: the local fallback admits it
+            promoted = cluster.wait_promoted(slot)  # the victim's replica took over
+            until(lambda: store_state(gw) == ("up", 1.0), "the gateway sees its store up again")
+            recovered = time.time()
             traffic.wait_for(30)
-            cluster.wait_healthy()  # the replica took over
-            traffic.wait_for(40)
-            assert victim not in cluster.masters()
+
+            # One request a second (the fallback lasts 5 s from the last failure) until the bucket's last lease, by
+            # Redis' clock on this machine, is later than the store's return: at most nine, so that with the one
+            # above the local bucket (10) never runs dry, and a fallback that never ended fails here, not with a 429.
+            for _ in range(9):
+                limited_request()
+                at = cluster.info(promoted, "hget", bucket, "at").strip()
+                if at and float(at) > recovered:
+                    break
+                time.sleep(1)
+            else:
+                raise AssertionError(f"{limited} never leased from the promoted node: {at!r}")
         outcomes = traffic.outcomes
     assert set(outcomes.counts) == {"ok"}, (outcomes.counts, outcomes.lost_details)
