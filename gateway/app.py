@@ -24,6 +24,7 @@ from gateway.fleet.discovery import interval_s as discovery_interval_s
 from gateway.fleet.fleet import Fleet, make_store
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import Telemetry
+from gateway.redis_client import redis_access
 from gateway.reload import close_retiring, rediscover, reload_answer
 from gateway.reload_fanout import FANOUT, Fanout
 from gateway.residency.lifecycle import every
@@ -93,14 +94,16 @@ def create_app(
     )
     metrics = app[METRICS] = GatewayMetrics()
     buckets = None
+    access = redis_access(config.state, os.environ)  # ConfigError: a named password that is not there
     if config.state.redis_url is not None:
         buckets = RedisBuckets(
             config.state.redis_url,
             operation_timeout_s=config.state.operation_timeout_s,
             cluster=config.state.cluster,
+            access=access,
         )
     redis_url, timeout_s = config.state.redis_url, config.state.operation_timeout_s
-    registry = Registry(redis_url, operation_timeout_s=timeout_s, cluster=config.state.cluster)
+    registry = Registry(redis_url, operation_timeout_s=timeout_s, cluster=config.state.cluster, access=access)
     state = app[STATE] = GatewayState(config, config_path, Admission(metrics, buckets), registry)
     app[ADMIN_TOKEN] = admin_token(config.admin, os.environ)  # ConfigError: a weak token is refused
     app[operator.METRICS_TOKEN] = metrics_token(config.admin, os.environ)
@@ -112,7 +115,7 @@ def create_app(
         await registry.start(on_change=state.refresh_tenants)
         discovered = await discover(config, {})
         serving_config = state.compose(config, discovered)
-        store = state.residency_store = TimedStore(make_store(config), metrics)
+        store = state.residency_store = TimedStore(make_store(config, access), metrics)
         fleet = Fleet(serving_config, metrics, store=store, homes_from=config)
         await fleet.start()
         state.swap(Serving(serving_config, TenantDirectory(serving_config), fleet), discovered=discovered)
@@ -137,7 +140,7 @@ def create_app(
     if config.state.redis_url is not None and config_path is not None:  # reload every gateway sharing the Redis
         fanout = app[FANOUT] = Fanout(
             config.state.redis_url, lambda: reload_answer(app), operation_timeout_s=timeout_s,
-            cluster=config.state.cluster,
+            cluster=config.state.cluster, access=access,
         )  # fmt: skip
         app.cleanup_ctx.append(fanout.running)
     ingress.add_routes(app)

@@ -365,6 +365,21 @@ def _extra(where: tuple[str | int, ...], value: Any) -> InitErrorDetails:
     return {"type": "extra_forbidden", "loc": where, "input": value}
 
 
+class RedisTlsConfig(_Frozen):
+    """For a rediss:// URL: the CA that signed the server's certificate (default: the system's), and the client
+    certificate and its key that a server with tls-auth-clients asks for. Paths to files (mounted Secrets)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _key_with_cert(self) -> RedisTlsConfig:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file: the client certificate the key belongs to")
+        return self
+
+
 class StateConfig(_Frozen):
     # Shared state for several gateways (residency record and its locks). None: in-process, one gateway.
     redis_url: Annotated[str, Field(pattern=r"^(redis|rediss|unix)://")] | None = None
@@ -372,6 +387,27 @@ class StateConfig(_Frozen):
     cluster: bool = False
     # A Redis call that takes longer counts as Redis being down; requests never wait on Redis beyond this.
     operation_timeout_s: float = Field(default=0.5, gt=0, le=30)
+    # Redis AUTH. The password comes from an environment variable or a file (a mounted Secret), never from this
+    # file: a redis_url holding one is refused. username: an ACL user (none: Redis' default user).
+    username: str | None = Field(default=None, min_length=1)
+    password_env: str | None = Field(default=None, min_length=1)
+    password_file: str | None = Field(default=None, min_length=1)
+    # rediss:// only: CA, client certificate and key files.
+    tls: RedisTlsConfig | None = None
+
+    @model_validator(mode="after")
+    def _secrets_not_here(self) -> StateConfig:
+        url = self.redis_url or ""
+        credentials = url.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[0]
+        if ":" in credentials or "password=" in url.partition("?")[2]:
+            raise ValueError(
+                "redis_url holds a password: set state.password_env or state.password_file (never in the config)"
+            )
+        if self.password_env is not None and self.password_file is not None:
+            raise ValueError("password_env or password_file, not both")
+        if self.tls is not None and not url.startswith("rediss://"):
+            raise ValueError("tls needs a rediss:// redis_url")
+        return self
 
 
 class ResidencyConfig(_Frozen):

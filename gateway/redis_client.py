@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
@@ -13,21 +16,81 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from gateway.config import ConfigError, StateConfig
 from gateway.residency.store import StoreUnavailable
 
 Client = redis.asyncio.Redis | RedisCluster
 
 
-def make_client(url: str, operation_timeout_s: float, *, subscriber: bool = False, cluster: bool = False) -> Client:
+@dataclass(frozen=True)
+class RedisAccess:
+    """How a client logs in and which TLS files it uses, resolved once at start from ``state.*`` (the password from
+    the environment or a file, never from the config). The default is no AUTH and no TLS files."""
+
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """redis-py's keyword arguments (the ssl_* ones only exist for a rediss:// URL: the config checks it)."""
+        named = {
+            "username": self.username, "password": self.password, "ssl_ca_certs": self.ca_file,
+            "ssl_certfile": self.cert_file, "ssl_keyfile": self.key_file,
+        }  # fmt: skip
+        return {key: value for key, value in named.items() if value is not None}
+
+
+NO_ACCESS = RedisAccess()
+
+
+def secret(environ: Mapping[str, str], env: str | None, file: str | None, what: str) -> str | None:
+    """A secret from the environment variable ``env`` or the file ``file`` (a mounted Secret; its trailing newline
+    dropped), None when neither is named; ``ConfigError`` if the one named is missing or empty. Read at start-up."""
+    if env is not None:
+        value = environ.get(env, "")
+        if not value:
+            raise ConfigError(what, [f"the environment variable {env} is not set (or empty)"])
+        return value
+    if file is not None:
+        try:
+            value = Path(file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(what, [f"cannot read {file}: {exc.strerror}"]) from exc
+        if not value:
+            raise ConfigError(what, [f"{file} is empty"])
+        return value
+    return None
+
+
+def redis_access(state: StateConfig, environ: Mapping[str, str]) -> RedisAccess:
+    password = secret(environ, state.password_env, state.password_file, "state.password")
+    tls = state.tls
+    if tls is None:
+        return RedisAccess(state.username, password)
+    return RedisAccess(state.username, password, tls.ca_file, tls.cert_file, tls.key_file)
+
+
+def make_client(
+    url: str,
+    operation_timeout_s: float,
+    *,
+    subscriber: bool = False,
+    cluster: bool = False,
+    access: RedisAccess = NO_ACCESS,
+) -> Client:
     """``subscriber``: for pub/sub, whose reads wait for the next message however long (no read timeout).
     ``cluster``: a Redis Cluster (``url`` names any node); every multi-key change the gateway makes touches one
-    slot (hash-tagged keys). The cluster client keeps its own retries: a failover needs a topology refresh."""
+    slot (hash-tagged keys). The cluster client keeps its own retries: a failover needs a topology refresh.
+    ``access``: AUTH and TLS files (``redis_access``)."""
     if cluster:
         return RedisCluster.from_url(
             url,
             socket_timeout=None if subscriber else operation_timeout_s,
             socket_connect_timeout=operation_timeout_s,
             decode_responses=True,
+            **access.client_kwargs(),
         )
     return redis.asyncio.Redis.from_url(
         url,
@@ -35,6 +98,7 @@ def make_client(url: str, operation_timeout_s: float, *, subscriber: bool = Fals
         socket_connect_timeout=operation_timeout_s,
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
+        **access.client_kwargs(),
     )
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.redis_client import make_client, redis_call
+from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -51,12 +51,13 @@ class Fanout:
         cluster: bool = False,
         answer_wait_s: float = 30.0,
         prefix: str = "tg",
+        access: RedisAccess = NO_ACCESS,
     ) -> None:
         self._reload_here = reload_here
         self._timeout_s = operation_timeout_s
         self._answer_wait_s = answer_wait_s  # a reload builds and warms a fleet: allow it seconds
-        self._client = make_client(redis_url, operation_timeout_s, cluster=cluster)
-        self._subscriber = make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster)
+        self._client = make_client(redis_url, operation_timeout_s, cluster=cluster, access=access)
+        self._subscriber = make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster, access=access)
         self._channel = f"{prefix}:reload"
         self._members = f"{prefix}:gateways"
 

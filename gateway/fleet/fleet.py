@@ -14,6 +14,7 @@ from gateway.config import GatewayConfig
 from gateway.fleet.engines import endpoint, make_driver
 from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
+from gateway.redis_client import NO_ACCESS, RedisAccess
 from gateway.residency.lifecycle import PoolResidency, every
 from gateway.residency.memory import MemoryStore
 from gateway.residency.redis import RedisStore
@@ -24,11 +25,13 @@ from gateway.tenants.directory import TenantDirectory, affinity_key
 log = logging.getLogger(__name__)
 
 
-def make_store(config: GatewayConfig) -> ResidencyStore:
+def make_store(config: GatewayConfig, access: RedisAccess = NO_ACCESS) -> ResidencyStore:
     state = config.state
     if state.redis_url is None:
         return MemoryStore()
-    return RedisStore(state.redis_url, operation_timeout_s=state.operation_timeout_s, cluster=state.cluster)
+    return RedisStore(
+        state.redis_url, operation_timeout_s=state.operation_timeout_s, cluster=state.cluster, access=access
+    )
 
 
 def homed_keys(config: GatewayConfig) -> dict[str, set[str]]:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Collection
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
-from gateway.redis_client import make_client, redis_call
+from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 from gateway.residency.store import ReplicaRecord, Uses
 
 # KEYS: lock; ARGV: holder, ttl in ms. 1 when the holder has the lock (taken, or re-taken with its ttl refreshed).
@@ -80,12 +80,13 @@ return {redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('SMEMBERS
 
 class RedisStore:
     def __init__(
-        self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False
-    ) -> None:
+        self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False,
+        access: RedisAccess = NO_ACCESS,
+    ) -> None:  # fmt: skip
         self._prefix = prefix
         self._timeout_s = operation_timeout_s
         # No retries: a store that does not answer must fail fast, the caller falls back to its local view.
-        self._client = make_client(url, operation_timeout_s, cluster=cluster)
+        self._client = make_client(url, operation_timeout_s, cluster=cluster, access=access)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._release = self._client.register_script(_RELEASE)
         self._reconcile = self._client.register_script(_RECONCILE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from gateway.redis_client import make_client, redis_call
+from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 
 # KEYS: bucket; ARGV: want, need, capacity, per_s. Returns {granted, wait_s} as strings (floats survive that way).
 _LEASE = """
@@ -50,10 +50,11 @@ return tostring(tokens)
 
 class RedisBuckets:
     def __init__(
-        self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False
-    ) -> None:
+        self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False,
+        access: RedisAccess = NO_ACCESS,
+    ) -> None:  # fmt: skip
         self._prefix, self._timeout_s = prefix, operation_timeout_s
-        self._client = make_client(url, operation_timeout_s, cluster=cluster)
+        self._client = make_client(url, operation_timeout_s, cluster=cluster, access=access)
         self._lease = self._client.register_script(_LEASE)
         self._debit = self._client.register_script(_DEBIT)
 

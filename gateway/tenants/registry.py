@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.config import AdapterConfig, ConfigError, GatewayConfig, SplitConfig, TenantConfig, describe_errors
-from gateway.redis_client import make_client, redis_call
+from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -134,12 +134,16 @@ def _pairs(flat: list[str]) -> dict[str, str]:
 
 class Registry:
     def __init__(self, redis_url: str | None, *, prefix: str = "tg", operation_timeout_s: float = 0.5,
-                 resync_s: float = 5.0, cluster: bool = False) -> None:  # fmt: skip
+                 resync_s: float = 5.0, cluster: bool = False, access: RedisAccess = NO_ACCESS) -> None:  # fmt: skip
         self.state = RegistryState()
         self._prefix, self._timeout_s, self._resync_s = prefix, operation_timeout_s, resync_s
-        self._client = make_client(redis_url, operation_timeout_s, cluster=cluster) if redis_url else None
+        self._client = (
+            make_client(redis_url, operation_timeout_s, cluster=cluster, access=access) if redis_url else None
+        )
         self._subscriber = (
-            make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster) if redis_url else None
+            make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster, access=access)
+            if redis_url
+            else None
         )
         self._read = self._client.register_script(_READ) if self._client is not None else None
         self._on_change: Callable[[], None] = lambda: None

@@ -48,8 +48,8 @@ def test_every_rendered_object_is_valid_kubernetes(overlay: Path) -> None:
     objects = render(overlay)
     kinds = {obj["kind"] for obj in objects}
     assert {
-        "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap", "Secret",
-        "PersistentVolumeClaim",
+        "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap",
+        "PersistentVolumeClaim", "NetworkPolicy",
     } <= kinds  # fmt: skip
     assert "StatefulSet" in kinds
     for obj in objects:
@@ -244,3 +244,62 @@ def test_prometheus_is_told_where_to_scrape_the_gateway(overlay: Path) -> None:
     for service in (o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "tenantgate"):
         targets = {named.get(p["targetPort"], p["targetPort"]) for p in service["spec"]["ports"]}
         assert port not in targets and config.listen.port in targets
+
+
+def _labels_match(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # matchExpressions: not used here
+    return all(labels.get(key) == value for key, value in selector.get("matchLabels", {}).items())
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_redis_takes_tls_a_client_certificate_and_a_password_and_admits_only_the_gateways(overlay: Path) -> None:
+    """Redis decides who is a tenant: the rendered Redis has no plain port, asks for a client certificate and a
+    password from a Secret; the gateway's config reaches it by rediss:// with files mounted from Secrets (no
+    password in the config); one NetworkPolicy admits the gateway pods alone, on the Redis port."""
+    objects = render(overlay)
+    [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and "tenantgate-config" in o["metadata"]["name"]]
+    state = parse_config(config_map["data"]["gateway.yaml"]).state
+    assert state.redis_url is not None and state.redis_url.startswith("rediss://")  # was redis://, no password
+    assert state.password_file is not None and state.tls is not None
+    assert state.tls.ca_file and state.tls.cert_file and state.tls.key_file
+    pods = dict(_pods(objects))
+    gateway, redis = pods["tenantgate"], pods["tenantgate-redis"]
+    # Every file the config names is in a volume mounted from a Secret.
+    [container] = gateway["containers"]
+    secret_volumes = {v["name"]: v["secret"] for v in gateway["volumes"] if "secret" in v}
+    for path in (state.password_file, state.tls.ca_file, state.tls.cert_file, state.tls.key_file):
+        directory, _, name = path.rpartition("/")
+        [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+        volume = secret_volumes[mount["name"]]
+        assert volume["secretName"] in operator_secrets()
+        assert name in [item["path"] for item in volume.get("items", [])] or "items" not in volume
+    [server] = redis["containers"]
+    args = server["args"]
+
+    def arg(flag: str) -> str:
+        return str(args[args.index(flag) + 1])
+
+    assert arg("--port") == "0" and arg("--tls-auth-clients") == "yes"
+    assert int(arg("--tls-port")) == server["ports"][0]["containerPort"]
+    [password_env] = [e for e in server["env"] if arg("--requirepass") == f"$({e['name']})"]
+    assert password_env["valueFrom"]["secretKeyRef"]["name"] in operator_secrets()
+    # The NetworkPolicy: Redis' pods, ingress only, from the gateway's pods only, on the Redis port only.
+    deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+    redis_labels = deployments["tenantgate-redis"]["spec"]["template"]["metadata"]["labels"]
+    gateway_labels = deployments["tenantgate"]["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        o for o in objects if o["kind"] == "NetworkPolicy" and _labels_match(o["spec"]["podSelector"], redis_labels)
+    ]
+    assert len(policies) == 1, "no NetworkPolicy selects Redis' pods: anything in the cluster can reach it"
+    spec = policies[0]["spec"]
+    assert "Ingress" in spec["policyTypes"]
+    [rule] = spec["ingress"]
+    [source] = rule["from"]
+    assert set(source) == {"podSelector"}  # no namespaceSelector, no ipBlock: this namespace's pods only
+    assert _labels_match(source["podSelector"], gateway_labels)
+    assert not _labels_match(source["podSelector"], redis_labels)
+    for workload in (o for o in objects if "template" in o.get("spec", {})):  # no other pods carry those labels
+        if workload["metadata"]["name"] != "tenantgate":
+            labels = workload["spec"]["template"]["metadata"]["labels"]
+            assert not _labels_match(source["podSelector"], labels), workload["metadata"]["name"]
+    assert [p["port"] for p in rule["ports"]] in (["redis"], [6379])
