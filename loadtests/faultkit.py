@@ -139,8 +139,11 @@ class Outcomes:
     counts: Counter[str] = field(default_factory=Counter)
     by_tenant: dict[str, Counter[str]] = field(default_factory=dict)
     lost_details: list[str] = field(default_factory=list)
+    # (time.monotonic() when the outcome was known, tenant, outcome), in order: the soak places them in its faults.
+    timeline: list[tuple[float, str, str]] = field(default_factory=list)
 
     def add(self, tenant: str, outcome: str, detail: str = "") -> None:
+        self.timeline.append((time.monotonic(), tenant, outcome))
         self.counts[outcome] += 1
         self.by_tenant.setdefault(tenant, Counter())[outcome] += 1
         if outcome == "lost":
