@@ -422,6 +422,15 @@ class ResidencyConfig(_Frozen):
     evict_interval_s: float = Field(default=30.0, gt=0, le=3600)
     idle_evict_s: float = Field(default=600.0, gt=0)
     headroom: int = Field(default=1, ge=0)
+    # No empty slot (gateway/fleet/fill.py): at start-up and when a replica comes back, its free slots are filled
+    # with the adapters of the keys homed there (pinned, then prewarm, then config order), never evicting. The
+    # timer then keeps headroom, and evicts an idle adapter of the replica's own keys, only where a slot is wanted
+    # (a load found the set full within idle_evict_s, or loads wait for a slot): a slot freed for nobody is a cold
+    # load later. false: no fill, and the timer's rule above everywhere.
+    fill_free_slots: bool = True
+    # Readiness (and a returning replica's return to service) waits this long at most for the fill; what is left
+    # is loaded in the background, so a large working set cannot hold a gateway out of service.
+    fill_wait_s: float = Field(default=30.0, ge=0, le=3600)
     # A load that finds every slot of a replica's working set in use waits (outside the replica's lock) up to this
     # long for one to free. Then an engine that queues such requests itself (vLLM) gets the adapter anyway, over
     # max_adapters until the timer brings it back; one that refuses them (TensorRT-LLM) answers 503 Retry-After.

@@ -12,6 +12,7 @@ from backends import registry
 from backends.base import AdapterRef
 from gateway.config import GatewayConfig
 from gateway.fleet.engines import endpoint, make_driver
+from gateway.fleet.fill import fill_plan
 from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
 from gateway.redis_client import NO_ACCESS, RedisAccess
@@ -107,6 +108,9 @@ class Fleet:
                 ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
                 for replica_id in sorted(prewarm_homes(config, pool, adapter.name)):
                     pool.prewarm[replica_id].append((ref, adapter.pinned))
+        for pool in self.pools.values():
+            pool.fill = fill_plan(config, pool)
+            pool.residency.plan = {r: frozenset(a.engine_name for a in refs) for r, refs in pool.fill.items()}
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -157,14 +161,32 @@ class Fleet:
         return True
 
     async def _start_up(self) -> None:
-        """Take the engines' truth into the record, then pre-warm every healthy replica."""
+        """Take the engines' truth into the record, pre-warm every healthy replica, then fill their free slots:
+        readiness waits for the fill up to ``residency.fill_wait_s``, and the rest goes on in the background."""
         for pool in self.pools.values():
             await pool.residency.sync()
             await pool.residency.reconcile()
             healthy = [r for r, replica in pool.replicas.items() if replica.healthy]
             await asyncio.gather(*(pool.warm_replica(replica_id) for replica_id in healthy))
+        fill = asyncio.create_task(self._fill(), name="fill free slots")
+        self._tasks.append(fill)
+        done, _ = await asyncio.wait({fill}, timeout=self.config.residency.fill_wait_s)
         self.warmed = True
-        log.info("residency start-up done: record reconciled, adapters pre-warmed")
+        if done:
+            log.info("residency start-up done: record reconciled, adapters pre-warmed, free slots filled")
+        else:
+            log.warning("residency start-up done; filling free slots goes on in the background")
+
+    async def _fill(self) -> None:
+        """Fill every healthy replica's free slots with its planned adapters, the replicas at once."""
+        await asyncio.gather(
+            *(
+                pool.fill_replica(replica_id)
+                for pool in self.pools.values()
+                for replica_id, replica in pool.replicas.items()
+                if replica.healthy and pool.fill[replica_id]
+            )
+        )
 
     def stop_background(self) -> None:
         """Stop probing, evicting, reconciling and re-warming: a retired fleet only finishes its requests."""

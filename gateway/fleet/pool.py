@@ -94,6 +94,8 @@ class Pool:
         self.reservations = HomeReservations(routing.home_reservation_s if reserve else 0.0)
         # Per replica, what to load and warm when it comes (back) up: (adapter, pinned).
         self.prewarm: dict[str, list[tuple[AdapterRef, bool]]] = {replica_id: [] for replica_id in self.replicas}
+        # Per replica, what fills its free slots after that, most important first (gateway/fleet/fill.py).
+        self.fill: dict[str, list[AdapterRef]] = {replica_id: [] for replica_id in self.replicas}
         self._ticks = 0
         # predicted_ttft: the pool's learned TTFT lines and scorers, and per key the replicas that served it last
         # (when), oldest key first: what "its prefix is warm there" reads.
@@ -291,12 +293,25 @@ class Pool:
             replica.in_flight_at_scrape = replica.in_flight
 
     async def _welcome_back(self, replica: Replica) -> None:
-        """A replica back from down has lost its adapters: reset its record from the engine, warm, then serve."""
+        """A replica back from down has lost its adapters: reset its record from the engine, warm, fill its free
+        slots (waiting ``residency.fill_wait_s`` at most: the rest goes on in the background), then serve."""
+        replica_id = replica.endpoint.id
         try:
-            await self.residency.reconcile([replica.endpoint.id])
-            await self.warm_replica(replica.endpoint.id)
+            await self.residency.reconcile([replica_id])
+            await self.warm_replica(replica_id)
+            if self.fill[replica_id]:
+                fill = asyncio.create_task(self.fill_replica(replica_id), name=f"fill {self.name}/{replica_id}")
+                self._welcomes.add(fill)
+                fill.add_done_callback(self._welcomes.discard)
+                await asyncio.wait({fill}, timeout=self.residency.config.fill_wait_s)
         finally:
             replica.health.back_in_service()
+
+    async def fill_replica(self, replica_id: str) -> None:
+        """Load the replica's planned adapters into its free slots (``PoolResidency.fill``: never evicting)."""
+        loaded = await self.residency.fill(replica_id, self.fill[replica_id])
+        if loaded:
+            log.info("filled %d free slots of %s/%s: %s", len(loaded), self.name, replica_id, ", ".join(loaded))
 
     async def warm_replica(self, replica_id: str) -> None:
         for adapter, pinned in self.prewarm[replica_id]:

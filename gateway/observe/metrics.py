@@ -88,6 +88,11 @@ class GatewayMetrics:
             "tenantgate_adapter_evictions", "Adapters unloaded by the gateway: on the request path or by the timer",
             ["pool", "replica", "trigger"], registry=r,
         )  # fmt: skip
+        self.fill_loads = Counter(
+            "tenantgate_adapter_fill_loads", "Adapters loaded into free slots by the fill (start-up, a replica's "
+            "return) rather than by a request; they are also counted in tenantgate_adapter_loads_total",
+            ["pool"], registry=r,
+        )  # fmt: skip
         self.engine_adapter_events = Counter(
             "tenantgate_engine_adapter_events", "What an engine's own adapter cache answered: an adapter it had "
             "evicted (cache_miss, resent with weights) or no room for one (cache_full)", ["pool", "replica", "event"],

@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
@@ -52,6 +52,7 @@ class ResidencyCounters:
     evictions_on_request_path: int = 0
     evictions_scheduled: int = 0
     reconcile_fixes: int = 0
+    fill_loads: int = 0  # loads into free slots by the fill (start-up, a replica's return), not by a request
 
 
 class PoolResidency:
@@ -87,6 +88,11 @@ class PoolResidency:
         # Loads waiting for a slot now, per replica (a gauge at scrape time).
         self.slot_waiters = dict.fromkeys(self.endpoints, 0)
         self._resident_on: dict[str, frozenset[str]] = {}  # adapter -> replicas holding it (resident_on's memo)
+        # Per replica, the adapters of the keys homed there (the fill's plan, set by the fleet): the timer does not
+        # evict them for idleness while no other adapter wants a slot there.
+        self.plan: dict[str, frozenset[str]] = {}
+        # Per replica, when (wall clock) a load last found its working set full: another adapter wanted a slot.
+        self._slot_wanted_at: dict[str, float] = {}
         self.counters = ResidencyCounters()
         self.store_up = True
         self.metrics = metrics or GatewayMetrics()
@@ -158,6 +164,8 @@ class PoolResidency:
             self._hits.inc()
             return
         self._misses.inc()
+        if len(view.resident) >= self.max_adapters:
+            self._slot_wanted_at[replica_id] = self._now()
         key = (replica_id, adapter.engine_name)
         task = self._loads.get(key)
         if task is None:
@@ -423,17 +431,24 @@ class PoolResidency:
         view.pinned &= on_engine
 
     async def evict_idle(self, healthy: Callable[[str], bool]) -> None:
-        """The eviction timer: unload adapters idle past ``idle_evict_s``, then down to max_adapters - headroom."""
-        keep_at_most = max(0, self.max_adapters - self.config.headroom)
+        """The eviction timer. Where a slot is wanted (``slot_wanted``), or with ``fill_free_slots`` off: unload
+        adapters idle past ``idle_evict_s``, then bring the replica down to max_adapters - headroom, so a newcomer
+        seldom evicts on the request path. Elsewhere a freed slot would serve nobody and cost the adapter it held a
+        cold load later: only adapters over max_adapters go, and idle ones that are not in the replica's plan."""
         for replica_id in self.endpoints:
             if not healthy(replica_id):
                 continue
+            wanted = not self.config.fill_free_slots or self.slot_wanted(replica_id)
+            keep_at_most = max(0, self.max_adapters - (self.config.headroom if wanted else 0))
             try:
                 async with self._locked(replica_id, "evict") as record:
                     resident = dict(record.resident)
+                    kept = record.pinned if wanted else record.pinned | self.plan.get(replica_id, frozenset())
                     stale_before = self._now() - self.config.idle_evict_s
                     while True:
-                        victim = self._victim(replica_id, resident, record.pinned)
+                        victim = self._victim(replica_id, resident, kept)
+                        if victim is None and len(resident) > self.max_adapters:
+                            victim = self._victim(replica_id, resident, record.pinned)  # over the bound: any idle
                         if victim is None or (resident[victim] >= stale_before and len(resident) <= keep_at_most):
                             break
                         await self._unload(replica_id, victim)
@@ -442,6 +457,43 @@ class PoolResidency:
                         self.metrics.evictions.labels(self.pool, replica_id, "scheduled").inc()
             except (BackendError, GatewayError) as exc:
                 log.warning("eviction on %s/%s failed: %s", self.pool, replica_id, exc)
+
+    def slot_wanted(self, replica_id: str) -> bool:
+        """Whether another adapter wants a slot on the replica: loads wait for one now, or a load found its working
+        set full within ``idle_evict_s`` (the horizon that calls an adapter idle calls a replica calm)."""
+        if self.slot_waiters[replica_id]:
+            return True
+        wanted_at = self._slot_wanted_at.get(replica_id)
+        return wanted_at is not None and self._now() - wanted_at <= self.config.idle_evict_s
+
+    async def fill(self, replica_id: str, adapters: Sequence[AdapterRef]) -> list[str]:
+        """Load ``adapters`` (most important first) into the replica's free slots, never evicting one: stop at the
+        first that finds the working set full, or a load waiting for a slot (a request's load goes first). One
+        lock per adapter, so a request's load on the replica waits for one fill load at most. A load that fails is
+        logged and the next tried. Returns the names loaded."""
+        loaded: list[str] = []
+        view = self.views[replica_id]
+        for adapter in adapters:
+            name = adapter.engine_name
+            if name in view.resident:
+                continue
+            if len(view.resident) >= self.max_adapters or self.slot_waiters[replica_id]:
+                break
+            try:
+                await self.driver.prepare_adapter(adapter)
+                async with self._locked(replica_id, f"fill {name}") as record:
+                    if name in record.resident:
+                        continue
+                    if len(record.resident) >= self.max_adapters or self.slot_waiters[replica_id]:
+                        break
+                    await self._load_locked(replica_id, adapter, False, record)
+            except (BackendError, GatewayError) as exc:
+                log.error("filling %s/%s with %s failed: %s", self.pool, replica_id, name, exc)
+                continue
+            loaded.append(name)
+            self.counters.fill_loads += 1
+            self.metrics.fill_loads.labels(self.pool).inc()
+        return loaded
 
     async def warm(self, replica_id: str, adapter: AdapterRef, *, pinned: bool) -> None:
         """Load the adapter and run a one-token request through it, so its first real request finds it hot."""

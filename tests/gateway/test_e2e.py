@@ -214,13 +214,18 @@ def test_concurrent_first_requests_load_the_adapter_once(fleet: RunningFleet) ->
                 *(client.completions.create(model="code-initech", prompt=f"p{i}", max_tokens=2) for i in range(12))
             )
 
+    before = [sim_stats(url) for url in fleet.replica_urls.values()]
     asyncio.run(burst())
     stats = [sim_stats(url) for url in fleet.replica_urls.values()]
-    # 12 at once exceed the home's bounded share, so some spill; each replica that got any loaded it once.
-    served = [s["requests_by_model"].get("code-initech", 0) for s in stats]
-    loads = [s["cold_loads_by_adapter"].get("code-initech", 0) for s in stats]
+    # 12 at once exceed the home's bounded share, so some spill; each replica that got any loaded it once at most
+    # (the home had it from the start-up's fill, unless the module's earlier traffic pushed it out of host memory).
+    served = [s["requests_by_model"].get("code-initech", 0) - b["requests_by_model"].get("code-initech", 0)
+              for s, b in zip(stats, before, strict=True)]  # fmt: skip
+    loads = [s["cold_loads_by_adapter"].get("code-initech", 0) - b["cold_loads_by_adapter"].get("code-initech", 0)
+             for s, b in zip(stats, before, strict=True)]  # fmt: skip
     assert sum(served) == 12
-    assert loads == [1 if n else 0 for n in served]
+    assert all(load <= (1 if n else 0) for load, n in zip(loads, served, strict=True)), (loads, served)
+    assert sum(1 for n in served if n) > 1  # it did spill: the single flight was tested on a cold replica too
 
 
 def test_probes_and_admin_auth(fleet: RunningFleet) -> None:

@@ -105,9 +105,24 @@ async def test_the_timer_evicts_idle_adapters_and_keeps_headroom(store: Residenc
     assert life.counters.evictions_scheduled == 1
 
 
-async def test_headroom_brings_a_full_replica_down_by_lru(store: ResidencyStore) -> None:
+async def test_headroom_brings_a_full_replica_down_by_lru_once_a_slot_is_wanted(store: ResidencyStore) -> None:
     engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock, max_adapters=3, config=ResidencyConfig(idle_evict_s=600, headroom=1))
+    for name in ("a", "b", "c"):
+        await life.ensure("r0", ref(name))
+        clock.advance(1)
+    await life.evict_idle(lambda _: True)
+    assert engine.unloads == []  # full, but no other adapter wants a slot: a freed one would serve nobody
+    await life.ensure("r0", ref("d"))  # one does: a (the LRU) goes on the request path
+    clock.advance(1)
+    await life.evict_idle(lambda _: True)
+    assert engine.unloads == [("r0", "a"), ("r0", "b")]  # and now the timer keeps a slot free
+
+
+async def test_without_fill_the_timer_keeps_headroom_whether_or_not_a_slot_is_wanted(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    config = ResidencyConfig(idle_evict_s=600, headroom=1, fill_free_slots=False)
+    life = lifecycle(store, engine, clock, max_adapters=3, config=config)
     for name in ("a", "b", "c"):
         await life.ensure("r0", ref(name))
         clock.advance(1)

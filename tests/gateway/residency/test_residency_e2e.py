@@ -63,7 +63,10 @@ def test_prewarmed_and_pinned_adapters_are_resident_before_ready(tmp_path: Path)
         record = admin_get(fleet.gateway_url, "/admin/residency")["pools"]["llama"]["replicas"]
         pins = {r: [a for a, info in view["adapters"].items() if info["pinned"]] for r, view in record.items()}
         assert sorted(a for pinned in pins.values() for a in pinned) == ["support-acme"]
-        assert not any("chat-initech" in sim_stats(url)["registered"] for url in fleet.replica_urls.values())
+        # The others fill free slots at their tenants' homes (residency.fill_free_slots): loaded, never warmed.
+        home = admin_get(fleet.gateway_url, "/admin/route?tenant=initech")["home"]
+        holders = [r for r, url in fleet.replica_urls.items() if "chat-initech" in sim_stats(url)["registered"]]
+        assert holders == [home] and "chat-initech" not in sim_stats(fleet.replica_urls[home])["requests_by_model"]
 
         warmed = httpx.post(fleet.gateway_url + "/admin/adapters/chat-initech/warm", headers=ADMIN, timeout=30)
         home = admin_get(fleet.gateway_url, "/admin/route?tenant=initech")["home"]
@@ -87,7 +90,9 @@ def test_a_full_working_set_evicts_the_lru_adapter_through_the_engine(tmp_path: 
 
 def test_the_eviction_timer_unloads_idle_adapters_but_not_pinned_ones(tmp_path: Path) -> None:
     tenants = {"acme": ["a", "b"], "globex": ["p"]}
-    residency = {"residency": {"evict_interval_s": 0.2, "idle_evict_s": 0.5}}
+    # The timer's rule without the fill: with it, a replica's own adapters stay while no other wants the slot
+    # (tests/gateway/residency/test_fill.py).
+    residency = {"residency": {"evict_interval_s": 0.2, "idle_evict_s": 0.5, "fill_free_slots": False}}
     options = {"p": {"pinned": True}}
     with fleet_with_gateway(
         tmp_path, tenants, 1, FAST_SIM, max_adapters=3, adapter_options=options, extra=residency

@@ -1,0 +1,83 @@
+"""No empty slot, in the lifecycle: the fill loads planned adapters into free slots and never evicts; the timer
+keeps a replica full while no other adapter wants a slot there (fake engine, both stores)."""
+
+from __future__ import annotations
+
+from backends.base import AdapterRef, Endpoint
+from backends.errors import AdapterLoadFailed
+from gateway.config import ResidencyConfig
+from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.store import ResidencyStore
+from tests.clock import Clock
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
+
+REPLICAS = [Endpoint("r0", "http://r0"), Endpoint("r1", "http://r1")]
+START = 1_000.0
+
+
+def lifecycle(store: ResidencyStore, engine: FakeEngine, clock: Clock, config: ResidencyConfig) -> PoolResidency:
+    return PoolResidency(
+        "llama", REPLICAS, FakeDriver(engine), store, config, max_adapters=3, load_timeout_s=30.0, shared=False,
+        wall_clock=clock,
+    )  # fmt: skip
+
+
+async def test_the_fill_takes_free_slots_in_plan_order_and_never_evicts(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig())
+    await life.ensure("r0", ref("x"))  # a request's adapter holds one of the three slots
+    loaded = await life.fill("r0", [ref("a"), ref("x"), ref("b"), ref("c")])
+    assert loaded == ["a", "b"]  # x was there; c finds the set full
+    assert engine.loaded["r0"] == {"x", "a", "b"} and engine.unloads == []
+    assert set((await store.record("llama", "r0")).resident) == {"x", "a", "b"}
+    assert life.counters.fill_loads == 2 and life.resident_on("a") == frozenset({"r0"})
+    assert await life.fill("r0", [ref("c")]) == []  # full: nothing more, nothing evicted
+    assert engine.unloads == []
+
+
+async def test_a_failing_fill_load_is_skipped_and_the_next_loaded(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig())
+    driver = life.driver
+    assert isinstance(driver, FakeDriver)
+
+    async def refuse_broken(replica: Endpoint, adapter: AdapterRef) -> None:
+        if adapter.engine_name == "broken":
+            raise AdapterLoadFailed("broken", 404, "no adapter found")
+
+    driver.before_load = refuse_broken
+    assert await life.fill("r0", [ref("broken"), ref("a")]) == ["a"]
+    assert engine.loaded["r0"] == {"a"}
+
+
+async def test_the_timer_keeps_planned_idle_adapters_until_another_wants_the_slot(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig(idle_evict_s=60, headroom=1))
+    life.plan = {"r0": frozenset({"a", "b"})}
+    await life.fill("r0", [ref("a"), ref("b")])
+    await life.ensure("r0", ref("spilled"))  # a spill's adapter: not in r0's plan
+    clock.advance(120)  # every adapter idle past idle_evict_s
+    await life.evict_idle(lambda _: True)
+    # Nothing wants a slot: the planned adapters stay (no headroom either); the spill's idle adapter goes.
+    assert engine.unloads == [("r0", "spilled")]
+    assert engine.loaded["r0"] == {"a", "b"}
+    await life.ensure("r0", ref("c"))
+    await life.ensure("r0", ref("d"))  # the set is full: d wants a slot, and takes a's (the LRU) on its path
+    assert engine.unloads[-1] == ("r0", "a")
+    clock.advance(30)
+    await life.evict_idle(lambda _: True)  # a slot is wanted now: idle adapters go, planned or not, and headroom
+    assert engine.unloads[-1] == ("r0", "b") and engine.loaded["r0"] == {"c", "d"}
+
+
+async def test_the_timer_brings_an_overfull_replica_down_to_max_adapters_even_through_its_plan(
+    store: ResidencyStore,
+) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig(idle_evict_s=600, headroom=1))
+    life.plan = {"r0": frozenset({"a", "b", "c", "d"})}
+    for name in ("a", "b", "c", "d"):  # four on three slots, as a load over the bound leaves it (vLLM)
+        await store.add("llama", "r0", name, START)
+        engine.loaded["r0"].add(name)
+    await life.sync()
+    await life.evict_idle(lambda _: True)
+    assert len(engine.loaded["r0"]) == 3 and len(engine.unloads) == 1
