@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from gateway.appkeys import STATE, TELEMETRY
+from gateway.appkeys import STATE, TELEMETRY, TRAFFIC
 from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord
 from gateway.serving.connections import authenticated
@@ -16,6 +16,7 @@ from gateway.serving.dispatch import RETRY_SOON, dispatch
 from gateway.serving.json_body import RefusedInput, read_body
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
+from gateway.serving.relay import VARIANT_HEADER
 from gateway.tenants.admission import estimate_tokens
 from gateway.tenants.identity import identify
 
@@ -92,10 +93,18 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
             deadline=time.monotonic() + timeout_s,
             tenant_deadline=timeout_s < pool.config.request_timeout_s,
         )
-        return await dispatch(request, telemetry, pool, ctx, record)
+        try:
+            return await dispatch(request, telemetry, pool, ctx, record)
+        except GatewayError as exc:
+            if ctx.variant:  # a failure names the version it failed on, as an answer names the one that served it
+                exc.headers = {**exc.headers, VARIANT_HEADER: ctx.variant}
+            raise
     finally:
         used = record.prompt_tokens, record.completion_tokens
         ticket.settle(used[0] + used[1] if used[0] is not None and used[1] is not None else None)
+        # The key's traffic (gateway/placement/): what the engine reported, else what admission estimated.
+        spent = used[0] + used[1] if used[0] is not None and used[1] is not None else estimate
+        request.app[TRAFFIC].meter.record(target.pool, routed.key, spent)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

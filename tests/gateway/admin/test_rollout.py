@@ -3,6 +3,7 @@ step, nothing fails, the old version is unloaded once idle; a version that fails
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import defaultdict
@@ -17,7 +18,15 @@ from loadtests.fleet import ADMIN_TOKEN, api_key, fleet_with_gateway, sim_stats
 pytestmark = pytest.mark.timeout(120)
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-USERS = [f"user-{i}" for i in range(40)]
+USERS = [f"user-{i}" for i in range(200)]
+Z_999 = 3.29  # two-sided 99.9% of a normal: a fair split misses the bound once in a thousand user sets
+
+
+def binomial_bound(share: float, users: int) -> float:
+    """How far the share of ``users`` end users on a version may lie from ``share`` if each user's version is a
+    fair draw (the split hashes tenant, split and user): Z_999 standard deviations of Binomial(users, share) / users.
+    The hash is deterministic, so for these user names the test always passes or always fails."""
+    return Z_999 * math.sqrt(share * (1 - share) / users)
 
 
 class Traffic:
@@ -104,12 +113,59 @@ def test_a_rollout_under_load_then_a_bad_version_rolls_back(tmp_path: Path) -> N
     assert len(per_user) >= len(USERS) // 2  # the traffic cycles through the users within the step
     assert all(len(variants) == 1 for variants in per_user.values())  # one version per user within the step
     share = sum(variants == {"support@2"} for variants in per_user.values()) / len(per_user)
-    assert abs(share - 0.3) <= 0.2, share  # 40 sticky users: the share comes in steps of 2.5%
+    assert abs(share - 0.3) <= binomial_bound(0.3, len(per_user)), (share, len(per_user))
     first_rollout = [s for s in seen if s[0] < steps[-1]["started"] + 1]
     assert {status for *_, status in first_rollout} == {200}  # nothing failed during the good rollout
     assert "support@1" not in registered and "support@2" in registered
     assert halted["status"] == "rolled_back" and "failed" in halted["reason"]  # caught at warm-up, before users
     assert {v for _, _, v, _ in seen[after_halt:]} == {"support@2"}  # back on the good version for everyone
+
+
+def test_a_version_that_warms_fine_and_fails_under_traffic_halts_and_rolls_back(tmp_path: Path) -> None:
+    """support@2 passes its warm-up, then fails every request once users reach it (the engines' fault switched on
+    as the rollout starts its first step). The step's judgement halts the rollout at 30% and returns everyone to
+    support@1; within the step only support@2's users failed, and they were a fair 30% of the users."""
+    tenants = {"acme": ["support@1", "support@2"]}
+    split = {"splits": [{"name": "support", "variants": [{"model": "support@1", "weight": 1}]}]}
+    with fleet_with_gateway(tmp_path, tenants, 2, ["--time-scale", "0.01", "--max-loras", "4"], extra=split,
+                            tenant_options={"acme": {"adapters": ["support"]}}) as fleet:  # fmt: skip
+        with Traffic(fleet.gateway_url) as traffic:
+            while len(traffic.seen) < 40:
+                time.sleep(0.02)
+            started = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
+                                 json={"version": 2, "steps": [0.3, 1.0], "step_s": 3,
+                                       "max_ttft_p99_ratio": 1000})  # fmt: skip
+            assert started.status_code == 202, started.text
+            running = wait_for(fleet.gateway_url, {"running", "done", "rolled_back", "failed"})
+            assert running["status"] == "running", running  # past its warm-up: it warmed fine
+            for url in fleet.replica_urls.values():
+                httpx.post(url + "/sim/control", json={"faults": {"failing_adapters": ["support@2"]}})
+            failing_since = time.time()
+            halted = wait_for(fleet.gateway_url, {"done", "rolled_back", "failed"})
+            halt_seen = time.time()
+            while len(traffic.seen) < len([s for s in traffic.seen if s[0] < halt_seen]) + len(USERS):
+                time.sleep(0.02)
+        seen = list(traffic.seen)
+
+    assert halted["status"] == "rolled_back" and halted["reason"].startswith("halted at 30%: error rate"), halted
+    assert [h["share"] for h in halted["history"]] == [0.3]  # it never went past its first step
+    step_started = halted["history"][0]["started"]
+    judged = step_started + 3  # the step's judgement, then the rollback: not before its pause ended
+    in_step = [s for s in seen if step_started + 0.2 <= s[0] < judged]
+    per_user: dict[str, set[str]] = defaultdict(set)
+    for _, user, variant, _ in in_step:
+        per_user[user].add(variant)
+    assert len(per_user) >= len(USERS) // 2
+    assert all(len(variants) == 1 for variants in per_user.values())
+    share = sum(variants == {"support@2"} for variants in per_user.values()) / len(per_user)
+    assert abs(share - 0.3) <= binomial_bound(0.3, len(per_user)), (share, len(per_user))
+    assert all(variant for _, _, variant, _ in in_step)  # a failure names its version too
+    failing = [s for s in in_step if s[0] > failing_since + 0.2]
+    assert {status for _, _, v, status in failing if v == "support@2"} <= set(range(500, 600))  # its users failed
+    assert {status for _, _, v, status in failing if v == "support@1"} == {200}  # the others did not
+    after = [s for s in seen if s[0] > halt_seen]
+    assert len({user for _, user, _, _ in after}) == len(USERS)
+    assert {(v, status) for _, _, v, status in after} == {("support@1", 200)}  # everyone back, nothing failing
 
 
 def test_a_step_is_judged_by_error_rate_and_ttft_against_the_old_version() -> None:
