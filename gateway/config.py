@@ -394,6 +394,11 @@ class StateConfig(_Frozen):
     password_file: str | None = Field(default=None, min_length=1)
     # rediss:// only: CA, client certificate and key files.
     tls: RedisTlsConfig | None = None
+    # The key that signs the tenant registry's entries in Redis and its messages (gateway/tenants/signing.py), from
+    # an environment variable or a file; neither: derived from the admin token (whoever holds it may change the
+    # registry anyway). Every gateway sharing the Redis needs the same key.
+    registry_key_env: str | None = Field(default=None, min_length=1)
+    registry_key_file: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _secrets_not_here(self) -> StateConfig:
@@ -405,6 +410,8 @@ class StateConfig(_Frozen):
             )
         if self.password_env is not None and self.password_file is not None:
             raise ValueError("password_env or password_file, not both")
+        if self.registry_key_env is not None and self.registry_key_file is not None:
+            raise ValueError("registry_key_env or registry_key_file, not both")
         if self.tls is not None and not url.startswith("rediss://"):
             raise ValueError("tls needs a rediss:// redis_url")
         return self

@@ -124,6 +124,12 @@ class GatewayMetrics:
             "and reason (encoding, json, non_finite, unicode, depth, shape, content_part, template_kwargs)",
             ["surface", "reason"], registry=r,
         )  # fmt: skip
+        self.registry_refused = Counter(
+            "tenantgate_registry_refused", "Tenant registry entries refused (gateway/tenants/signing.py) by reason "
+            "(forged: no valid signature; stale: older than what was applied, a replay; altered: stored entries "
+            "the signed head does not describe; invalid) and source (message, stored)",
+            ["reason", "source"], registry=r,
+        )  # fmt: skip
         self.admin_login_failures = Counter(
             "tenantgate_admin_login_failures", "Admin logins refused: a wrong token (wrong_token), or an address "
             "past admin.failed_logins_per_minute refused before its token was compared (rate_limited)",

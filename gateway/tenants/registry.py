@@ -4,15 +4,17 @@ Through the admin API an operator adds or removes tenants, adds or revokes API k
 adds or retires adapters in the catalog, without a restart. Alone, a gateway keeps these changes in memory. With
 Redis they live there and every gateway sharing it applies each change as soon as it is published: the message
 carries the change itself, so applying it costs no Redis round trip; a resync every ``resync_s`` repairs a missed
-message. A retired adapter leaves every tenant's list (its requests get the 404 of a missing model). Redis layout:
+message. A retired adapter leaves every tenant's list (its requests get the 404 of a missing model).
 
-- ``{prefix}:{registry}:tenants``  HASH tenant id -> the tenant's config as JSON (the config file's schema);
-- ``{prefix}:{registry}:keys``     HASH key hash -> tenant id (keys added to config tenants);
-- ``{prefix}:{registry}:revoked``  SET of revoked key hashes (config keys included);
-- ``{prefix}:{registry}:adapters`` HASH adapter name -> its catalog entry as JSON;
-- ``{prefix}:{registry}:retired``  SET of retired adapter names (config adapters included);
-- ``{prefix}:{registry}:splits``   HASH name -> a split (A/B variants, or an adapter's versions in a rollout) as JSON;
-- ``{prefix}:registry``          the pub/sub channel of changes.
+Every change, stored and published, is signed and versioned (gateway/tenants/signing.py): a forged or replayed
+one is refused and logged. The latest change of an entity (a key, a tenant, an adapter, a split) is its state, so
+Redis holds one signed envelope per entity. Redis layout:
+
+- ``{prefix}:{registry}:entries``  HASH entity (``key:sha256:...``, ``tenant:ID``, ``adapter:NAME``, ``split:NAME``)
+  -> its latest change as a signed envelope ``{"change", "version", "mac"}``;
+- ``{prefix}:{registry}:head``     the signed head: the latest version and a digest of every entity's version;
+- ``{prefix}:{registry}:lock``     held while a gateway writes a change (versions are counted under it);
+- ``{prefix}:registry``          the pub/sub channel: each change's envelope.
 
 The braces are a Redis Cluster hash tag: every registry key lives in one slot, so a change is one MULTI.
 
@@ -25,16 +27,20 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from pydantic import ValidationError
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.config import AdapterConfig, ConfigError, GatewayConfig, SplitConfig, TenantConfig, describe_errors
+from gateway.observe.metrics import GatewayMetrics
 from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
+from gateway.tenants.signing import Refused, Signer, digest, entity
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,22 @@ class RegistryState:
     adapters: dict[str, AdapterConfig] = field(default_factory=dict)
     retired: set[str] = field(default_factory=set)
     splits: dict[str, SplitConfig] = field(default_factory=dict)
+    # Each entity's version, and the latest version applied (signing.py): nothing older is applied again.
+    versions: dict[str, int] = field(default_factory=dict)
+    version: int = 0
+
+    def copy(self) -> RegistryState:
+        return replace(
+            self, tenants=dict(self.tenants), keys=dict(self.keys), revoked=set(self.revoked),
+            adapters=dict(self.adapters), retired=set(self.retired), splits=dict(self.splits),
+            versions=dict(self.versions),
+        )  # fmt: skip
+
+    def accept(self, change: dict[str, Any], version: int) -> None:
+        """Apply a change as the entity's ``version``."""
+        self.apply(change)
+        self.versions[entity(change)] = version
+        self.version = max(self.version, version)
 
     def apply(self, change: dict[str, Any]) -> None:
         kind = change["kind"]
@@ -121,11 +143,17 @@ class RegistryState:
             raise ConfigError("tenant registry", describe_errors(exc)) from exc
 
 
-# KEYS: tenants, keys, revoked, adapters, retired, splits (hashes and sets), read together.
+# KEYS: entries, head: read together (the head must describe exactly these entries).
 _READ = """
-return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), redis.call('SMEMBERS', KEYS[3]),
-        redis.call('HGETALL', KEYS[4]), redis.call('SMEMBERS', KEYS[5]), redis.call('HGETALL', KEYS[6])}
+return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2])}
 """
+# KEYS: lock; ARGV: the holder's token. Release only one's own lock.
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_LOCK_TTL_MS = 10_000
+_LOCK_WAIT_S = 5.0
 
 
 def _pairs(flat: list[str]) -> dict[str, str]:
@@ -134,8 +162,11 @@ def _pairs(flat: list[str]) -> dict[str, str]:
 
 class Registry:
     def __init__(self, redis_url: str | None, *, prefix: str = "tg", operation_timeout_s: float = 0.5,
-                 resync_s: float = 5.0, cluster: bool = False, access: RedisAccess = NO_ACCESS) -> None:  # fmt: skip
+                 resync_s: float = 5.0, cluster: bool = False, access: RedisAccess = NO_ACCESS,
+                 signing_key: bytes | None = None, metrics: GatewayMetrics | None = None) -> None:  # fmt: skip
         self.state = RegistryState()
+        self._signer, self._metrics = Signer(signing_key), metrics
+        self._last_refusal = ""
         self._prefix, self._timeout_s, self._resync_s = prefix, operation_timeout_s, resync_s
         self._client = (
             make_client(redis_url, operation_timeout_s, cluster=cluster, access=access) if redis_url else None
@@ -146,12 +177,25 @@ class Registry:
             else None
         )
         self._read = self._client.register_script(_READ) if self._client is not None else None
+        self._unlock = self._client.register_script(_UNLOCK) if self._client is not None else None
         self._on_change: Callable[[], None] = lambda: None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def _channel(self) -> str:
         return f"{self._prefix}:registry"
+
+    def _key(self, name: str) -> str:
+        return f"{self._prefix}:{{registry}}:{name}"
+
+    def _refused(self, reason: str, source: str, message: str) -> None:
+        """Counted each time; logged once per distinct problem (a resync meets the same one every few seconds)."""
+        if self._metrics is not None:
+            self._metrics.registry_refused.labels(reason, source).inc()
+        line = f"{reason}:{source}:{message}"
+        if line != self._last_refusal:
+            self._last_refusal = line
+            log.error("registry: refused a %s %s entry: %s", reason, source, message)
 
     async def start(self, on_change: Callable[[], None]) -> None:
         """Load what Redis holds and follow its changes; ``on_change`` runs after each applied change."""
@@ -177,72 +221,125 @@ class Registry:
 
     async def change(self, change: dict[str, Any], base: GatewayConfig) -> GatewayConfig:
         """Validate a change against the merged config, store and publish it; returns the new merged config."""
-        current = self.state
-        trial = RegistryState(
-            dict(current.tenants),
-            dict(current.keys),
-            set(current.revoked),
-            dict(current.adapters),
-            set(current.retired),
-            dict(current.splits),
-        )
+        trial = self.state.copy()
         try:
             trial.apply(change)
         except ValidationError as exc:
             raise ConfigError("tenant", describe_errors(exc)) from exc
         merged = trial.merged(base)  # raises ConfigError: refused whole
-        if self._client is not None:
-            await self._store(change)
+        version = await self._store(change) if self._client is not None else self.state.version + 1
+        trial.versions[entity(change)] = version
+        trial.version = max(trial.version, version)
         self.state = trial
         self._on_change()
         return merged
 
-    async def _store(self, change: dict[str, Any]) -> None:
-        p, kind = self._prefix, change["kind"]
-        async with redis_call("registry change", self._timeout_s), self._client.pipeline(transaction=True) as pipe:  # type: ignore[union-attr]
-            if kind == "set_split":
-                pipe.hset(f"{p}:{{registry}}:splits", change["split"]["name"], json.dumps(change["split"]))
-            elif kind == "add_adapter":
-                pipe.hset(f"{p}:{{registry}}:adapters", change["adapter"]["name"], json.dumps(change["adapter"]))
-                pipe.srem(f"{p}:{{registry}}:retired", change["adapter"]["name"])
-            elif kind == "retire_adapter":
-                pipe.hdel(f"{p}:{{registry}}:adapters", change["name"])
-                pipe.sadd(f"{p}:{{registry}}:retired", change["name"])
-            elif kind == "add_tenant":
-                pipe.hset(f"{p}:{{registry}}:tenants", change["tenant"]["id"], json.dumps(change["tenant"]))
-            elif kind == "remove_tenant":
-                pipe.hdel(f"{p}:{{registry}}:tenants", change["tenant_id"])
-            elif kind == "add_key":
-                pipe.hset(f"{p}:{{registry}}:keys", change["key_hash"], change["tenant_id"])
-                pipe.srem(f"{p}:{{registry}}:revoked", change["key_hash"])
-            elif kind == "revoke_key":
-                pipe.hdel(f"{p}:{{registry}}:keys", change["key_hash"])
-                pipe.sadd(f"{p}:{{registry}}:revoked", change["key_hash"])
-            await pipe.execute()
+    @contextlib.asynccontextmanager
+    async def _locked(self) -> AsyncIterator[None]:
+        """The registry's writer lock: versions are counted, and the head rewritten, by one gateway at a time."""
+        assert self._client is not None and self._unlock is not None
+        token, deadline = secrets.token_hex(16), time.monotonic() + _LOCK_WAIT_S
+        while True:
+            async with redis_call("registry lock", self._timeout_s):
+                if await self._client.set(self._key("lock"), token, nx=True, px=_LOCK_TTL_MS):
+                    break
+            if time.monotonic() > deadline:
+                raise StoreUnavailable("the registry is locked by another change; try again")
+            await asyncio.sleep(0.05)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(StoreUnavailable):
+                async with redis_call("registry unlock", self._timeout_s):
+                    await self._unlock(keys=[self._key("lock")], args=[token])
+
+    async def _snapshot(self) -> tuple[int, list[tuple[dict[str, Any], int]]]:
+        """What Redis holds, checked: the head's version and every entry's change and version (``Refused``: a
+        forged entry or head, or entries the head does not describe)."""
+        assert self._read is not None
+        async with redis_call("registry read", self._timeout_s):
+            flat, raw_head = cast(list[Any], await self._read(keys=[self._key("entries"), self._key("head")]))
+        entries = _pairs(flat)
+        if raw_head is None:
+            if entries:
+                raise Refused("altered", "the registry has entries but no head")
+            return 0, []
+        head_version, signed_digest = self._signer.open_head(raw_head)
+        opened, versions = [], {}
+        for name, raw in entries.items():
+            try:
+                change, version = self._signer.open(raw)
+            except Refused as exc:
+                raise Refused("altered", f"entry {name!r}: {exc}") from exc
+            if entity(change) != name or version > head_version:
+                raise Refused("altered", f"entry {name!r} is not where or when it was signed")
+            opened.append((change, version))
+            versions[name] = version
+        if digest(versions) != signed_digest:
+            raise Refused("altered", "entries were deleted, added or replaced by older ones since the head was signed")
+        return head_version, sorted(opened, key=lambda pair: pair[1])
+
+    async def _store(self, change: dict[str, Any]) -> int:
+        """Sign the change with the next version, store it and the new head under the lock, publish it."""
+        assert self._client is not None
+        if not self._signer.can_sign:
+            raise StoreUnavailable("no registry signing key (state.registry_key_env, or an admin token)")
+        async with self._locked():
+            try:
+                head_version, entries = await self._snapshot()
+            except Refused as exc:
+                self._refused(exc.reason, "stored", str(exc))
+                raise StoreUnavailable(f"the registry in Redis was altered outside the gateways: {exc}") from exc
+            version = head_version + 1
+            versions = {entity(c): v for c, v in entries}
+            versions[entity(change)] = version
+            envelope = self._signer.envelope(change, version)
+            async with redis_call("registry change", self._timeout_s), self._client.pipeline(transaction=True) as pipe:
+                pipe.hset(self._key("entries"), entity(change), json.dumps(envelope))
+                pipe.set(self._key("head"), json.dumps(self._signer.head(version, versions)))
+                await pipe.execute()
         # Apart from the MULTI: PUBLISH names no key, so on a cluster it cannot join a one-slot transaction.
         async with redis_call("registry publish", self._timeout_s):
-            await self._client.publish(self._channel, json.dumps(change))  # type: ignore[union-attr]
+            await self._client.publish(self._channel, json.dumps(envelope))
+        return version
 
     async def _resync(self) -> None:
-        p, read = self._prefix, self._read
-        assert read is not None
-        names = ("tenants", "keys", "revoked", "adapters", "retired", "splits")
-        async with redis_call("registry read", self._timeout_s):
-            # One script: an atomic read of the six keys (one slot on a cluster: the {registry} hash tag).
-            reply = cast(list[Any], await read(keys=[f"{p}:{{registry}}:{name}" for name in names]))
-        tenants, keys, adapters, splits = (_pairs(reply[i]) for i in (0, 1, 3, 5))
-        revoked, retired = reply[2], reply[4]
-        state = RegistryState(
-            {tid: TenantConfig.model_validate_json(raw) for tid, raw in tenants.items()},
-            dict(keys),
-            set(revoked),
-            {name: AdapterConfig.model_validate_json(raw) for name, raw in adapters.items()},
-            set(retired),
-            {name: SplitConfig.model_validate_json(raw) for name, raw in splits.items()},
-        )
+        try:
+            head_version, entries = await self._snapshot()
+        except Refused as exc:
+            self._refused(exc.reason, "stored", str(exc))
+            return
+        if head_version < self.state.version:  # an older registry put back in place of the current one
+            message = f"its head is version {head_version}, this gateway has applied {self.state.version}"
+            self._refused("stale", "stored", message)
+            return
+        state = RegistryState()
+        for change, version in entries:
+            state.accept(change, version)
+        state.version = head_version
         if state != self.state:
             self.state = state
             self._on_change()
+
+    def _message(self, data: str | bytes) -> None:
+        """A published change: applied if signed and newer than what this gateway has for its entity."""
+        try:
+            change, version = self._signer.open(data)
+        except Refused as exc:
+            self._refused(exc.reason, "message", str(exc))
+            return
+        known = self.state.versions.get(entity(change), 0)
+        if version == known:
+            return  # this gateway's own change, or one a resync already brought
+        if version < known:
+            self._refused("stale", "message", f"{change['kind']} version {version}, after version {known}")
+            return
+        try:
+            self.state.accept(change, version)
+        except ValidationError as exc:  # signed by a gateway that validated it: another version's schema
+            self._refused("invalid", "message", str(exc)[:200])
+            return
+        self._on_change()
 
     async def _follow(self) -> None:
         assert self._subscriber is not None
@@ -255,8 +352,7 @@ class Registry:
                     await self._resync()  # whatever changed while we were not listening
                     async for message in pubsub.listen():
                         if message.get("type") == "message":
-                            self.state.apply(json.loads(message["data"]))
-                            self._on_change()
+                            self._message(message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: try again shortly; the resync loop repairs the rest

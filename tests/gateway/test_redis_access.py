@@ -116,7 +116,7 @@ def test_a_gateway_shares_its_registry_through_a_secured_redis(tmp_path: Path) -
             assert httpx.get(gateway.url + "/readyz", timeout=10).json()["residency_store"] == "up"
             added = httpx.post(gateway.url + "/admin/tenants/acme/keys", json={}, headers=ADMIN, timeout=10)
             assert added.status_code == 200, added.text
-            assert server.client().hlen("tg:{registry}:keys") == 1
+            assert server.client().hlen("tg:{registry}:entries") == 1
             client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=added.json()["api_key"], max_retries=0)
             assert client.completions.create(model="lora-a", prompt="hi", max_tokens=2).choices
             assert api_key("acme") != added.json()["api_key"]
