@@ -79,5 +79,8 @@ def _start_reload(app: web.Application, running: set[asyncio.Task[None]]) -> Non
 def serve(config: GatewayConfig, config_path: Path | None = None) -> int:
     logs.configure()  # every line one JSON object (gateway/observe/logs.py)
     # uvloop's event loop costs the gateway less CPU per request than asyncio's own (make bench-gateway).
-    uvloop.run(_run(config, config_path))
+    try:
+        uvloop.run(_run(config, config_path))
+    finally:
+        logs.shutdown()  # every queued line written before the process exits (SIGTERM included)
     return 0

@@ -9,6 +9,7 @@ in-flight, engine load signals, residency) is read when Prometheus scrapes, at n
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -22,8 +23,10 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.observe import logs
 from gateway.observe.activity import Activity
 from gateway.version import gateway_version
 
@@ -151,6 +154,7 @@ class GatewayMetrics:
             "tenantgate_config_restart_pending", "1 for each setting the config file changes that applies only after "
             "a restart (gateway/reload.py RESTART_ONLY), as of the last reload", ["field"], registry=r,
         )  # fmt: skip
+        r.register(_DroppedLogLines())
 
     def restart_pending(self, fields: list[str]) -> None:
         self.config_restart_pending.clear()
@@ -163,3 +167,14 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _DroppedLogLines(Collector):
+    """Log lines dropped because the log's writer thread was a full queue behind (gateway/observe/logs.py), read at
+    each scrape: the count lives with the writer, which is the process's, not an app's."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "tenantgate_log_lines_dropped", "Log lines (access lines included) dropped because the log's writer "
+            "was a full queue behind", value=logs.dropped_lines(),
+        )  # fmt: skip

@@ -60,6 +60,9 @@ class RequestRecord:
     error_detail: str | None = None
     retries: int = 0
     trace_id: str | None = None
+    # A stream's status once its last event was handed to the connection: a client that closes as soon as it has
+    # read it may cancel the handler on its way out, and was answered all the same (not a 499).
+    answered: int | None = None
 
     def mark_first_byte(self) -> None:
         if self.first_byte is None:
@@ -164,9 +167,14 @@ class Telemetry:
                 self.metrics.activity.request(
                     record.tenant, record.adapter, record.replica, record.reasons, record.status, ttft
                 )
-            if self.access_log:
-                # The fields as the record's own: the JSON formatter (gateway/observe/logs.py) writes them.
-                access_log.info("request", extra=_log_line(record))
+            if self.access_log and access_log.isEnabledFor(logging.INFO):
+                # The fields as the record's own: the JSON formatter (gateway/observe/logs.py) writes them, on the
+                # log's writer thread. The record is made here without Logger.info's walk up the stack for the
+                # caller's file and line (findCaller), which the line does not print.
+                line = access_log.makeRecord(
+                    access_log.name, logging.INFO, "", 0, "request", (), None, extra=_log_line(record)
+                )
+                access_log.handle(line)
         except Exception:  # telemetry must never fail a request
             log.exception("recording a request's telemetry failed")
 

@@ -43,7 +43,7 @@ async def _inference(request: web.Request, kind: Kind) -> web.StreamResponse:
             record.status = exc.status
             raise
         except (asyncio.CancelledError, ConnectionResetError):
-            record.status = CLIENT_CLOSED_REQUEST
+            record.status = record.answered if record.answered is not None else CLIENT_CLOSED_REQUEST
             raise
         finally:
             telemetry.finish(record)

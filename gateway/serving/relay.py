@@ -58,5 +58,6 @@ async def stream(
             await response.write(rest)
     except BackendError as exc:  # an unfinished event is dropped: the client gets whole events, then the error
         await response.write(broken(exc).sse_event())
+    record.answered = response.status
     await response.write_eof()
     return response

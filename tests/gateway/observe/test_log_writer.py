@@ -1,0 +1,140 @@
+"""The log's writer never blocks its caller: lines go through a bounded queue to a thread that formats and writes
+them; lines beyond the queue are dropped and counted; a SIGTERM'd gateway writes every queued line before it exits."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from gateway.observe import logs
+from gateway.observe.metrics import GatewayMetrics
+from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config
+from loadtests.processes import free_port, healthy
+from tests.servers import EngineProcess
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """logs.configure replaces the root logger's handlers: give pytest's back after the test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        logs.shutdown()
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+
+
+class _Blocked(io.StringIO):
+    """A stream whose writes wait until released: a stalled stderr."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def write(self, text: str) -> int:
+        self.entered.set()
+        assert self.release.wait(timeout=30)
+        return super().write(text)
+
+
+def _wait(condition: threading.Event) -> None:
+    assert condition.wait(timeout=10)
+
+
+def test_a_line_is_formatted_on_the_writer_thread_not_the_callers(root_logging: None) -> None:
+    formatted_on: list[int] = []
+
+    class Probe:
+        def __str__(self) -> str:  # called when the message's %s is rendered
+            formatted_on.append(threading.get_ident())
+            return "probe"
+
+    stream = io.StringIO()
+    logs.configure(stream=stream, worker=3)
+    logging.getLogger("tenantgate.test").info("value %s", Probe())
+    logs.shutdown()  # writes what is queued
+    [line] = [json.loads(text) for text in stream.getvalue().splitlines()]
+    assert line["message"] == "value probe" and line["worker"] == 3
+    # QueueHandler's own prepare renders the message on the caller's thread.
+    assert formatted_on and threading.get_ident() not in formatted_on
+
+
+def test_lines_beyond_the_queue_are_dropped_and_counted_never_waited_for(root_logging: None) -> None:
+    stream = _Blocked()
+    logs.configure(stream=stream, queue_lines=5)
+    log = logging.getLogger("tenantgate.test")
+    log.info("first")  # the writer takes it and blocks in write: the queue is empty again
+    _wait(stream.entered)
+    for number in range(8):  # 5 fit in the queue; the caller is never made to wait for the other 3
+        log.info("line %d", number)
+    assert logs.dropped_lines() == 3
+    exposition = GatewayMetrics().exposition().decode()
+    assert "tenantgate_log_lines_dropped_total 3.0" in exposition
+    stream.release.set()
+    logs.shutdown()
+    written = [json.loads(text)["message"] for text in stream.getvalue().splitlines()]
+    assert written == ["first", *(f"line {n}" for n in range(5))]
+
+
+def test_a_line_logged_after_shutdown_is_written_by_its_caller(root_logging: None) -> None:
+    stream = io.StringIO()
+    logs.configure(stream=stream)
+    logs.shutdown()
+    logging.getLogger("tenantgate.test").warning("late")
+    assert json.loads(stream.getvalue())["message"] == "late"
+
+
+def test_sigterm_writes_every_queued_access_line(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    """The gateway's stderr is a pipe nobody reads while the requests are sent: it fills (64 KiB) and the writer
+    thread blocks on it, the rest of the lines wait in the queue (the requests do not: before the writer thread,
+    they hung on the full pipe). SIGTERM, then the pipe is read: every access line is there."""
+    requests = 400  # about 450 bytes a line: three times the pipe's buffer
+    port = free_port()
+    config = gateway_config({"r0": sim_engine.url}, {"acme": ["a1"]}, {"a1": sim_engine.adapters["a1"]}, port=port)
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        env={**os.environ, "TENANTGATE_ADMIN_TOKEN": ADMIN_TOKEN},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not healthy(url, "/readyz"):
+            assert process.poll() is None and time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.1)
+        body = {"model": "a1", "prompt": "x", "max_tokens": 1}
+        auth = {"Authorization": f"Bearer {api_key('acme')}"}
+        with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
+            for _ in range(requests):
+                assert client.post("/v1/completions", json=body).status_code == 200
+        os.kill(process.pid, signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0, stderr.decode(errors="replace")[-2000:]
+    objects = [json.loads(line) for line in stderr.decode().splitlines()]
+    access = [o for o in objects if o["logger"] == "tenantgate.access"]
+    assert len(access) == requests
+    assert objects[-1]["message"] == "shut down"
