@@ -97,6 +97,9 @@ class EngineSpec(Generic[S]):
     # it (TensorRT-LLM: "PEFT Cache is full"). The gateway then lets a working set run over its bound briefly
     # instead of failing a request the engine would serve.
     queues_when_full: bool = True
+    # The engine takes a request's ``cache_salt`` (vLLM: mixed into its prefix-cache block hashes), so the gateway
+    # can keep tenants that call one model out of each other's cached prefixes.
+    takes_cache_salt: bool = False
 
 
 class UnknownEngine(LookupError):

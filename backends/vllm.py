@@ -200,7 +200,7 @@ def _driver(settings: NoSettings, pool: PoolSettings) -> VllmDriver:
     )
 
 
-SPEC = register(EngineSpec(name="vllm", settings=NoSettings, driver=_driver))
+SPEC = register(EngineSpec(name="vllm", settings=NoSettings, driver=_driver, takes_cache_salt=True))
 
 
 _LOAD_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")

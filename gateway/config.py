@@ -230,6 +230,15 @@ class PoolConfig(_Frozen):
     # chat_template_kwargs keys a request may set (e.g. enable_thinking); none by default. Never a template: a key
     # naming one is refused here, so a request can never make the engine render a template it brings.
     chat_template_kwargs: frozenset[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = frozenset()
+    # Prefix-cache isolation: a request for a model another tenant can also call (a base model, an adapter two
+    # tenants list) carries a cache_salt of its tenant's own, so no tenant's prompt hits (and so times) a prefix
+    # another cached. For engines that take a salt (vLLM; Triton pools get none: docs/triton.md). false: tenants
+    # of one model share its prefix cache.
+    cache_salt: bool = True
+
+    @property
+    def salts_prefix_cache(self) -> bool:
+        return self.cache_salt and engines.spec(self.backend).takes_cache_salt
 
     @model_validator(mode="after")
     def _no_template_kwargs(self) -> PoolConfig:

@@ -87,7 +87,7 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
             key=routed.key,
             adapter=target.adapter_ref,
             engine_path=_PATHS[kind],
-            body=inference.for_engine(target.engine_model, max_tokens=max_tokens),
+            body=inference.for_engine(target.engine_model, max_tokens=max_tokens, cache_salt=target.cache_salt),
             stream=inference.stream,
             strip_usage=inference.stream and not inference.client_wants_usage,
             deadline=time.monotonic() + timeout_s,

@@ -86,11 +86,14 @@ class InferenceRequest:
         options = self.body.get("stream_options")
         return isinstance(options, dict) and options.get("include_usage") is True
 
-    def for_engine(self, engine_model: str, *, max_tokens: int | None = None) -> bytes:
+    def for_engine(self, engine_model: str, *, max_tokens: int | None = None, cache_salt: str | None = None) -> bytes:
         """The body to send upstream: the one that was parsed and checked, with the engine's model name;
         ``max_tokens`` when the request named none (the tenant's cap). A stream always asks the engine for its
-        usage, so its tokens are counted whatever the client asked (relay strips the usage chunk it did not)."""
+        usage, so its tokens are counted whatever the client asked (relay strips the usage chunk it did not).
+        ``cache_salt``: the tenant's prefix-cache salt (the client cannot send one: not an allowed field)."""
         body = {**self.body, "model": engine_model}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
         if max_tokens is not None and self.max_tokens is None:
             body["max_tokens"] = max_tokens
         if self.stream and not self.client_wants_usage:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.base import AdapterRef
 from gateway.config import AdapterConfig, GatewayConfig, RoutingConfig
@@ -25,6 +25,9 @@ class Target:
     variants: tuple[tuple[float, Target], ...] = ()
     # The adapter as the engine knows it (built once here, not per request); None for the base model.
     adapter_ref: AdapterRef | None = None
+    # The tenant's prefix-cache salt when another tenant can call the same engine model and the pool salts
+    # (pools[].cache_salt); None otherwise. Sent to the engine as cache_salt.
+    cache_salt: str | None = None
 
     def pick(self, tenant_id: str, user: str | None) -> Target:
         """The variant for this end user: a hash of tenant, split and user, so the same user always gets the same
@@ -82,12 +85,17 @@ class TenantDirectory:
             splits[split.name] = Target(
                 split.name, first.pool, first.engine_model, first.adapter, tuple(variants), first.adapter_ref
             )
+        every: dict[str, dict[str, Target]] = {}
         for tenant_config in config.tenants:
             targets: dict[str, Target] = {}
             for name in tenant_config.adapters:
                 targets[name] = splits[name] if name in splits else target(name)
             for base in tenant_config.base_models:
                 targets[base] = Target(base, pools_by_base[base].name, pools[pools_by_base[base].name].base_model, None)
+            every[tenant_config.id] = targets
+        salted = _salted(every, {pool.name for pool in config.pools if pool.salts_prefix_cache})
+        for tenant_config in config.tenants:
+            targets = salted[tenant_config.id]
             tenant = Tenant(tenant_config.id, targets, next(iter(targets)))
             self.by_id[tenant.id] = tenant
             for key_hash in tenant_config.api_keys:
@@ -116,6 +124,35 @@ class TenantDirectory:
         if target is None:
             raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
         return target
+
+
+def cache_salt(tenant_id: str) -> str:
+    """A tenant's prefix-cache salt: its own, stable across gateways and restarts (so its cache stays warm), and
+    not its id (engines log requests). Clients cannot send one: cache_salt is not a request field they may set."""
+    return hashlib.blake2b(f"tenantgate cache salt/{tenant_id}".encode(), digest_size=16).hexdigest()
+
+
+def _salted(every: dict[str, dict[str, Target]], salting_pools: set[str]) -> dict[str, dict[str, Target]]:
+    """Each tenant's targets, those on an engine model another tenant can call too (in a pool that salts) with the
+    tenant's cache salt: a split's variants each, as a variant is what a request runs on."""
+
+    def leaves(target: Target) -> list[Target]:
+        return [variant for _, variant in target.variants] if target.variants else [target]
+
+    callers: dict[tuple[str, str], set[str]] = {}
+    for tenant_id, targets in every.items():
+        for target in targets.values():
+            for leaf in leaves(target):
+                callers.setdefault((leaf.pool, leaf.engine_model), set()).add(tenant_id)
+
+    def salt(target: Target, tenant_id: str) -> Target:
+        if target.variants:
+            variants = tuple((bound, salt(variant, tenant_id)) for bound, variant in target.variants)
+            return replace(target, variants=variants, cache_salt=variants[0][1].cache_salt)
+        shared = len(callers[(target.pool, target.engine_model)]) > 1
+        return replace(target, cache_salt=cache_salt(tenant_id)) if shared and target.pool in salting_pools else target
+
+    return {tid: {name: salt(t, tid) for name, t in targets.items()} for tid, targets in every.items()}
 
 
 def affinity_key(routing: RoutingConfig, tenant: Tenant, target: Target, session_id: str | None) -> str:

@@ -106,6 +106,7 @@ class SimEngine:
         ignore_eos: bool = False,
         answer_key: str | None = None,
         stop_words: Collection[str] = (),
+        cache_salt: str | None = None,
     ) -> SimRequest:
         """Queue a request. The answer is derived from ``answer_key`` (default: the adapter or model name) and the
         prompt; Triton mode passes a digest of the adapter's weights, so different weights give different text.
@@ -132,7 +133,8 @@ class SimEngine:
         request = SimRequest(
             adapter=adapter,
             adapter_info=self.adapters.registered.get(adapter) if adapter is not None else None,
-            cache_salt=model,
+            # As vLLM: prefix blocks are keyed by the adapter and the request's cache_salt (when it sends one).
+            cache_salt=model if cache_salt is None else f"{model}\x00{cache_salt}",
             prompt_tokens=prompt_tokens,
             answer=answer,
             finish_reason="stop" if len(natural) <= wanted else "length",

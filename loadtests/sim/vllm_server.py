@@ -116,7 +116,11 @@ def _submit(
     engine: SimEngine, adapter: str | None, prompt: str, max_tokens: int | None, body: dict[str, Any]
 ) -> SimRequest:
     try:
-        return engine.submit(adapter, prompt, max_tokens, ignore_eos=body.get("ignore_eos") is True)
+        salt = body.get("cache_salt")
+        return engine.submit(
+            adapter, prompt, max_tokens, ignore_eos=body.get("ignore_eos") is True,
+            cache_salt=salt if isinstance(salt, str) and salt else None,
+        )  # fmt: skip
     except PromptTooLong as exc:
         raise _bad_request(str(exc), "max_tokens") from exc
 

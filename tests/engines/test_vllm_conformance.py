@@ -7,6 +7,7 @@ The simulator must pass everything vLLM passes. Where the two differ on purpose,
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -200,6 +201,37 @@ def test_load_rank_above_limit_fails_and_server_survives(engine: EngineProcess, 
     _assert_error_body(response, 500, "greater than max_lora_rank")
     assert http.get("/health").status_code == 200
     assert http.post("/v1/completions", json={"model": "a1", "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+# --- prefix-cache isolation -----------------------------------------------------------------------------------
+def test_cache_salt_separates_prefix_caches(engine: EngineProcess, http: httpx.Client) -> None:
+    """The gateway salts a tenant's requests for a model other tenants call too (gateway/tenants/directory.py):
+    the engine must key its prefix cache by the salt. The same prompt under another salt, or none, finds nothing
+    cached; under the same salt it finds its prefix. Read from the engine's own counters: each request's prompt
+    shows in prefix_cache_queries_total, and its cached tokens in prefix_cache_hits_total, on the same update."""
+    prompt = uuid.uuid4().hex + " " + " ".join(f"salt{i}" for i in range(60))  # nothing any other test cached
+
+    def counters() -> tuple[float, float]:
+        by_name = {name: value for name, _, value in _samples(http.get("/metrics").text)}
+        return by_name["vllm:prefix_cache_queries_total"], by_name["vllm:prefix_cache_hits_total"]
+
+    def hits(salt: str | None) -> float:
+        queries, before = counters()
+        body: dict[str, object] = {"model": engine.base_model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        if salt is not None:
+            body["cache_salt"] = salt
+        assert http.post("/v1/completions", json=body).status_code == 200
+        deadline = time.monotonic() + 10
+        while (now := counters())[0] == queries:  # the engine's stats for this request are not in yet
+            assert time.monotonic() < deadline, "prefix_cache_queries_total did not move"
+            time.sleep(0.05)
+        return now[1] - before
+
+    assert hits("tenant-a") == 0
+    assert hits("tenant-b") == 0  # the same prompt, another tenant's salt: nothing of tenant-a's
+    assert hits(None) == 0
+    assert hits("tenant-a") > 0  # its own prefix
+    assert hits(None) > 0
 
 
 # --- health and metrics ---------------------------------------------------------------------------------------
