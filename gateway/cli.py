@@ -43,6 +43,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "(SIGHUP reloads the config, SIGTERM drains and exits 0)",
     )  # fmt: skip
     serve.add_argument("--config", required=True, help="YAML config file")
+    serve.add_argument(
+        "--workers", type=int, default=1,
+        help="gateway processes on the one port, under a supervisor that restarts them (default 1; above 1 needs "
+        "state.redis_url)",
+    )  # fmt: skip
+    serve.add_argument("--worker-sockets", help=argparse.SUPPRESS)  # set by the supervisor (gateway/workers.py)
     serve.set_defaults(run=_serve)
     check = commands.add_parser(
         "check-config", help="validate a config file; print every error with its field path",
@@ -179,6 +185,14 @@ def _serve(args: argparse.Namespace) -> int:
         log.error("invalid config %s: not serving", args.config, extra={"problems": exc.problems})
         return 1
     try:
+        if args.worker_sockets is not None:
+            from gateway.workers import WorkerSockets
+
+            return serve(config, Path(args.config), worker=WorkerSockets.decode(args.worker_sockets))
+        if args.workers != 1:
+            from gateway.workers import supervise
+
+            return supervise(config, Path(args.config), args.workers)
         return serve(config, Path(args.config))
     except ConfigError as exc:  # found at start, beyond the file: a weak admin token
         log.error("refusing to serve: %s", "; ".join(exc.problems), extra={"problems": exc.problems})

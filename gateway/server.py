@@ -18,11 +18,12 @@ from gateway.config import GatewayConfig
 from gateway.observe import logs
 from gateway.reload import ReloadRefused, reload
 from gateway.serving.connections import ConnectionGuard, GuardedSite, keepalive_timeout
+from gateway.workers import WorkerSockets
 
 log = logging.getLogger("tenantgate")
 
 
-async def _run(config: GatewayConfig, config_path: Path | None) -> None:
+async def _run(config: GatewayConfig, config_path: Path | None, worker: WorkerSockets | None) -> None:
     app = create_app(config, config_path)
     # handler_cancellation: a client that goes away cancels its handler, which cancels the upstream request.
     # shutdown_timeout: on shutdown, in-flight handlers get this long to finish before they are cancelled.
@@ -34,12 +35,15 @@ async def _run(config: GatewayConfig, config_path: Path | None) -> None:
     )  # fmt: skip
     await runner.setup()
     guard = ConnectionGuard(config.listen, app[METRICS])
-    site = GuardedSite(runner, guard, config.listen.host, config.listen.port)
+    # A worker of serve --workers accepts on the socket its supervisor opened (gateway/workers.py).
+    listen_sock = worker.listening() if worker is not None else None
+    site = GuardedSite(runner, guard, config.listen.host, config.listen.port, sock=listen_sock)
     await site.start()
     guard.start()
     operator = config.admin.listen
     if operator is not None:  # /metrics and /admin answer there only (gateway/admin/operator.py)
-        await OperatorSite(runner, operator.host, operator.port).start()
+        operator_sock = worker.operator_listening() if worker is not None else None
+        await OperatorSite(runner, operator.host, operator.port, sock=operator_sock).start()
         log.info("tenantgate operator listener on http://%s:%d", operator.host, operator.port)
     # What start-up built (modules, config, fleet, metrics) lives as long as the process: out of the cyclic GC's
     # sight, each collection walks only what requests allocate (time in the collector per request, timed with
@@ -76,11 +80,12 @@ def _start_reload(app: web.Application, running: set[asyncio.Task[None]]) -> Non
     task.add_done_callback(running.discard)
 
 
-def serve(config: GatewayConfig, config_path: Path | None = None) -> int:
-    logs.configure()  # every line one JSON object (gateway/observe/logs.py)
+def serve(config: GatewayConfig, config_path: Path | None = None, worker: WorkerSockets | None = None) -> int:
+    # Every line one JSON object (gateway/observe/logs.py); a worker's lines say which worker wrote them.
+    logs.configure(worker=worker.worker if worker is not None else None)
     # uvloop's event loop costs the gateway less CPU per request than asyncio's own (make bench-gateway).
     try:
-        uvloop.run(_run(config, config_path))
+        uvloop.run(_run(config, config_path, worker))
     finally:
         logs.shutdown()  # every queued line written before the process exits (SIGTERM included)
     return 0

@@ -20,6 +20,7 @@ listener is not under the tenant listener's connection guard: it is not for tena
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -53,6 +54,10 @@ def on_operator_listener(request: web.BaseRequest) -> bool:
 class OperatorSite(web.TCPSite):
     """aiohttp's TCP site whose connections are ``OperatorHandler``s: a second site on the gateway's runner."""
 
+    def __init__(self, runner: web.AppRunner, host: str, port: int, sock: socket.socket | None = None) -> None:
+        super().__init__(runner, host, port)
+        self._sock = sock  # a listening socket the process inherited (serve --workers: gateway/workers.py)
+
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite.start does
         server = self._runner.server
@@ -61,9 +66,11 @@ class OperatorSite(web.TCPSite):
         def connection() -> OperatorHandler:
             return OperatorHandler(server, loop=asyncio.get_running_loop(), **server._kwargs)
 
-        self._server = await asyncio.get_running_loop().create_server(
-            connection, self._host, self._port, backlog=self._backlog
-        )
+        loop = asyncio.get_running_loop()
+        if self._sock is not None:
+            self._server = await loop.create_server(connection, sock=self._sock, backlog=self._backlog)
+        else:
+            self._server = await loop.create_server(connection, self._host, self._port, backlog=self._backlog)
 
 
 @web.middleware

@@ -8,6 +8,7 @@ in-flight, engine load signals, residency) is read when Prometheus scrapes, at n
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Iterator
 
@@ -24,6 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.observe import logs
@@ -44,9 +46,13 @@ class GatewayMetrics:
         # No <name>_created series: one more series per counter and histogram child that no dashboard reads.
         disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
         # What every Python service exports: process_* (CPU, memory, open fds), python_gc_*, python_info.
-        ProcessCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
+        # Collectors read at scrape time, this process's own: under serve --workers they are exported beside the
+        # workers' summed values (exposition).
+        self._live: list[Collector] = [
+            ProcessCollector(registry=self.registry),
+            GCCollector(registry=self.registry),
+            PlatformCollector(registry=self.registry),
+        ]
         # Not Prometheus: the last minutes kept for the status page (gateway/observe/activity.py).
         self.activity = Activity()
         r = self.registry
@@ -147,14 +153,24 @@ class GatewayMetrics:
             ["operation", "outcome"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0), registry=r,
         )  # fmt: skip
 
-        Info("tenantgate_build", "The running gateway's version", registry=r).info(
-            {"version": gateway_version(), "python": platform.python_version()}
-        )
+        build = Info("tenantgate_build", "The running gateway's version", registry=r)
+        build.info({"version": gateway_version(), "python": platform.python_version()})
         self.config_restart_pending = Gauge(
             "tenantgate_config_restart_pending", "1 for each setting the config file changes that applies only after "
             "a restart (gateway/reload.py RESTART_ONLY), as of the last reload", ["field"], registry=r,
         )  # fmt: skip
-        r.register(_DroppedLogLines())
+        dropped = _DroppedLogLines()
+        r.register(dropped)
+        self._live += [build, dropped]
+        # serve --workers (gateway/workers.py) sets prometheus-client's multiprocess directory: every worker's
+        # counters and histograms are written there, and a scrape of any worker sums them all; gauges are exported
+        # per worker (a pid label).
+        self._exposed = r
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            self._exposed = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(self._exposed)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+            for collector in self._live:
+                self._exposed.register(collector)
 
     def restart_pending(self, fields: list[str]) -> None:
         self.config_restart_pending.clear()
@@ -164,9 +180,11 @@ class GatewayMetrics:
     def watch(self, collector: Collector) -> None:
         """Export what ``collector`` reads at each scrape (the fleet's live state: gateway/fleet/collector.py)."""
         self.registry.register(collector)
+        if self._exposed is not self.registry:
+            self._exposed.register(collector)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)
 
 
 class _DroppedLogLines(Collector):

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -184,9 +185,12 @@ class ConnectionGuard:
 class GuardedSite(web.TCPSite):
     """aiohttp's TCP site whose connections are ``GuardedHandler``s of ``guard``."""
 
-    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int) -> None:
+    def __init__(
+        self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int, sock: socket.socket | None = None
+    ) -> None:
         super().__init__(runner, host, port)
         self._guard = guard
+        self._sock = sock  # a listening socket the process inherited (serve --workers: gateway/workers.py)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite.start does
@@ -197,9 +201,11 @@ class GuardedSite(web.TCPSite):
         def connection() -> GuardedHandler:
             return GuardedHandler(guard, server, loop=asyncio.get_running_loop(), **server._kwargs)
 
-        self._server = await asyncio.get_running_loop().create_server(
-            connection, self._host, self._port, backlog=self._backlog
-        )
+        loop = asyncio.get_running_loop()
+        if self._sock is not None:
+            self._server = await loop.create_server(connection, sock=self._sock, backlog=self._backlog)
+        else:
+            self._server = await loop.create_server(connection, self._host, self._port, backlog=self._backlog)
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
 
 
