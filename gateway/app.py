@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from gateway.admin import operator
 from gateway.admin import routes as admin
 from gateway.admin.auth import admin_token, metrics_token
-from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY
+from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY, TRAFFIC
 from gateway.config import GatewayConfig, StateConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
 from gateway.fleet.collector import FleetCollector
@@ -24,9 +24,12 @@ from gateway.fleet.discovery import interval_s as discovery_interval_s
 from gateway.fleet.fleet import Fleet, make_store
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import Telemetry
-from gateway.redis_client import redis_access, secret
+from gateway.observe.traffic import TrafficMeter
+from gateway.placement.collector import TrafficCollector
+from gateway.placement.exchange import FleetTraffic, TrafficExchange
+from gateway.redis_client import RedisAccess, redis_access, secret
 from gateway.reload import close_retiring, rediscover, reload_answer
-from gateway.reload_fanout import FANOUT, Fanout
+from gateway.reload_fanout import FANOUT, GATEWAY_ID, Fanout
 from gateway.residency.lifecycle import every
 from gateway.residency.timed import TimedStore
 from gateway.serving import ingress
@@ -92,6 +95,19 @@ def registry_key(state: StateConfig, admin_token: str, environ: Mapping[str, str
     return derived_key(admin_token) if admin_token else None
 
 
+def _fleet_traffic(config: GatewayConfig, access: RedisAccess) -> FleetTraffic:
+    """This gateway's traffic meter, and with Redis the exchange that merges it with the other gateways'."""
+    settings = config.traffic
+    meter = TrafficMeter(settings.window_s, settings.max_keys, settings.max_keys_per_interval)
+    exchange = None
+    if config.state.redis_url is not None:
+        exchange = TrafficExchange(
+            config.state.redis_url, operation_timeout_s=config.state.operation_timeout_s,
+            stale_after_s=3 * settings.interval_s, cluster=config.state.cluster, access=access,
+        )  # fmt: skip
+    return FleetTraffic(meter, GATEWAY_ID, settings.max_keys, exchange)
+
+
 def create_app(
     config: GatewayConfig, config_path: Path | None = None, span_exporter: SpanExporter | None = None
 ) -> web.Application:
@@ -150,6 +166,23 @@ def create_app(
         telemetry.close()
 
     app.cleanup_ctx.append(fleet_context)
+    traffic = app[TRAFFIC] = _fleet_traffic(config, access)
+    metrics.watch(TrafficCollector(traffic, config.traffic.metric_keys))
+
+    async def traffic_tick() -> None:
+        await traffic.tick()
+        if state.started:  # a replica that comes back is filled with its busiest keys' adapters first
+            state.serving.fleet.order_fill_by(traffic.fleet)
+
+    async def traffic_context(app: web.Application) -> AsyncIterator[None]:
+        ticks = asyncio.create_task(every(config.traffic.interval_s, traffic_tick, "traffic"), name="traffic")
+        yield
+        ticks.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticks
+        await traffic.close()
+
+    app.cleanup_ctx.append(traffic_context)
     if config.state.redis_url is not None and config_path is not None:  # reload every gateway sharing the Redis
         fanout = app[FANOUT] = Fanout(
             config.state.redis_url, lambda: reload_answer(app), operation_timeout_s=timeout_s,

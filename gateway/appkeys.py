@@ -6,9 +6,11 @@ from aiohttp import web
 
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import Telemetry
+from gateway.placement.exchange import FleetTraffic
 from gateway.state import GatewayState
 
 STATE = web.AppKey("state", GatewayState)
 ADMIN_TOKEN = web.AppKey("admin_token", str)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
+TRAFFIC = web.AppKey("traffic", FleetTraffic)

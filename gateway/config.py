@@ -646,6 +646,31 @@ class ShutdownConfig(_Frozen):
     drain_timeout_s: float = Field(default=30.0, gt=0, le=3600)
 
 
+class TrafficConfig(_Frozen):
+    """Traffic measured per affinity key (gateway/observe/traffic.py; gateway/placement/exchange.py merges it): each
+    gateway counts its requests and tokens per key, folds them every ``interval_s`` into a moving average, and with
+    Redis swaps its figures for the other gateways' in one call per interval, never per request; the sum is the
+    fleet-wide figure every gateway reads."""
+
+    # How often the counts are folded into the average and exchanged through Redis (one call per gateway).
+    interval_s: float = Field(default=5.0, gt=0, le=600)
+    # The average's time constant: a key's rate weighs the last window_s seconds most (exponentially weighted).
+    window_s: float = Field(default=60.0, gt=0, le=86_400)
+    # The busiest keys kept, per gateway and fleet-wide (session keys are unbounded in number); each pool's total
+    # counts every key.
+    max_keys: int = Field(default=2000, ge=1, le=1_000_000)
+    # Distinct keys counted within one interval; a key past it counts only in its pool's total that interval.
+    max_keys_per_interval: int = Field(default=20_000, ge=1, le=10_000_000)
+    # The busiest keys per pool exported as metrics with a `key` label (the metric's cardinality); 0: none.
+    metric_keys: int = Field(default=20, ge=0, le=1000)
+
+    @model_validator(mode="after")
+    def _window_spans_intervals(self) -> TrafficConfig:
+        if self.window_s < self.interval_s:
+            raise ValueError("window_s must be at least interval_s: the average spans whole intervals")
+        return self
+
+
 class GatewayConfig(_Frozen):
     # Modules that register more engines (backends/registry.py), imported before the pools are validated, e.g.
     # `engines: [mycompany.sglang_engine]`; vllm and triton are always registered.
@@ -661,6 +686,7 @@ class GatewayConfig(_Frozen):
     limits: LimitsConfig = LimitsConfig()
     state: StateConfig = StateConfig()
     residency: ResidencyConfig = ResidencyConfig()
+    traffic: TrafficConfig = TrafficConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     adapter_sources: AdapterSourcesConfig = AdapterSourcesConfig()

@@ -33,11 +33,11 @@ log = logging.getLogger(__name__)
 
 # Bound to the running process: the listener (its address; aiohttp's body limit and shutdown timeout are set when
 # the app and its runner are built), the admin token's variable (read at start), the Redis clients (residency,
-# buckets, registry: built once), the tracer provider. Everything else a reload applies: pools, routing, tenants,
-# adapters, splits, the other limits, auth, residency intervals, telemetry.access_log and
-# telemetry.engine_scrape_interval_s, shutdown.drain_delay_s (read at SIGTERM).
+# buckets, registry, the traffic exchange: built once), the traffic meter, the tracer provider. Everything else a
+# reload applies: pools, routing, tenants, adapters, splits, the other limits, auth, residency intervals,
+# telemetry.access_log and telemetry.engine_scrape_interval_s, shutdown.drain_delay_s (read at SIGTERM).
 RESTART_ONLY = (
-    "listen", "admin", "state", "limits.max_body_bytes", "telemetry.tracing", "shutdown.drain_timeout_s",
+    "listen", "admin", "state", "limits.max_body_bytes", "telemetry.tracing", "shutdown.drain_timeout_s", "traffic",
 )  # fmt: skip
 
 

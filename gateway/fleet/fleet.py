@@ -15,6 +15,7 @@ from gateway.fleet.engines import endpoint, make_driver
 from gateway.fleet.fill import fill_plan
 from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.traffic import Traffic
 from gateway.redis_client import NO_ACCESS, RedisAccess
 from gateway.residency.lifecycle import PoolResidency, every
 from gateway.residency.memory import MemoryStore
@@ -108,11 +109,18 @@ class Fleet:
                 ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
                 for replica_id in sorted(prewarm_homes(config, pool, adapter.name)):
                     pool.prewarm[replica_id].append((ref, adapter.pinned))
-        for pool in self.pools.values():
-            pool.fill = fill_plan(config, pool)
-            pool.residency.plan = {r: frozenset(a.engine_name for a in refs) for r, refs in pool.fill.items()}
+        self.order_fill_by({})
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []
+
+    def order_fill_by(self, traffic: Traffic) -> None:
+        """(Re)plan each replica's fill, its busiest keys' adapters first by ``traffic`` (the fleet's measured
+        figure; empty: the config's order): what a replica that comes back is filled with next."""
+        for pool in self.pools.values():
+            measured = traffic.get(pool.name)
+            rates = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
+            pool.fill = fill_plan(self.config, pool, rates)
+            pool.residency.plan = {r: frozenset(a.engine_name for a in refs) for r, refs in pool.fill.items()}
 
     async def start(self) -> None:
         """Probe every replica once, then start the background loops; readiness waits for the pre-warm."""

@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from gateway.appkeys import STATE, TELEMETRY
+from gateway.appkeys import STATE, TELEMETRY, TRAFFIC
 from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord
 from gateway.serving.connections import authenticated
@@ -102,6 +102,9 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
     finally:
         used = record.prompt_tokens, record.completion_tokens
         ticket.settle(used[0] + used[1] if used[0] is not None and used[1] is not None else None)
+        # The key's traffic (gateway/placement/): what the engine reported, else what admission estimated.
+        spent = used[0] + used[1] if used[0] is not None and used[1] is not None else estimate
+        request.app[TRAFFIC].meter.record(target.pool, routed.key, spent)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

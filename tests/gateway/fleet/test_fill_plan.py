@@ -8,6 +8,7 @@ from typing import Any
 from gateway.config import GatewayConfig
 from gateway.fleet.fill import fill_plan
 from gateway.fleet.fleet import Fleet
+from gateway.observe.traffic import PoolTraffic, Rate
 from gateway.tenants.identity import hash_key
 
 REPLICAS = [f"r{i}" for i in range(2)]
@@ -97,5 +98,18 @@ async def test_with_the_fill_off_nothing_is_planned() -> None:
     try:
         assert all(not refs for pool in fleet.pools.values() for refs in pool.fill.values())
         assert all(not planned for planned in fleet.pools["llama"].residency.plan.values())
+    finally:
+        await fleet.close()
+
+
+async def test_the_fleets_measured_traffic_reorders_the_fill_and_its_absence_restores_the_configs_order() -> None:
+    fleet = Fleet(GatewayConfig.model_validate(config()))
+    try:
+        llama = fleet.pools["llama"]
+        fleet.order_fill_by({"llama": PoolTraffic(Rate(12, 0), {"t5": Rate(9, 0), "t4": Rate(3, 0)})})
+        assert names(llama.fill) == expected(fleet, {"t5": 9.0, "t4": 3.0})
+        assert names(llama.fill) != expected(fleet)  # t5's adapter moved up at its home
+        fleet.order_fill_by({})
+        assert names(llama.fill) == expected(fleet)
     finally:
         await fleet.close()

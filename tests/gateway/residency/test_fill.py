@@ -81,3 +81,13 @@ async def test_the_timer_brings_an_overfull_replica_down_to_max_adapters_even_th
     await life.sync()
     await life.evict_idle(lambda _: True)
     assert len(engine.loaded["r0"]) == 3 and len(engine.unloads) == 1
+
+
+async def test_the_fill_yields_to_a_load_waiting_for_a_slot(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig())
+    life.slot_waiters["r0"] = 1  # a request's load waits for a slot there: it goes first
+    assert await life.fill("r0", [ref("a")]) == []
+    assert engine.loaded["r0"] == set()
+    life.slot_waiters["r0"] = 0
+    assert await life.fill("r0", [ref("a")]) == ["a"]

@@ -1,0 +1,155 @@
+"""The fleet's traffic: every gateway's measured figures, merged through Redis into one every gateway reads.
+
+Every ``traffic.interval_s`` each gateway folds its meter (gateway/observe/traffic.py) and makes one Redis call:
+a script that writes this gateway's figures into the hash ``{prefix}:{{traffic}}:by_gateway`` (field: the
+gateway's id; value: the Redis clock's milliseconds at the write, a space, then the figures as JSON), drops the
+entries not rewritten within three intervals (a gateway gone), and returns the rest. The sum of those is the
+fleet's figure (``merge``). The Redis clock stamps the entries, so gateways' clocks need not agree. One key, so one
+Redis Cluster slot.
+
+Without Redis, or while it does not answer, the fleet's figure is this gateway's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable
+from typing import Any, cast
+
+from gateway.observe.traffic import PoolTraffic, Rate, Traffic, TrafficMeter, merge
+from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.residency.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+# KEYS: the hash; ARGV: this gateway's id, its figures (JSON), how old an entry may be (ms). Returns {id, entry, ...}
+# of the entries that are fresh, this gateway's included.
+_SWAP = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local oldest = now - tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], now .. ' ' .. ARGV[2])
+local all = redis.call('HGETALL', KEYS[1])
+local fresh = {}
+for i = 1, #all, 2 do
+  local written = tonumber(string.match(all[i + 1], '^(%d+) '))
+  if written == nil or written < oldest then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    fresh[#fresh + 1] = all[i]
+    fresh[#fresh + 1] = all[i + 1]
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return fresh
+"""
+
+
+def encode(traffic: Traffic) -> str:
+    """A gateway's figures as compact JSON: {pool: [requests/s, tokens/s, {key: [requests/s, tokens/s]}]}."""
+
+    def pair(rate: Rate) -> list[float]:
+        return [float(f"{rate.requests_per_s:.4g}"), float(f"{rate.tokens_per_s:.4g}")]
+
+    body = {pool: [*pair(t.total), {key: pair(rate) for key, rate in t.keys.items()}] for pool, t in traffic.items()}
+    return json.dumps(body, separators=(",", ":"))
+
+
+def decode(text: str) -> Traffic:
+    """``encode``'s inverse; raises ValueError (or a subclass) on anything else."""
+    body = json.loads(text)
+    if not isinstance(body, dict):
+        raise ValueError("traffic figures are not an object")
+    traffic: dict[str, PoolTraffic] = {}
+    for pool, (requests, tokens, keys) in body.items():
+        rates = {str(key): Rate(float(r), float(t)) for key, (r, t) in cast(dict[str, Any], keys).items()}
+        traffic[str(pool)] = PoolTraffic(Rate(float(requests), float(tokens)), rates)
+    return traffic
+
+
+class TrafficExchange:
+    """Swaps this gateway's figures for every fresh gateway's, in one Redis call."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        operation_timeout_s: float,
+        stale_after_s: float,
+        cluster: bool = False,
+        prefix: str = "tg",
+        access: RedisAccess = NO_ACCESS,
+    ) -> None:
+        self._client = make_client(redis_url, operation_timeout_s, cluster=cluster, access=access)
+        self._timeout_s = operation_timeout_s
+        self._stale_ms = max(1, round(1000 * stale_after_s))
+        self.key = f"{prefix}:{{traffic}}:by_gateway"
+        self._swap = self._client.register_script(_SWAP)
+
+    async def swap(self, gateway_id: str, figures: str) -> dict[str, str]:
+        """Write ``figures`` as this gateway's; every fresh gateway's figures by id (StoreUnavailable on failure)."""
+        async with redis_call("traffic swap", self._timeout_s):
+            reply = await cast(
+                Awaitable[list[str]], self._swap(keys=[self.key], args=[gateway_id, figures, self._stale_ms])
+            )
+        entries = reply
+        return {entries[i]: entries[i + 1].partition(" ")[2] for i in range(0, len(entries) - 1, 2)}
+
+    async def close(self) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            async with redis_call("close", self._timeout_s):
+                await self._client.aclose()
+
+
+class FleetTraffic:
+    """This gateway's meter and the fleet's figure: ``tick`` (every interval) folds the meter, swaps figures
+    through Redis and merges them. ``fleet`` is the figure routing and placement read; ``gateways`` how many
+    gateways' figures made it (1: this one's alone)."""
+
+    def __init__(
+        self, meter: TrafficMeter, gateway_id: str, max_keys: int, exchange: TrafficExchange | None = None
+    ) -> None:
+        self.meter = meter
+        self.gateway_id = gateway_id
+        self.max_keys = max_keys
+        self.exchange = exchange
+        self.fleet: Traffic = {}
+        self.gateways = 0
+        self.exchange_up = exchange is not None
+        self.bytes_written = 0  # the figures' size at the last swap, for the Redis traffic per interval
+        self.bytes_read = 0
+
+    async def tick(self) -> None:
+        own = self.meter.fold()
+        if self.exchange is None:
+            self.fleet, self.gateways = own, 1
+            return
+        figures = encode(own)
+        try:
+            entries = await self.exchange.swap(self.gateway_id, figures)
+        except StoreUnavailable as exc:
+            if self.exchange_up:
+                log.warning("traffic exchange failed, placing by this gateway's own figures: %s", exc)
+            self.exchange_up = False
+            self.fleet, self.gateways = own, 1
+            return
+        if not self.exchange_up:
+            log.warning("traffic exchange answers again")
+        self.exchange_up = True
+        views = [own]
+        for gateway_id, text in entries.items():
+            if gateway_id == self.gateway_id:
+                continue  # its own figures: ``own`` already, without the rounding
+            try:
+                views.append(decode(text))
+            except (ValueError, TypeError) as exc:  # a figure another version wrote, or noise: left out, said once
+                log.warning("traffic figures of gateway %s unreadable: %s", gateway_id, exc)
+        self.fleet = merge(views, self.max_keys)
+        self.gateways = len(views)
+        self.bytes_written, self.bytes_read = len(figures), sum(len(text) for text in entries.values())
+
+    async def close(self) -> None:
+        if self.exchange is not None:
+            await self.exchange.close()

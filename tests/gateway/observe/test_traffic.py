@@ -1,0 +1,96 @@
+"""The traffic meter (gateway/observe/traffic.py): a moving average per key, bounded in keys, and the merge of
+several gateways' figures; the figures' wire form (gateway/placement/exchange.py). Pure: a fake clock, no I/O."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.observe.traffic import PoolTraffic, Rate, TrafficMeter, merge
+from gateway.placement.exchange import decode, encode
+from tests.clock import Clock
+
+
+def meter(clock: Clock, window_s: float = 10.0, max_keys: int = 100, per_interval: int = 1000) -> TrafficMeter:
+    return TrafficMeter(window_s, max_keys, per_interval, clock=clock)
+
+
+def test_one_interval_moves_the_average_by_its_weight() -> None:
+    clock = Clock(0.0)
+    m = meter(clock)
+    for _ in range(20):
+        m.record("llama", "acme", 50)
+    clock.advance(10)  # one window: the new rates weigh 1 - e^-1
+    acme = m.fold()["llama"].keys["acme"]
+    weight = 1 - math.exp(-1)
+    assert acme.requests_per_s == pytest.approx(2.0 * weight)
+    assert acme.tokens_per_s == pytest.approx(100.0 * weight)
+    assert m.view()["llama"].total == acme  # one key: the pool's total is its rate
+
+
+def test_a_steady_rate_is_what_the_average_converges_to_and_a_silent_key_is_forgotten() -> None:
+    clock = Clock(0.0)
+    m = meter(clock, window_s=30.0)
+    for _ in range(60):  # 5 minutes at 3 requests per second, folded every 5 s
+        for _ in range(15):
+            m.record("llama", "acme", 10)
+        clock.advance(5)
+        m.fold()
+    assert m.view()["llama"].keys["acme"].requests_per_s == pytest.approx(3.0, rel=0.01)
+    clock.advance(30)
+    assert m.fold()["llama"].keys["acme"].requests_per_s == pytest.approx(3.0 * math.exp(-1), rel=0.01)
+    clock.advance(30 * 15)  # e^-16 of 3/s is below one an hour
+    assert "acme" not in m.fold()["llama"].keys
+
+
+def test_keys_are_bounded_per_interval_and_after_each_fold_and_totals_stay_exact() -> None:
+    clock = Clock(0.0)
+    m = meter(clock, window_s=1.0, max_keys=3, per_interval=5)
+    for i in range(8):  # eight session keys, key i sending i + 1 requests
+        for _ in range(i + 1):
+            m.record("llama", f"s{i}", 1)
+    assert m.dropped_keys == 6 + 7 + 8  # s5, s6 and s7 came past the fifth distinct key: totals only
+    clock.advance(1)
+    view = m.fold()["llama"]
+    assert set(view.keys) == {"s2", "s3", "s4"}  # the busiest three of the five counted
+    assert view.total.requests_per_s == pytest.approx(36 * (1 - math.exp(-1)))  # every request, 1 + ... + 8
+
+
+def test_merge_adds_every_gateways_rates_and_keeps_the_busiest_keys() -> None:
+    a = {"llama": PoolTraffic(Rate(3, 30), {"acme": Rate(2, 20), "globex": Rate(1, 10)})}
+    b = {
+        "llama": PoolTraffic(Rate(2, 20), {"acme": Rate(1, 10), "initech": Rate(1, 10)}),
+        "mistral": PoolTraffic(Rate(5, 5), {"sql": Rate(5, 5)}),
+    }
+    fleet = merge([a, b], max_keys=3)
+    assert fleet["llama"].total == Rate(5, 50) and fleet["mistral"].total == Rate(5, 5)
+    assert fleet["llama"].keys == {"acme": Rate(3, 30), "globex": Rate(1, 10)}  # initech ties globex, loses by name
+    assert fleet["mistral"].keys == {"sql": Rate(5, 5)}
+
+
+def test_figures_survive_their_wire_form_to_four_significant_digits() -> None:
+    traffic = {"llama": PoolTraffic(Rate(1 / 3, 1234.5678), {"acme": Rate(1 / 3, 1234.5678), "a/b c": Rate(0, 0)})}
+    back = decode(encode(traffic))
+    assert back["llama"].total.requests_per_s == pytest.approx(1 / 3, rel=1e-3)
+    assert back["llama"].keys["acme"].tokens_per_s == pytest.approx(1234.5678, rel=1e-3)
+    assert back["llama"].keys["a/b c"] == Rate(0, 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", "{}x", '{"llama": 3}', '{"llama": [1, 2]}', '{"llama": [1, 2, {"k": [1]}]}', '{"llama": [1, "x", {}]}'],
+    ids=["list", "junk", "number", "short", "short-key", "not-a-number"],
+)
+def test_unreadable_figures_raise_value_or_type_errors(text: str) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        decode(text)
+
+
+def test_two_thousand_keys_most_of_them_sessions_encode_to_under_100_kb() -> None:
+    """The size the README states for one swap's write: what Redis carries per gateway per interval."""
+    tenants = [f"tenant-{i:04d}" for i in range(500)]
+    sessions = [f"{tenants[i % 500]}/{i:024x}" for i in range(1500)]  # as directory.affinity_key writes them
+    keys = {key: Rate(123.456789, 98765.4321) for key in tenants + sessions}
+    size = len(encode({"llama": PoolTraffic(Rate(1e4, 1e7), keys)}))
+    assert 60_000 < size < 100_000, size

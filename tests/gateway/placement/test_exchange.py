@@ -1,0 +1,117 @@
+"""Two gateways' traffic merged through a real redis-server: two in-process FleetTraffic instances (the merging
+component each gateway runs), each with its own meter and id. One Redis call per gateway per interval, none per
+request; both read the same fleet-wide figure; a gateway that stops writing leaves it; without Redis each places by
+its own figures."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+
+from gateway.observe.traffic import TrafficMeter
+from gateway.placement.exchange import FleetTraffic, TrafficExchange
+from tests.clock import Clock
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def gateway(url: str, prefix: str, name: str, clock: Clock, stale_after_s: float = 60.0) -> FleetTraffic:
+    exchange = TrafficExchange(url, operation_timeout_s=2.0, stale_after_s=stale_after_s, prefix=prefix)
+    return FleetTraffic(TrafficMeter(10.0, 100, 1000, clock=clock), name, 100, exchange)
+
+
+@pytest.fixture
+async def probe(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def script_calls(client: redis.asyncio.Redis) -> int:
+    """Scripts run by the server so far (EVAL and EVALSHA): what the exchange sends."""
+    stats = await client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("eval", "evalsha"))
+
+
+async def test_two_gateways_read_the_same_fleet_figure_with_one_call_per_interval_each(
+    redis_server: RedisServer, probe: redis.asyncio.Redis
+) -> None:
+    clock, prefix = Clock(0.0), f"test-{uuid.uuid4().hex}"
+    a, b = gateway(redis_server.url, prefix, "gw-a", clock), gateway(redis_server.url, prefix, "gw-b", clock)
+    try:
+        await a.tick()  # both join (with nothing measured yet); the script is loaded into Redis' cache once
+        await b.tick()
+        before = await script_calls(probe)
+        for _ in range(100):  # 10 s at 10/s for acme through a, 3/s through b; globex only through b
+            a.meter.record("llama", "acme", 20)
+        for _ in range(30):
+            b.meter.record("llama", "acme", 20)
+        for _ in range(50):
+            b.meter.record("llama", "globex", 100)
+        assert await script_calls(probe) == before  # counting is local: nothing reached Redis
+        clock.advance(10)
+        await a.tick()  # b has not written what it counted yet
+        assert a.gateways == 2 and a.fleet["llama"].keys.keys() == {"acme"}
+        await b.tick()
+        await a.tick()  # now a reads b's figures too (its own fold, at no new time, changes nothing)
+        assert await script_calls(probe) == before + 3  # one call per tick
+        assert a.gateways == b.gateways == 2
+        weight = 1 - math.exp(-1)  # one window of 10 s
+        for fleet in (a.fleet, b.fleet):
+            assert fleet["llama"].keys["acme"].requests_per_s == pytest.approx(13 * weight, rel=1e-3)
+            assert fleet["llama"].keys["globex"].requests_per_s == pytest.approx(5 * weight, rel=1e-3)
+            assert fleet["llama"].keys["globex"].tokens_per_s == pytest.approx(500 * weight, rel=1e-3)
+            assert fleet["llama"].total.requests_per_s == pytest.approx(18 * weight, rel=1e-3)
+        assert a.bytes_written > 0 and a.bytes_read > a.bytes_written  # it read both gateways' figures
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_gateway_that_stops_writing_leaves_the_fleet_figure(
+    redis_server: RedisServer, probe: redis.asyncio.Redis
+) -> None:
+    clock, prefix = Clock(0.0), f"test-{uuid.uuid4().hex}"
+    a = gateway(redis_server.url, prefix, "gw-a", clock, stale_after_s=0.2)
+    b = gateway(redis_server.url, prefix, "gw-b", clock, stale_after_s=0.2)
+    try:
+        b.meter.record("llama", "globex", 1)
+        clock.advance(1)
+        await b.tick()
+        await a.tick()
+        assert a.gateways == 2 and "globex" in a.fleet["llama"].keys
+        for _ in range(200):  # b is gone: a bounded poll until its entry ages out on Redis' clock (0.2 s)
+            await asyncio.sleep(0.02)
+            await a.tick()
+            if a.gateways == 1:
+                break
+        assert a.gateways == 1 and "llama" not in a.fleet  # a itself measured nothing
+        assert a.exchange is not None and await probe.hkeys(a.exchange.key) == ["gw-a"]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_without_redis_a_gateway_places_by_its_own_figures() -> None:
+    server = RedisServer().start()
+    clock = Clock(0.0)
+    a = gateway(server.url, f"test-{uuid.uuid4().hex}", "gw-a", clock)
+    try:
+        server.stop()
+        a.meter.record("llama", "acme", 10)
+        clock.advance(10)
+        await a.tick()  # the swap fails: its own figures, said once
+        assert not a.exchange_up and a.gateways == 1
+        assert a.fleet["llama"].keys["acme"].requests_per_s > 0
+        server.start()
+        await a.tick()
+        assert a.exchange_up and a.gateways == 1
+    finally:
+        await a.close()
+        server.stop()
