@@ -186,8 +186,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     try:
         if args.worker_sockets is not None:
-            from gateway.workers import WorkerSockets
+            from gateway.workers import WorkerSockets, follow_supervisor
 
+            follow_supervisor()
             return serve(config, Path(args.config), worker=WorkerSockets.decode(args.worker_sockets))
         if args.workers != 1:
             from gateway.workers import supervise

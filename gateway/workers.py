@@ -25,6 +25,7 @@ worker's own. The admin API and the status page also show the worker that answer
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
@@ -47,6 +48,7 @@ BACKOFF_MAX_S = 30.0
 CRASH_LOOP_S = 10.0  # a worker that dies sooner than this after its start doubles the next restart's delay
 BACKLOG = 1024  # the one accept queue: connections wait here while workers are busy or one is being replaced
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client reads it when it is imported
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,16 @@ class WorkerSockets:
 
     def operator_listening(self) -> socket.socket | None:
         return None if self.operator_fd is None else socket.socket(fileno=self.operator_fd)
+
+
+def follow_supervisor() -> None:
+    """In a worker: be sent SIGTERM (and so drain) if the supervisor dies, rather than serve on unsupervised."""
+    supervisor = os.getppid()
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def check(config: GatewayConfig, workers: int) -> None:
@@ -167,9 +179,13 @@ class Supervisor:
             time.sleep(0.05)  # a signal cuts it short
 
     def _died(self, worker: _Worker, process: subprocess.Popen[bytes], now: float, metrics_dir: str) -> None:
-        from prometheus_client import multiprocess  # its gauges of a dead process are dropped
+        # A dead worker's gauges go (its counters and histograms stay in the sums): mark_process_dead drops the
+        # live modes' files, and the default mode's ('all', one series per pid) are removed here.
+        from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(process.pid, metrics_dir)  # type: ignore[no-untyped-call]  # untyped
+        for gauges in Path(metrics_dir).glob(f"gauge_*_{process.pid}.db"):
+            gauges.unlink(missing_ok=True)
         worker.failures = worker.failures + 1 if now - worker.started < CRASH_LOOP_S else 0
         delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, worker.failures - 1))
         worker.restart_at = now + delay

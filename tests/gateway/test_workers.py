@@ -193,3 +193,15 @@ def test_sigterm_drains_every_worker(sim_engine: EngineProcess, tmp_path: Path) 
         for pid in pids:  # every worker has exited
             assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
         assert len([o for o in gateway.lines() if o["logger"] == "tenantgate.access"]) == requests
+
+
+def test_workers_drain_and_leave_when_the_supervisor_is_killed(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    with supervised(tmp_path, sim_engine) as gateway:
+        pids = gateway.worker_pids()
+        os.kill(gateway.process.pid, signal.SIGKILL)  # no supervisor to restart or stop them: they are sent SIGTERM
+        gateway.process.wait()
+        deadline = time.monotonic() + 30
+        while alive := {pid for pid in pids if Path(f"/proc/{pid}").exists()}:
+            assert time.monotonic() < deadline, alive
+            time.sleep(0.05)
+        assert sum(o["message"] == "shut down" for o in gateway.lines()) == 2  # each drained, as on SIGTERM
