@@ -36,6 +36,8 @@ class SimStats:
     busy_s: float = 0.0
     # W3C traceparent headers of the latest requests, as vLLM takes them for its own traces.
     traceparents: deque[str] = field(default_factory=lambda: deque(maxlen=64))
+    # Every header of the latest inference requests, as received (names as sent).
+    request_headers: deque[dict[str, str]] = field(default_factory=lambda: deque(maxlen=64))
 
     def record_cold_load(self, adapter: str) -> None:
         self.cold_loads += 1
@@ -66,4 +68,5 @@ class SimStats:
             "steps": self.steps,
             "busy_s": round(self.busy_s, 6),
             "traceparents": list(self.traceparents),
+            "request_headers": list(self.request_headers),
         }

@@ -163,7 +163,10 @@ def _fail_if_told(request: web.Request, adapter: str | None) -> None:
         raise ApiError(f"Injected failure of adapter {adapter}", 500, "InternalServerError")
 
 
-def _note_trace(engine: SimEngine, request: web.Request) -> None:
+def _note_request(engine: SimEngine, request: web.Request) -> None:
+    """What an inference request's headers said: all of them (a test checks what a router passes on), and the W3C
+    traceparent, as vLLM takes it for its own traces."""
+    engine.stats.request_headers.append(dict(request.headers))
     traceparent = request.headers.get("traceparent")
     if traceparent:
         engine.stats.traceparents.append(traceparent)
@@ -171,7 +174,7 @@ def _note_trace(engine: SimEngine, request: web.Request) -> None:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
-    _note_trace(engine, request)
+    _note_request(engine, request)
     body = await _json_object(request)
     adapter = _adapter_for(engine, body.get("model"))
     _fail_if_told(request, adapter)
@@ -210,7 +213,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
-    _note_trace(engine, request)
+    _note_request(engine, request)
     body = await _json_object(request)
     adapter = _adapter_for(engine, body.get("model"))
     _fail_if_told(request, adapter)
