@@ -209,7 +209,9 @@ class PoolConfig(_Frozen):
     # The engine's own section, written under its name (`triton: {...}`) and validated by its spec's model.
     settings: SerializeAsAny[InstanceOf[BaseModel]] = NoSettings()
     base_model: Name
-    policy: Policy = "bounded_consistent_hash"
+    # predicted_ttft: the lowest predicted time to first token under the bounded-load cap (docs/architecture.md);
+    # bounded_consistent_hash, consistent_hash, round_robin and least_loaded are baselines.
+    policy: Policy = "predicted_ttft"
     # Resident adapters per replica the gateway plans for (at most the engine's own --max-cpu-loras).
     max_adapters: int = Field(default=4, ge=1)
     # A static list, or replicas found through DNS (discovery), which then replaces this list with what it finds.

@@ -2,8 +2,9 @@
 
 Four simulated vLLM replicas (2 GPU adapter slots, 4 in host memory each) and the gateway on its embedded
 default (no Redis). Sixteen tenants, one adapter each, send Zipf-skewed traffic through the openai SDK. The same
-traffic runs twice, on a fresh fleet each time: under the default policy (bounded-load consistent hashing on the
-tenant) and under round robin, and a table per tenant shows where requests went and what the engines paid.
+traffic runs twice, on a fresh fleet each time: under the default policy (predicted_ttft: the lowest predicted
+time to first token under a bounded-load cap, homes by tenant) and under round robin, and a table per tenant shows
+where requests went and what the engines paid.
 """
 
 from __future__ import annotations
@@ -102,10 +103,10 @@ def run() -> int:
     traffic = zipf_traffic()
     print(f"16 tenants, Zipf-skewed traffic, {REQUESTS} streaming requests, {CONCURRENCY} at a time")
     print("fleet: 4 simulated vLLM replicas, 2 GPU adapter slots + 4 in host memory each, time scale 0.1\n")
-    bounded = _run("bounded_consistent_hash", traffic)
+    bounded = _run("predicted_ttft", traffic)
     robin = _run("round_robin", traffic)
     print()
-    print(f"{'':10} {'':>5} | {'bounded consistent hash (default)':^40} | {'round robin':^26}")
+    print(f"{'':10} {'':>5} | {'predicted_ttft (default)':^40} | {'round robin':^26}")
     print(
         f"{'tenant':10} {'reqs':>5} | {'home':>4} {'at home':>8} {'cold':>5} {'TTFT p50':>9} {'p99':>8}"
         f" | {'cold':>5} {'TTFT p50':>9} {'p99':>8}"

@@ -102,7 +102,7 @@ def gateway_config(
     adapters: dict[str, str],
     *,
     port: int,
-    policy: str = "bounded_consistent_hash",
+    policy: str = "predicted_ttft",
     balance_factor: float = 1.25,
     max_adapters: int = 2,
     adapter_options: dict[str, dict[str, Any]] | None = None,

@@ -1,6 +1,6 @@
 """The pipeline's last step: the pool's policy picks one of the replicas the filters kept.
 
-``bounded_consistent_hash`` (default) is consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam
+``bounded_consistent_hash`` is consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam
 2017; HAProxy's hash-balance-factor): walk the key's preference order and take the first replica whose in-flight
 load is under ``ceil(balance_factor x mean)``, the mean over the candidates counting this request. Some replica
 is always under the mean, so a pick always exists; a hot key spills clockwise while other keys stay home as long
@@ -9,13 +9,15 @@ resident (``spill:resident``), else to the next on the ring (``spill:ring``). Wi
 (reservations.py) the mean counts reserved slots too; a key holding a reservation at a healthy home takes it
 without the check, and a key that already has requests in flight must find a replica whose in flight + reserved
 is under the cap. The cap never falls below ``capacity_floor``: below a few requests in flight an engine batches
-one more almost for free, and a spill can cost a cold adapter load. The others are baselines for comparison:
-``consistent_hash`` (no bound), ``round_robin`` and ``least_loaded``.
+one more almost for free, and a spill can cost a cold adapter load.
 
-``predicted_ttft`` keeps the same bound and, among the replicas under it, takes the one with the lowest predicted
-time to first token: the wait behind its load, its regime's cost (adapter on GPU, in host memory or not loaded;
-the key's prefix warm or cold there) as the pool has learned them (costs.py), and a margin for leaving home
-(scorers/). It leaves home with ``spill:faster`` when another replica is predicted faster by more than that.
+``predicted_ttft`` (default) keeps the same bound and, among the replicas under it, takes the one with the lowest
+predicted time to first token: the wait behind its load, its regime's cost (adapter on GPU, in host memory or not
+loaded; the key's prefix warm or cold there) as the pool has learned them (costs.py), the stall a cold load
+imposes on the requests already there, and a margin for leaving home (scorers/). It leaves home with
+``spill:faster`` when another replica is predicted faster by more than that; the bound never forces a cold load.
+The others are baselines for comparison: ``bounded_consistent_hash``, ``consistent_hash`` (no bound),
+``round_robin`` and ``least_loaded``.
 
 A picker sets ``decision.chosen`` (always, given at least one candidate) and appends its reason codes.
 """

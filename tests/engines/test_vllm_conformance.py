@@ -16,6 +16,7 @@ import openai
 import pytest
 from openai.types.completion_create_params import CompletionCreateParamsBase as CompletionParams
 
+from backends.vllm import parse_load_signals
 from tests.servers import EngineProcess
 
 pytestmark = pytest.mark.timeout(400)  # the first test waits for vLLM to start (about 40 s here, more on a busy box)
@@ -282,3 +283,8 @@ def test_metrics_names_and_semantics(engine: EngineProcess, http: httpx.Client) 
     assert any(labels["running_lora_adapters"] == "a1" for labels, _ in info)
     newest, _ = max(info, key=lambda item: item[1])  # the value is a timestamp: the newest series is current
     assert newest["running_lora_adapters"] == "" and newest["waiting_lora_adapters"] == ""
+    # What the gateway's driver reads from the same page (predicted_ttft and the engine load view).
+    load = parse_load_signals(http.get("/metrics").text)
+    assert load is not None
+    assert (load.running, load.waiting, load.running_adapters, load.gpu_slots) == (0, 0, frozenset(), 2)
+    assert load.generated_tokens is not None and load.generated_tokens >= 4

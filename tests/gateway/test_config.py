@@ -16,7 +16,7 @@ def test_the_documented_example_is_accepted_as_written() -> None:
     config = load_config(EXAMPLE)
     assert [r.id for r in config.pools[0].replicas] == ["r0", "r1", "r2"]
     assert config.routing.balance_factor == 1.25
-    assert config.pools[0].policy == "bounded_consistent_hash"
+    assert config.pools[0].policy == "predicted_ttft"
 
 
 def _with(replace: str, by: str) -> str:

@@ -206,7 +206,20 @@ def test_each_tenant_lands_on_its_home_and_homes_spread(fleet: RunningFleet) -> 
         assert all(homes[m.removeprefix("adapter-")] == replica for m in models if m.startswith("adapter-t")), served
 
 
-def test_concurrent_first_requests_load_the_adapter_once(fleet: RunningFleet) -> None:
+@pytest.fixture(scope="module")
+def bounded_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+    """The same fleet under bounded_consistent_hash, which spills at a known load: predicted_ttft (the default)
+    keeps a burst home while waiting there is predicted faster than a cold load elsewhere, so it would not test
+    the single flight on a cold replica."""
+    root = tmp_path_factory.mktemp("e2e-bounded")
+    sim = ["--time-scale", "0.01", "--max-loras", "4"]
+    with fleet_with_gateway(root, TENANTS, 3, sim, max_adapters=4, policy="bounded_consistent_hash") as fleet:
+        yield fleet
+
+
+def test_concurrent_first_requests_load_the_adapter_once(bounded_fleet: RunningFleet) -> None:
+    fleet = bounded_fleet
+
     async def burst() -> None:
         client = openai.AsyncOpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("initech"), max_retries=0)
         async with client:
@@ -243,7 +256,7 @@ def test_hot_tenant_spills_and_the_others_stay_home(tmp_path: Path) -> None:
     tenants = {f"h{i}": [f"adapter-h{i}"] for i in range(8)}
     hot, others = "h0", [f"h{i}" for i in range(1, 8)]
     sim_args = ["--time-scale", "0.05", "--max-loras", "8", "--max-cpu-loras", "8"]
-    with fleet_with_gateway(tmp_path, tenants, 4, sim_args, max_adapters=8) as fleet:
+    with fleet_with_gateway(tmp_path, tenants, 4, sim_args, max_adapters=8, policy="bounded_consistent_hash") as fleet:
         homes = {tenant: home_of(fleet, tenant) for tenant in tenants}
 
         async def worker(tenant: str, requests: int) -> None:

@@ -1,0 +1,45 @@
+"""What the vLLM driver reads from an engine's /metrics page: load gauges, the token counter, the running adapters
+and the GPU adapter slots (the real engine's page is checked in tests/engines/test_vllm_conformance.py)."""
+
+from __future__ import annotations
+
+from backends.vllm import parse_load_signals
+
+PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 1234.0
+vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9
+# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a1,a2",waiting_lora_adapters="a1,a2"} 1.7000000005e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a3",waiting_lora_adapters="a3"} 1.7000000009e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.7000000001e9
+"""
+
+
+def test_the_newest_lora_series_names_the_running_adapters_and_its_label_the_gpu_slots() -> None:
+    load = parse_load_signals(PAGE)
+    assert load is not None
+    assert (load.running, load.waiting, load.kv_cache_usage) == (3.0, 2.0, 0.25)
+    assert load.generated_tokens == 1234.0  # the _total sample, not _created
+    assert load.running_adapters == frozenset({"a3"})
+    assert load.gpu_slots == 4
+
+
+def test_a_page_without_the_lora_family_reads_no_adapters_and_no_slots() -> None:
+    page = "\n".join(line for line in PAGE.splitlines() if "lora" not in line)
+    load = parse_load_signals(page)
+    assert load is not None and load.running_adapters == frozenset() and load.gpu_slots is None
+
+
+def test_a_page_that_does_not_parse_reads_as_no_signal() -> None:
+    assert parse_load_signals("vllm:num_requests_running{engine= 3\n") is None
