@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,19 +49,21 @@ class Supervised:
         return {int(pid) for pid in children}
 
 
-def _config(sim: EngineProcess, redis_url: str | None, port: int) -> dict[str, Any]:
+def _config(sim: EngineProcess, redis_url: str | None, port: int, **options: Any) -> dict[str, Any]:
     extra: dict[str, Any] = {"shutdown": {"drain_delay_s": 0.5, "drain_timeout_s": 30}}
     if redis_url is not None:
         extra["state"] = {"redis_url": redis_url}
-    return gateway_config({"r0": sim.url}, {"acme": ["a1"]}, {"a1": sim.adapters["a1"]}, port=port, extra=extra)
+    replicas = options.pop("replicas", {"r0": sim.url})
+    adapters = {"a1": sim.adapters["a1"]}
+    return gateway_config(replicas, {"acme": ["a1"]}, adapters, port=port, extra=extra, **options)
 
 
 @contextlib.contextmanager
-def supervised(tmp_path: Path, sim: EngineProcess, workers: int = 2) -> Iterator[Supervised]:
+def supervised(tmp_path: Path, sim: EngineProcess, workers: int = 2, **options: Any) -> Iterator[Supervised]:
     port = free_port()
     with RedisServer(log_path=tmp_path / "redis.log") as redis:
         path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump(_config(sim, redis.url, port)))
+        path.write_text(yaml.safe_dump(_config(sim, redis.url, port, **options)))
         log = tmp_path / "gateway.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -205,3 +207,36 @@ def test_workers_drain_and_leave_when_the_supervisor_is_killed(sim_engine: Engin
             assert time.monotonic() < deadline, alive
             time.sleep(0.05)
         assert sum(o["message"] == "shut down" for o in gateway.lines()) == 2  # each drained, as on SIGTERM
+
+
+def _until_both_workers_served(gateway: Supervised, send: Callable[[], int]) -> list[int]:
+    statuses = []
+    for _ in range(300):  # bounded: until each worker has accepted a connection
+        statuses.append(send())
+        if gateway.workers_seen() == {0, 1}:
+            return statuses
+    raise AssertionError("one worker took every connection")
+
+
+def test_a_tenants_requests_through_both_workers_go_to_one_home(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    # Two replica names for the one simulated engine: the ring still has to choose a home between them.
+    replicas = {"r0": sim_engine.url, "r1": sim_engine.url.replace("127.0.0.1", "localhost")}
+    with supervised(tmp_path, sim_engine, replicas=replicas) as gateway:
+        statuses = _until_both_workers_served(gateway, lambda: _one_request(gateway.url))
+        assert set(statuses) == {200}
+        access = [o for o in gateway.lines() if o["logger"] == "tenantgate.access"]
+        assert {o["worker"] for o in access} == {0, 1}
+        assert len({o["replica"] for o in access}) == 1, access
+
+
+def test_a_rate_limit_holds_across_workers(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    per_minute = 10
+    limits = {"acme": {"limits": {"requests_per_minute": per_minute}}}
+    with supervised(tmp_path, sim_engine, tenant_options=limits) as gateway:
+        started = time.monotonic()
+        statuses = _until_both_workers_served(gateway, lambda: _one_request(gateway.url))
+        statuses += [_one_request(gateway.url) for _ in range(3 * per_minute)]
+        refilled = (time.monotonic() - started) / 60 * per_minute
+    # One bucket in Redis for both: each worker's own would have let through twice the limit.
+    assert statuses.count(200) <= per_minute + refilled + 1, statuses
+    assert set(statuses) == {200, 429}
