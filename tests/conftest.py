@@ -30,10 +30,21 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One real redis-server for the session; each test keeps to its own key prefix (or kills its own server)."""
+def redis_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session; tests take it through ``redis_server``."""
     with RedisServer(log_path=tmp_path_factory.mktemp("redis") / "redis.log") as server:
         yield server
+
+
+@pytest.fixture
+def redis_server(redis_server_process: RedisServer) -> RedisServer:
+    """The session's redis-server, empty for this test (FLUSHALL; started again if a test killed it). Gateway
+    processes use the default key prefix and channels, so without it a test would find what an earlier one left:
+    residency records of replicas with the same ids, rate buckets, registry entries, gateways' heartbeats. A test
+    that kills the server starts its own instead."""
+    redis_server_process.start()
+    redis_server_process.flush()
+    return redis_server_process
 
 
 def _missing_engine(what: str) -> None:

@@ -59,6 +59,14 @@ class RedisServer:
             time.sleep(0.05)
         return self
 
+    def flush(self) -> None:
+        """Empty every database (FLUSHALL)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(b"FLUSHALL\r\n")
+            answer = sock.recv(64)
+        if not answer.startswith(b"+OK"):
+            raise RuntimeError(f"redis-server on port {self.port} answered FLUSHALL with {answer!r}")
+
     def stop(self) -> None:
         """Kill the server at once (SIGKILL), as a crash would."""
         process, self._process = self._process, None
