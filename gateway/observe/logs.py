@@ -122,6 +122,11 @@ def dropped_lines() -> int:
     return _writer.handler.dropped if _writer is not None else 0
 
 
+def queued_lines() -> int:
+    """Lines waiting for the writer thread now."""
+    return _writer.handler.queue.qsize() if _writer is not None else 0  # type: ignore[attr-defined]
+
+
 def shutdown() -> None:
     """Write every queued line and stop the writer; lines logged after this are written by their caller."""
     if _writer is not None:

@@ -102,10 +102,24 @@ def test_a_line_logged_after_shutdown_is_written_by_its_caller(root_logging: Non
     assert json.loads(stream.getvalue())["message"] == "late"
 
 
+def _read_slowly(process: subprocess.Popen[bytes]) -> bytes:
+    """The process's stderr to its end, a little at a time: the gateway finishes its shutdown while most of its
+    lines still wait in the queue, so only the flush on the way out writes them."""
+    assert process.stderr is not None
+    chunks = []
+    deadline = time.monotonic() + 60
+    while chunk := os.read(process.stderr.fileno(), 4096):
+        chunks.append(chunk)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    process.wait(timeout=30)
+    return b"".join(chunks)
+
+
 def test_sigterm_writes_every_queued_access_line(sim_engine: EngineProcess, tmp_path: Path) -> None:
     """The gateway's stderr is a pipe nobody reads while the requests are sent: it fills (64 KiB) and the writer
     thread blocks on it, the rest of the lines wait in the queue (the requests do not: before the writer thread,
-    they hung on the full pipe). SIGTERM, then the pipe is read: every access line is there."""
+    they hung on the full pipe). SIGTERM, then the pipe is read slowly: every access line is there."""
     requests = 400  # about 450 bytes a line: three times the pipe's buffer
     port = free_port()
     config = gateway_config({"r0": sim_engine.url}, {"acme": ["a1"]}, {"a1": sim_engine.adapters["a1"]}, port=port)
@@ -128,7 +142,7 @@ def test_sigterm_writes_every_queued_access_line(sim_engine: EngineProcess, tmp_
             for _ in range(requests):
                 assert client.post("/v1/completions", json=body).status_code == 200
         os.kill(process.pid, signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
+        stderr = _read_slowly(process)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
