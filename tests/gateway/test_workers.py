@@ -37,6 +37,9 @@ class Supervised:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
+    config_path: Path
+    redis_url: str
+    port: int
 
     def lines(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
@@ -54,8 +57,9 @@ def _config(sim: EngineProcess, redis_url: str | None, port: int, **options: Any
     if redis_url is not None:
         extra["state"] = {"redis_url": redis_url}
     replicas = options.pop("replicas", {"r0": sim.url})
+    tenants = options.pop("tenants", {"acme": ["a1"]})
     adapters = {"a1": sim.adapters["a1"]}
-    return gateway_config(replicas, {"acme": ["a1"]}, adapters, port=port, extra=extra, **options)
+    return gateway_config(replicas, tenants, adapters, port=port, extra=extra, **options)
 
 
 @contextlib.contextmanager
@@ -71,7 +75,7 @@ def supervised(tmp_path: Path, sim: EngineProcess, workers: int = 2, **options: 
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "TENANTGATE_ADMIN_TOKEN": ADMIN_TOKEN},
             )  # fmt: skip
-        gateway = Supervised(f"http://127.0.0.1:{port}", process, log)
+        gateway = Supervised(f"http://127.0.0.1:{port}", process, log, path, redis.url, port)
         try:
             deadline = time.monotonic() + 60
             while not healthy(gateway.url, "/readyz") or len(gateway.worker_pids()) < workers:
@@ -84,9 +88,10 @@ def supervised(tmp_path: Path, sim: EngineProcess, workers: int = 2, **options: 
                 process.wait()
 
 
-def _one_request(url: str) -> int:
+def _one_request(url: str, tenant: str = "acme") -> int:
     """One completion on a new connection (the kernel picks which worker accepts it)."""
-    with httpx.Client(base_url=url, headers=AUTH, timeout=30) as client:
+    auth = {"Authorization": f"Bearer {api_key(tenant)}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=30) as client:
         return client.post("/v1/completions", json=BODY).status_code
 
 
@@ -240,3 +245,24 @@ def test_a_rate_limit_holds_across_workers(sim_engine: EngineProcess, tmp_path: 
     # One bucket in Redis for both: each worker's own would have let through twice the limit.
     assert statuses.count(200) <= per_minute + refilled + 1, statuses
     assert set(statuses) == {200, 429}
+
+
+def test_sighup_to_the_supervisor_reloads_every_worker(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    with supervised(tmp_path, sim_engine) as gateway:
+        assert _one_request(gateway.url, "newco") == 401  # a tenant the file does not name yet
+        tenants = {"acme": ["a1"], "newco": ["a1"]}
+        gateway.config_path.write_text(
+            yaml.safe_dump(_config(sim_engine, gateway.redis_url, gateway.port, tenants=tenants))
+        )
+        gateway.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while sum("reloaded" in o["message"] for o in gateway.lines()) < 2:  # bounded: both workers reload
+            assert time.monotonic() < deadline, gateway.log.read_text()[-3000:]
+            time.sleep(0.05)
+        for _ in range(300):  # bounded: until each worker has served the new tenant
+            assert _one_request(gateway.url, "newco") == 200  # whichever worker accepts it knows the tenant
+            access = [o for o in gateway.lines() if o["logger"] == "tenantgate.access" and o["status"] == 200]
+            if {o["worker"] for o in access if o["tenant"] == "newco"} == {0, 1}:
+                break
+        else:
+            raise AssertionError("one worker took every connection")
