@@ -30,6 +30,10 @@ KEY = {"Authorization": f"Bearer {api_key('acme')}", "Content-Type": "applicatio
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
+    """One fleet for the module's tests (starting one takes seconds). No test depends on what ran before it: each
+    counts only what it caused (the simulators' counters before and after) or traffic of tenants no other test
+    here sends (t0-t8 belong to the homes test alone), and the one that unloads an adapter behind the gateway's
+    back ends with it loaded again. Each test passes alone, and the whole module passes in reverse order."""
     root = tmp_path_factory.mktemp("e2e")
     with fleet_with_gateway(root, TENANTS, 3, ["--time-scale", "0.01", "--max-loras", "4"], max_adapters=4) as fleet:
         yield fleet
