@@ -4,6 +4,7 @@ against a gateway in front of a simulated fleet. Screenshots go to test-artifact
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -79,6 +80,11 @@ def test_log_in_see_the_fleet_warm_an_adapter_and_drain_a_replica(fleet: Running
 
     acme_now = page.locator("table.tenants tr[data-tenant='acme'] td.now")
     expect(acme_now).to_have_text(home)
+    # predicted_ttft (the default): each candidate's predicted TTFT and its parts, the page's own text from the
+    # decision's numbers; the warmed home is fastest, listed first, its adapter on the GPU (most recently used).
+    predicted = page.locator("table.tenants tr[data-tenant='acme'] td.predicted")
+    expect(predicted).to_contain_text(re.compile(rf"^{home} \d+ ms \((warm|kv_cold): queue \d+ \+ regime \d+"))
+    expect(predicted).to_contain_text("affinity 10")  # the other replicas pay the margin for leaving home
     page.locator(f"table.replicas tr[data-replica='{home}']").get_by_role("button", name="drain").click()
     expect(page.locator(f"table.replicas tr[data-replica='{home}'] td", has_text="drained")).to_be_visible()
     expect(acme_now).not_to_have_text(home)  # its tenants move to their next replica
