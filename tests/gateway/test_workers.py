@@ -22,6 +22,7 @@ import httpx
 import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config
 from loadtests.processes import free_port, healthy
@@ -95,14 +96,22 @@ def _one_request(url: str, tenant: str = "acme") -> int:
         return client.post("/v1/completions", json=BODY).status_code
 
 
-def _requests_total(url: str) -> float:
+def _samples(url: str, name: str) -> list[Sample]:
     text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "tenantgate_requests_total" and sample.labels.get("tenant") == "acme"
-    )
+    return [
+        sample for family in text_string_to_metric_families(text) for sample in family.samples if sample.name == name
+    ]
+
+
+def _until_gauges_of(gateway: Supervised, pids: set[int]) -> None:
+    deadline = time.monotonic() + 10
+    while {int(s.labels["pid"]) for s in _samples(gateway.url, "tenantgate_client_connections")} != pids:
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.1)
+
+
+def _requests_total(url: str) -> float:
+    return sum(s.value for s in _samples(url, "tenantgate_requests_total") if s.labels.get("tenant") == "acme")
 
 
 def test_more_than_one_worker_without_redis_is_refused(sim_engine: EngineProcess, tmp_path: Path) -> None:
@@ -128,6 +137,9 @@ def test_two_workers_serve_one_port_and_a_killed_one_is_replaced(sim_engine: Eng
         assert gateway.workers_seen() == {0, 1}
         # /metrics, whichever worker answers, counts both workers' requests.
         assert _requests_total(gateway.url) == served
+
+        # Gauges are per worker (a pid label): each worker's connection gauge is set by its sweep, once a second.
+        _until_gauges_of(gateway, gateway.worker_pids())
 
         # One client sends requests one after another, each on a new connection, while a worker is killed.
         outcomes: list[int | str] = []
@@ -165,6 +177,8 @@ def test_two_workers_serve_one_port_and_a_killed_one_is_replaced(sim_engine: Eng
         total = _requests_total(gateway.url)
         ok = served + outcomes.count(200)
         assert ok <= total <= ok + len(failed)
+        # Gauges are per worker, the living ones only: the killed worker's are gone.
+        _until_gauges_of(gateway, gateway.worker_pids())  # the killed worker's are gone, its replacement's there
 
 
 def test_sigterm_drains_every_worker(sim_engine: EngineProcess, tmp_path: Path) -> None:
