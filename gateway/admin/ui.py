@@ -1,18 +1,16 @@
 """The operator's status page (``/admin/ui``) and the state it shows (``/admin/state``).
 
 The page logs in with the admin token and then holds a session cookie (HttpOnly, SameSite=Strict, path /admin,
-Secure when served over TLS or behind a proxy that says so); every action also needs the page's CSRF token in
-``X-CSRF-Token``. Every admin answer is ``Cache-Control: no-store`` and ``X-Content-Type-Options: nosniff``.
-Everything it loads comes from the gateway (a Content-Security-Policy forbids anything else). ``/admin/state`` also
-takes the admin token as a Bearer, for `tenantgate status` and scripts. Drain and undrain are also plain admin
-endpoints for scripts.
+Secure when served over TLS or behind a proxy that says so), signed so that every gateway accepts it
+(gateway/admin/sessions.py); every action also needs the page's CSRF token in ``X-CSRF-Token``. Every admin
+answer is ``Cache-Control: no-store`` and ``X-Content-Type-Options: nosniff``. Everything it loads comes from the
+gateway (a Content-Security-Policy forbids anything else). ``/admin/state`` also takes the admin token as a Bearer,
+for `tenantgate status` and scripts. Drain and undrain are also plain admin endpoints for scripts.
 """
 
 from __future__ import annotations
 
-import secrets
-import time
-from dataclasses import dataclass
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from aiohttp import web
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin.auth import login_allowed, login_failed, require_admin, same_token
 from gateway.admin.body import json_object
+from gateway.admin.sessions import SESSION_S, Session, SessionSigner, session_key
 from gateway.admin.status import snapshot
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RequestRateLimited
@@ -29,7 +28,6 @@ from gateway.serving.json_body import RefusedInput
 
 _UI = Path(__file__).with_name("static")
 _COOKIE = "tenantgate_session"
-_SESSION_S = 8 * 3600
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -37,22 +35,12 @@ _CSP = (
 _ASSETS = {"app.js": "application/javascript", "app.css": "text/css"}
 
 
-@dataclass
-class _Session:
-    csrf: str
-    expires: float
+SIGNER = web.AppKey("ui_session_signer", SessionSigner)
 
 
-class _Sessions(dict[str, "_Session"]):
-    """Session id -> session, per app."""
-
-
-SESSIONS = web.AppKey("ui_sessions", _Sessions)
-
-
-def _session(request: web.Request) -> _Session | None:
-    session = request.app[SESSIONS].get(request.cookies.get(_COOKIE, ""))
-    if session is None or session.expires < time.time():
+def _session(request: web.Request) -> Session | None:
+    session = request.app[SIGNER].read(request.cookies.get(_COOKIE, ""))
+    if session is None:
         return None
     authenticated(request)  # its connection is no longer one of the unauthenticated the listener caps
     return session
@@ -90,14 +78,10 @@ async def login(request: web.Request) -> web.Response:
         page = _page("login.html", error="Wrong token." if token else "The admin API is disabled: no token is set.")
         page.set_status(401)
         return page
-    session_id = secrets.token_urlsafe(32)
-    sessions = request.app[SESSIONS]
-    for stale in [sid for sid, s in sessions.items() if s.expires < time.time()]:
-        del sessions[stale]
-    sessions[session_id] = _Session(secrets.token_urlsafe(32), time.time() + _SESSION_S)
+    cookie, _ = request.app[SIGNER].issue()
     response = web.HTTPSeeOther("/admin/ui")
     response.set_cookie(
-        _COOKIE, session_id, httponly=True, samesite="Strict", path="/admin", max_age=_SESSION_S,
+        _COOKIE, cookie, httponly=True, samesite="Strict", path="/admin", max_age=SESSION_S,
         secure=_over_tls(request),
     )  # fmt: skip
     raise response
@@ -107,7 +91,7 @@ async def logout(request: web.Request) -> web.Response:
     session = _session(request)
     form = await request.post()
     if session is not None and same_token(str(form.get("csrf", "")), session.csrf):
-        request.app[SESSIONS].pop(request.cookies.get(_COOKIE, ""), None)
+        request.app[SIGNER].log_out(session)
     response = web.HTTPSeeOther("/admin/ui")
     response.del_cookie(_COOKIE, path="/admin")
     raise response
@@ -191,7 +175,8 @@ async def drain(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app[SESSIONS] = _Sessions()
+    # ConfigError: a weak TENANTGATE_SESSION_KEY is refused. Without any key no session exists (admin API off).
+    app[SIGNER] = SessionSigner(session_key(app[ADMIN_TOKEN], os.environ))
     app.on_response_prepare.append(_admin_headers)
     app.router.add_get("/admin/ui", ui)
     app.router.add_post("/admin/ui/login", login)
