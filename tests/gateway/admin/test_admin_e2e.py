@@ -87,6 +87,7 @@ def test_without_an_admin_token_the_admin_api_is_off_and_tenants_are_served(tmp_
         gateway(tmp_path, config_for(tmp_path, replicas), admin_token=False) as gw,
     ):
         complete(gw, "t0", "lora-t0")
+        before = replicas["r0"].stats()["requests"]
         answers = {
             (method, path, bool(headers)): httpx.request(method, gw.url + path, headers=headers).status_code
             for method, path in [
@@ -100,11 +101,11 @@ def test_without_an_admin_token_the_admin_api_is_off_and_tenants_are_served(tmp_
             for headers in ({}, {"Authorization": f"Bearer {ADMIN_TOKEN}"})
         }
         login = httpx.post(gw.url + "/admin/ui/login", data={"token": ADMIN_TOKEN})
+        during = replicas["r0"].stats()["requests"] - before
         complete(gw, "t1", "lora-t1")
-        drained = replicas["r0"].stats()["requests_by_model"]
     assert set(answers.values()) == {404}, answers
     assert login.status_code == 401 and "disabled" in login.text and "set-cookie" not in login.headers
-    assert drained == {"lora-t0": 1, "lora-t1": 1}  # nothing the admin calls asked for happened
+    assert during == 0  # nothing the admin calls asked for reached the engine
 
 
 def test_a_tenant_added_at_run_time_survives_a_reload(tmp_path: Path) -> None:
@@ -119,6 +120,7 @@ def test_a_tenant_added_at_run_time_survives_a_reload(tmp_path: Path) -> None:
                 "adapters": ["lora-t1"],
                 "base_models": [BASE_MODEL],
             }
+            first = replicas["r0"].stats()["requests_by_model"].get("lora-t1", 0)
             added = httpx.post(gw.url + "/admin/tenants", json=late, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
             assert added.status_code == 200, added.text
             complete(gw, "late", "lora-t1")
@@ -131,13 +133,13 @@ def test_a_tenant_added_at_run_time_survives_a_reload(tmp_path: Path) -> None:
                 complete(gw, "t1", "lora-t1")
             assert gw.admin("POST", "/admin/reload").status_code == 200
             complete(gw, "late", "lora-t1")
-            served_late = replicas["r0"].stats()["requests_by_model"]["lora-t1"]
+            served_late = replicas["r0"].stats()["requests_by_model"]["lora-t1"] - first
     assert served_late == 3
 
 
 def test_a_clients_headers_never_reach_the_engine(tmp_path: Path) -> None:
-    """The client sends its API key, a cookie, a session id and headers of its own; the engine sees none of them,
-    and no header it sees carries the key."""
+    """The client sends its API key, a cookie, a session id and headers of its own; the engine sees none of them
+    in any request (the gateway's own warm-ups included), and no header it sees carries the key."""
     own = {
         "Cookie": "session=s3cr3t-cookie",
         "X-Session-Id": "client-session-1",
@@ -154,7 +156,7 @@ def test_a_clients_headers_never_reach_the_engine(tmp_path: Path) -> None:
         for chunk in client.completions.create(model="lora-t0", prompt="x", max_tokens=2, stream=True):
             assert chunk
         seen: list[dict[str, str]] = replicas["r0"].stats()["request_headers"]
-    assert len(seen) == 3, seen
+    assert len(seen) >= 3, seen
     names = {name.lower() for headers in seen for name in headers}
     assert not names & {"authorization", *(name.lower() for name in own)}, names
     values = [value for headers in seen for value in headers.values()]
