@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.admin.drains import DRAINS
 from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.errors import InvalidRequest
@@ -140,6 +141,8 @@ async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayCon
         raise
     # The tenants and keys as the registry holds them now: a change (a revocation) may have come in meanwhile.
     config = state.compose(base, discovered, lenient=True)
+    if DRAINS in app:  # the operator's drains hold on the new fleet before it serves
+        app[DRAINS].apply(fleet)
     old = state.swap(Serving(config, TenantDirectory(config), fleet), base_config=base, discovered=discovered)
     if old is not None:
         old.fleet.stop_background()  # one fleet manages the replicas; the old one only finishes its requests

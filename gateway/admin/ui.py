@@ -19,10 +19,13 @@ from aiohttp import web
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin.auth import login_allowed, login_failed, require_admin, same_token
 from gateway.admin.body import json_object
+from gateway.admin.drains import DRAINS, Drains, following
 from gateway.admin.sessions import SESSION_S, Session, SessionSigner, session_key
 from gateway.admin.status import snapshot
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RequestRateLimited
+from gateway.redis_client import redis_access
+from gateway.residency.store import StoreUnavailable
 from gateway.serving.connections import authenticated
 from gateway.serving.json_body import RefusedInput
 
@@ -140,7 +143,12 @@ def _replica(request: web.Request, body: dict[str, Any]) -> tuple[Any, str]:
 async def _act(request: web.Request, action: str, body: dict[str, Any]) -> dict[str, Any]:
     if action in ("drain", "undrain"):
         pool, replica = _replica(request, body)
-        pool.replicas[replica].health.drained = action == "drain"
+        drains = request.app[DRAINS]
+        try:  # kept beside the fleet (a reload keeps it) and, with Redis, where every gateway reads it
+            await drains.set(pool.name, replica, action == "drain")
+        except StoreUnavailable as exc:
+            raise InvalidRequest(f"Not {action}ed: the shared store is unreachable ({exc}).") from exc
+        drains.apply(request.app[STATE].serving.fleet)
         return {"pool": pool.name, "replica": replica, "drained": action == "drain"}
     serving = request.app[STATE].serving
     adapter = next((a for a in serving.config.adapters if a.name == body.get("adapter")), None)
@@ -177,6 +185,12 @@ async def drain(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     # ConfigError: a weak TENANTGATE_SESSION_KEY is refused. Without any key no session exists (admin API off).
     app[SIGNER] = SessionSigner(session_key(app[ADMIN_TOKEN], os.environ))
+    shared = app[STATE].config.state
+    app[DRAINS] = Drains(
+        shared.redis_url, operation_timeout_s=shared.operation_timeout_s, cluster=shared.cluster,
+        access=redis_access(shared, os.environ),
+    )  # fmt: skip
+    app.cleanup_ctx.append(following)
     app.on_response_prepare.append(_admin_headers)
     app.router.add_get("/admin/ui", ui)
     app.router.add_post("/admin/ui/login", login)
