@@ -470,8 +470,11 @@ class PoolResidency:
         """Load ``adapters`` (most important first) into the replica's free slots, never evicting one: stop at the
         first that finds the working set full, or a load waiting for a slot (a request's load goes first). One
         lock per adapter, so a request's load on the replica waits for one fill load at most. A load that fails is
-        logged and the next tried. Returns the names loaded."""
+        logged and the next tried. With ``fill_warm_up``, each adapter loaded then gets a one-token request, the most
+        important last: the engine's GPU slots (fewer than its host cache, and LRU) end up holding the most important
+        ones, so a first request does not wait for its adapter's copy to the GPU. Returns the names loaded."""
         loaded: list[str] = []
+        refs: list[AdapterRef] = []
         view = self.views[replica_id]
         for adapter in adapters:
             name = adapter.engine_name
@@ -491,13 +494,23 @@ class PoolResidency:
                 log.error("filling %s/%s with %s failed: %s", self.pool, replica_id, name, exc)
                 continue
             loaded.append(name)
+            refs.append(adapter)
             self.counters.fill_loads += 1
             self.metrics.fill_loads.labels(self.pool).inc()
+        for adapter in reversed(refs) if self.config.fill_warm_up else ():
+            try:
+                await self._one_token(replica_id, adapter)
+            except (BackendError, GatewayError) as exc:  # loaded all the same: its first request pays the copy
+                log.warning("warming %s on %s/%s failed: %s", adapter.engine_name, self.pool, replica_id, exc)
         return loaded
 
     async def warm(self, replica_id: str, adapter: AdapterRef, *, pinned: bool) -> None:
         """Load the adapter and run a one-token request through it, so its first real request finds it hot."""
         await self.ensure(replica_id, adapter, pinned=pinned)
+        await self._one_token(replica_id, adapter)
+
+    async def _one_token(self, replica_id: str, adapter: AdapterRef) -> None:
+        """A one-token request through the adapter: the engine moves it into a GPU slot (vLLM's --max-loras)."""
         body = json.dumps({"model": adapter.engine_name, "prompt": "warm-up", "max_tokens": 1}).encode()
         request = EngineRequest("/v1/completions", body, False, adapter=adapter)
         response = await self.driver.send(self.endpoints[replica_id], request)

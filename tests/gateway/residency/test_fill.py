@@ -3,6 +3,8 @@ keeps a replica full while no other adapter wants a slot there (fake engine, bot
 
 from __future__ import annotations
 
+import json
+
 from backends.base import AdapterRef, Endpoint
 from backends.errors import AdapterLoadFailed
 from gateway.config import ResidencyConfig
@@ -28,11 +30,20 @@ async def test_the_fill_takes_free_slots_in_plan_order_and_never_evicts(store: R
     await life.ensure("r0", ref("x"))  # a request's adapter holds one of the three slots
     loaded = await life.fill("r0", [ref("a"), ref("x"), ref("b"), ref("c")])
     assert loaded == ["a", "b"]  # x was there; c finds the set full
+    assert engine.warm_requests == []  # fill_warm_up is off by default
     assert engine.loaded["r0"] == {"x", "a", "b"} and engine.unloads == []
     assert set((await store.record("llama", "r0")).resident) == {"x", "a", "b"}
     assert life.counters.fill_loads == 2 and life.resident_on("a") == frozenset({"r0"})
     assert await life.fill("r0", [ref("c")]) == []  # full: nothing more, nothing evicted
     assert engine.unloads == []
+
+
+async def test_with_warm_up_each_loaded_adapter_gets_one_token_the_most_important_last(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig(fill_warm_up=True))
+    assert await life.fill("r0", [ref("a"), ref("b"), ref("c"), ref("d")]) == ["a", "b", "c"]
+    # The engine's GPU slots are LRU: the last warmed (a, the most important) is the last to leave them.
+    assert [json.loads(body)["model"] for _, body in engine.warm_requests] == ["c", "b", "a"]
 
 
 async def test_a_failing_fill_load_is_skipped_and_the_next_loaded(store: ResidencyStore) -> None:

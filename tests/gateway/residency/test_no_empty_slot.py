@@ -1,6 +1,7 @@
 """No empty slot, end to end: a `tenantgate serve` process in front of simulated vLLM replicas at a GPU-like time
 scale (a cold load costs 0.2-0.4 s, as on a data-centre GPU). Every adapter fits (16 tenants, 4 replicas of 4
-slots), so once the gateway says it is ready no tenant's request, the first included, may pay a cold load.
+slots), so once the gateway says it is ready no tenant's request, the first included, may pay a cold load. With
+``residency.fill_warm_up`` each filled adapter has had one token too (into the engine's GPU slots).
 
 What happened is read from the replicas' own counters (/sim/stats), not from the gateway's word.
 """
@@ -25,12 +26,15 @@ GPU_LIKE = ["--time-scale", "1.0", "--max-loras", "2", "--max-cpu-loras", "4"]
 
 
 def test_homed_tenants_pay_no_cold_load_after_ready_the_first_request_included(tmp_path: Path) -> None:
-    with fleet_with_gateway(tmp_path, TENANTS, 4, GPU_LIKE, max_adapters=4) as fleet:
+    extra = {"residency": {"fill_warm_up": True}}
+    with fleet_with_gateway(tmp_path, TENANTS, 4, GPU_LIKE, max_adapters=4, extra=extra) as fleet:
         # fleet_with_gateway returned once /readyz said ready; no tenant has sent anything yet.
         homes = {t: admin_get(fleet.gateway_url, f"/admin/route?tenant={t}")["home"] for t in TENANTS}
         ready = {replica: sim_stats(url) for replica, url in fleet.replica_urls.items()}
         for replica, stats in ready.items():  # each replica holds the adapters of the tenants homed there
-            assert sorted(stats["registered"]) == sorted(f"adapter-{t}" for t, home in homes.items() if home == replica)
+            homed = sorted(f"adapter-{t}" for t, home in homes.items() if home == replica)
+            assert sorted(stats["registered"]) == homed
+            assert stats["requests_by_model"] == dict.fromkeys(homed, 1)  # each warmed with one token
         ttfts: list[float] = []
 
         async def tenant(name: str) -> None:
