@@ -10,7 +10,8 @@ there once, at its most important place. Pure: no I/O; the fleet runs the fill (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from backends.base import AdapterRef
 from gateway.config import GatewayConfig
@@ -18,18 +19,26 @@ from gateway.fleet.pool import Pool
 from gateway.tenants.directory import TenantDirectory, affinity_key
 
 
-def fill_plan(
-    config: GatewayConfig, pool: Pool, traffic: Mapping[str, float] | None = None
-) -> dict[str, list[AdapterRef]]:
-    """Per replica of ``pool``, the adapters its homed keys run on, most important first (empty with
-    ``residency.fill_free_slots`` off)."""
-    plan: dict[str, list[AdapterRef]] = {replica_id: [] for replica_id in pool.replicas}
+@dataclass(frozen=True)
+class FillEntry:
+    """One adapter a key homed on ``replica`` runs on: ``tier`` 0 pinned, 1 prewarm, 2 the rest; ``position`` its
+    place in the config's order."""
+
+    tier: int
+    position: int
+    key: str
+    replica: str
+    adapter: AdapterRef
+
+
+def fill_entries(config: GatewayConfig, pool: Pool) -> list[FillEntry]:
+    """Every (key, adapter) of ``pool``'s tenants at the key's home, in the config's order (empty with
+    ``residency.fill_free_slots`` off). Built once per fleet: homes change only when a fleet is rebuilt."""
     if not config.residency.fill_free_slots:
-        return plan
-    traffic = traffic or {}
+        return []
     adapters = {adapter.name: adapter for adapter in config.adapters}
     directory = TenantDirectory(config)
-    ranked: list[tuple[tuple[int, float, int], str, AdapterRef]] = []
+    entries: list[FillEntry] = []
     for tenant_config in config.tenants:
         tenant = directory.tenant(tenant_config.id)
         assert tenant is not None  # the directory holds every tenant of the config it was built from
@@ -41,9 +50,28 @@ def fill_plan(
                 key = affinity_key(config.routing, tenant, runs_on, None)
                 adapter = adapters[runs_on.model]
                 tier = 0 if adapter.pinned else 1 if adapter.prewarm else 2
-                ranked.append(((tier, -traffic.get(key, 0.0), len(ranked)), pool.ring.home(key), ref))
-    for _, replica_id, ref in sorted(ranked, key=lambda entry: entry[0]):
-        planned = plan[replica_id]
-        if all(ref.engine_name != other.engine_name for other in planned):
-            planned.append(ref)
+                entries.append(FillEntry(tier, len(entries), key, pool.ring.home(key), ref))
+    return entries
+
+
+def fill_order(
+    entries: Iterable[FillEntry], replica_ids: Iterable[str], traffic: Mapping[str, float] | None = None
+) -> dict[str, list[AdapterRef]]:
+    """Per replica, its entries' adapters most important first (by tier, then ``traffic``'s requests per second
+    by key, then the config's order), each adapter once. A sort: cheap enough to redo at every traffic interval."""
+    traffic = traffic or {}
+    plan: dict[str, list[AdapterRef]] = {replica_id: [] for replica_id in replica_ids}
+    seen: dict[str, set[str]] = {replica_id: set() for replica_id in plan}
+    for entry in sorted(entries, key=lambda e: (e.tier, -traffic.get(e.key, 0.0), e.position)):
+        if entry.adapter.engine_name not in seen[entry.replica]:
+            seen[entry.replica].add(entry.adapter.engine_name)
+            plan[entry.replica].append(entry.adapter)
     return plan
+
+
+def fill_plan(
+    config: GatewayConfig, pool: Pool, traffic: Mapping[str, float] | None = None
+) -> dict[str, list[AdapterRef]]:
+    """Per replica of ``pool``, the adapters its homed keys run on, most important first (empty with
+    ``residency.fill_free_slots`` off)."""
+    return fill_order(fill_entries(config, pool), pool.replicas, traffic)

@@ -12,7 +12,7 @@ from backends import registry
 from backends.base import AdapterRef
 from gateway.config import GatewayConfig
 from gateway.fleet.engines import endpoint, make_driver
-from gateway.fleet.fill import fill_plan
+from gateway.fleet.fill import fill_entries, fill_order
 from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.traffic import Traffic
@@ -109,6 +109,8 @@ class Fleet:
                 ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
                 for replica_id in sorted(prewarm_homes(config, pool, adapter.name)):
                     pool.prewarm[replica_id].append((ref, adapter.pinned))
+        # Per pool, the adapters its tenants' keys run on at their homes: what the fill plans are sorted from.
+        self._fill_entries = {name: fill_entries(config, pool) for name, pool in self.pools.items()}
         self.order_fill_by({})
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,7 +121,7 @@ class Fleet:
         for pool in self.pools.values():
             measured = traffic.get(pool.name)
             rates = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
-            pool.fill = fill_plan(self.config, pool, rates)
+            pool.fill = fill_order(self._fill_entries[pool.name], pool.replicas, rates)
             pool.residency.plan = {r: frozenset(a.engine_name for a in refs) for r, refs in pool.fill.items()}
 
     async def start(self) -> None:
