@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.routing.costs import Regime
+from gateway.routing.costs import regime_of
 from gateway.routing.decision import KeyStanding, Prediction, ReplicaLoad, RoutingDecision
 from gateway.routing.scorers import Candidate, Scoring
 
@@ -97,10 +97,7 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     predictions = decision.predictions
     for replica_id in allowed:
         replica = by_id[replica_id]
-        if replica.on_gpu:  # regime_of, inlined: this loop is most of a decision's cost
-            regime: Regime = "warm" if replica.key_recent else "kv_cold"
-        else:
-            regime = "host" if replica_id in resident else "cold"
+        regime = regime_of(replica.on_gpu, replica_id in resident, replica.key_recent)
         candidate = Candidate(replica, regime, lines[regime], replica_id == home)
         if explain:
             parts = {name: weight * score(candidate) for name, weight, score in weighted}
