@@ -31,7 +31,7 @@ help:
 	@echo "make bench-residency  replay one multi-tenant trace under each routing policy: cold loads, TTFT"
 	@echo "make soak       10 minutes of steady traffic with periodic faults (SOAK_MINUTES=...)"
 	@echo "make loadtest   locust, headless, against a simulated fleet; reports in loadtest-report/"
-	@echo "make peers      install vllm-router and sglang-router in side venvs (.peers/) for the benchmarks"
+	@echo "make peers      install vllm-router, sglang-router and py-spy in side venvs (.peers/) for the benchmarks"
 	@echo "make bench      the routing benchmark: one trace through every setup; results in bench-results/"
 	@echo "make bench-overhead  direct vs tenantgate vs the peers at zero delay: latency and CPU per request"
 	@echo "make clean      remove the venvs, engines and caches"
@@ -124,7 +124,7 @@ bench-residency: venv
 
 PEERS := .peers
 
-peers: $(PEERS)/vllm-router/.installed $(PEERS)/sglang-router/.installed
+peers: $(PEERS)/vllm-router/.installed $(PEERS)/sglang-router/.installed $(PEERS)/py-spy/.installed
 
 # Each peer router in its own venv: they must never share one (both ship a module named vllm_router).
 $(PEERS)/vllm-router/.installed:
@@ -135,6 +135,12 @@ $(PEERS)/vllm-router/.installed:
 $(PEERS)/sglang-router/.installed:
 	python3.11 -m venv $(PEERS)/sglang-router
 	$(PEERS)/sglang-router/bin/pip install -q sglang-router==0.3.2
+	touch $@
+
+# The profiler make bench-overhead runs over tenantgate's default run (a binary: kept out of the gateway's venv).
+$(PEERS)/py-spy/.installed:
+	python3.11 -m venv $(PEERS)/py-spy
+	$(PEERS)/py-spy/bin/pip install -q py-spy==0.4.3
 	touch $@
 
 # make bench's seeds: one by default (about 20 minutes); docs/benchmarks.md's figures are BENCH_SEEDS=17,18,19.

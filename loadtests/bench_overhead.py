@@ -1,99 +1,383 @@
-"""What a router costs: the same non-streaming requests to one simulated replica at zero delay, directly and
-through tenantgate (metrics on; and again with tracing to the console exporter and the access log), vllm-router and
-sglang-router (when `make peers` installed them). Prints requests/s, added latency p50/p99 and each router
-process's CPU time per request (from /proc). tenantgate runs one process (it has no multi-worker mode yet).
+"""What a router costs, measured honestly: the same non-streaming completions sent directly to simulated replicas at
+zero delay and through each router, in one run.
 
-    python -m loadtests.bench_overhead [--requests 3000] [--concurrency 16]
+Two loads:
+- realistic (what a user's default config meets): 32 tenants, each with its own adapter, spread over 4 replicas
+  (8 adapters each), 64 concurrent clients; tenantgate with its default config (access log on, predicted_ttft),
+  again with the access log off, and with ``--workers 2`` (a redis-server of its own, counted with it); a bare
+  aiohttp proxy of a few lines (loadtests/bare_proxy.py: the floor this stack can reach); vllm-router
+  (``consistent_hash`` on ``x-tenant-id``) and sglang-router (``round_robin``: it has no header hash) when
+  ``make peers`` installed them. Every setup also runs at concurrency 1, for the latency it adds to one request.
+- light (the previous figure): 1 tenant, 1 replica, 16 concurrent clients, tenantgate with the access log off.
+
+For each setup and concurrency: requests/s, p50/p99 latency and what it adds to the direct run's, and CPU time
+per request summed over every process of the router (a supervisor and its workers; Redis for --workers), from
+/proc. The client and the replicas share the machine's cores with the router, so figures compare within a run.
+With py-spy installed (make peers), tenantgate's default run is profiled in an extra phase (not the measured
+one, sampling only the thread holding the GIL: the CPU its Python code takes, not its waits): the functions with
+the most samples are printed and the raw stacks written to --out.
+
+    python -m loadtests.bench_overhead [--requests 6000] [--requests-c1 600] [--out bench-results]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
+import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from loadtests.bench_gateway import _line, _phase
+import aiohttp
+import yaml
+
 from loadtests.bench_routing import PEERS
-from loadtests.fleet import api_key, gateway_config, gateway_process, process_cpu_s, simulated_replicas, write_adapters
-from loadtests.processes import free_port
+from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, process_cpu_s, simulated_replicas, write_adapters
+from loadtests.processes import free_port, running, stop
 
-TENANTS = {"bench": ["bench-lora"]}
+REPLICAS = 4
+TENANTS = {f"t{i:02d}": [f"lora-t{i:02d}"] for i in range(32)}
+LIGHT_TENANTS = {"bench": ["bench-lora"]}
+PY_SPY = PEERS / "py-spy" / "bin" / "py-spy"
+Target = tuple[str, dict[str, str], bytes]  # url, headers, body
+
+
+@dataclass
+class Running:
+    """A router serving: where each tenant's request goes, and the processes whose CPU it costs."""
+
+    target: Callable[[str, str], Target]  # (tenant, adapter) -> what to send
+    pids: list[int] = field(default_factory=list)
+
+
+def _body(adapter: str) -> bytes:
+    return json.dumps({"model": adapter, "prompt": "how fast is the gateway", "max_tokens": 4}).encode()
+
+
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds used so far by these processes and all their descendants (a process gone since counts 0)."""
+    total, seen, todo = 0.0, set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        with contextlib.suppress(OSError):
+            total += process_cpu_s(pid)
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+    return total
+
+
+async def _phase(targets: list[Target], requests: int, concurrency: int) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    remaining = iter(range(requests))
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as session:
+
+        async def worker() -> None:
+            for number in remaining:
+                url, headers, body = targets[number % len(targets)]
+                started = time.perf_counter()
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    response.raise_for_status()
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return sorted(latencies), time.perf_counter() - started
+
+
+@dataclass
+class Result:
+    setup: str
+    load: str
+    concurrency: int
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float
+    added_p50_ms: float = 0.0
+    added_p99_ms: float = 0.0
+
+
+def _measure(
+    name: str, load: str, running_: Running, tenants: dict[str, list[str]], requests: int, concurrency: int
+) -> Result:
+    targets = [running_.target(tenant, adapters[0]) for tenant, adapters in tenants.items()]
+    asyncio.run(_phase(targets, max(200, len(targets) * 4), concurrency))  # warm: adapters loaded, connections open
+    cpu_before = tree_cpu_s(running_.pids)
+    latencies, elapsed = asyncio.run(_phase(targets, requests, concurrency))
+    cpu_us = 1e6 * (tree_cpu_s(running_.pids) - cpu_before) / requests if running_.pids else 0.0
+    p50, p99 = 1000 * statistics.median(latencies), 1000 * latencies[int(0.99 * (len(latencies) - 1))]
+    return Result(name, load, concurrency, requests / elapsed, p50, p99, cpu_us)
+
+
+def _ready(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager
-def peer(router: str, replica: str, root: Path) -> Iterator[tuple[str, int]]:
+def _process(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
+    try:
+        yield process
+    finally:
+        stop(process)
+
+
+@contextlib.contextmanager
+def direct(replicas: list[str]) -> Iterator[Running]:
+    order = {tenant: index for index, tenant in enumerate(sorted(TENANTS))}
+
+    def target(tenant: str, adapter: str) -> Target:
+        replica = replicas[order.get(tenant, 0) % len(replicas)]
+        return replica + "/v1/completions", {"Content-Type": "application/json"}, _body(adapter)
+
+    yield Running(target)
+
+
+def _header_target(url: str) -> Callable[[str, str], Target]:
+    def target(tenant: str, adapter: str) -> Target:
+        headers = {"Content-Type": "application/json", "x-tenant-id": tenant}
+        return url + "/v1/completions", headers, _body(adapter)
+
+    return target
+
+
+@contextlib.contextmanager
+def bare_proxy(replicas: list[str], root: Path) -> Iterator[Running]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "loadtests.bare_proxy", "--port", str(port), *replicas]
+    url = f"http://127.0.0.1:{port}"
+    with running(cmd, url, root / "bare-proxy.log", start_timeout_s=30) as process:
+        yield Running(_header_target(url), [process.pid])
+
+
+@contextlib.contextmanager
+def peer(router: str, replicas: list[str], root: Path) -> Iterator[Running]:
     port = free_port()
     if router == "vllm-router":
         cmd = [str(PEERS / "vllm-router/bin/vllm-router"), "--policy", "consistent_hash"]
     else:
         cmd = [str(PEERS / "sglang-router/bin/python"), "-m", "sglang_router.launch_router", "--policy", "round_robin"]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", replica,
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *replicas,
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
-    with (root / f"{router}.log").open("wb") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "RUST_LOG": "warn"})  # fmt: skip
-    try:
-        yield f"http://127.0.0.1:{port}", process.pid
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
+    url = f"http://127.0.0.1:{port}"
+    with _process(cmd, root / f"{router}.log", {"RUST_LOG": "warn"}) as process:
+        target = _header_target(url)
+        for _ in range(300):  # bounded: until it routes (peers find their workers asynchronously)
+            try:
+                asyncio.run(_phase([target("t00", "lora-t00")], 20, 1))
+                break
+            except Exception:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError(f"{router} never answered at {url}")
+        yield Running(target, [process.pid])
+
+
+@contextlib.contextmanager
+def redis_server(root: Path) -> Iterator[tuple[str, int]]:
+    port = free_port()
+    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with _process(cmd, root / "redis.log") as process:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.1)
+        yield f"redis://127.0.0.1:{port}/0", process.pid
+
+
+@contextlib.contextmanager
+def tenantgate(
+    root: Path, name: str, config: dict[str, Any], workers: int = 1, extra_pids: list[int] | None = None
+) -> Iterator[Running]:
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    url = f"http://127.0.0.1:{config['listen']['port']}"
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--workers", str(workers)]
+    env = {"TENANTGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    with running(cmd, url, root / f"{name}.log", env=env, start_timeout_s=60, health_path="/readyz") as process:
+        time.sleep(0.5 * (workers - 1))  # the other workers' start-up (their connections queue meanwhile)
+
+        def target(tenant: str, adapter: str) -> Target:
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key(tenant)}"}
+            return url + "/v1/completions", headers, _body(adapter)
+
+        yield Running(target, [process.pid, *(extra_pids or [])])
+
+
+def _preload(replicas: list[str], adapters: dict[str, str]) -> None:
+    """Every adapter on every replica: the peers route without loading adapters (tenantgate finds them there)."""
+    for replica in replicas:
+        for name, path in adapters.items():
+            request = urllib.request.Request(
+                replica + "/v1/load_lora_adapter", json.dumps({"lora_name": name, "lora_path": path}).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            with contextlib.suppress(urllib.error.HTTPError):  # already loaded
+                urllib.request.urlopen(request, timeout=10).close()
+
+
+def _profile(running_: Running, tenants: dict[str, list[str]], requests: int, out: Path) -> list[str]:
+    """py-spy over one more phase of tenantgate's default run: the raw stacks to ``out``, the top functions."""
+    raw = out / "overhead-profile.txt"
+    duration_s = 8
+    spy = subprocess.Popen(
+        [str(PY_SPY), "record", "--pid", str(running_.pids[0]), "--format", "raw", "--output", str(raw),
+         "--duration", str(duration_s), "--rate", "250", "--nonblocking", "--gil"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    targets = [running_.target(tenant, adapters[0]) for tenant, adapters in tenants.items()]
+    deadline = time.monotonic() + duration_s
+    while time.monotonic() < deadline and spy.poll() is None:
+        asyncio.run(_phase(targets, requests // 4, 64))
+    spy.wait(timeout=60)
+    return _top_functions(raw)
+
+
+def _top_functions(raw: Path, count: int = 25) -> list[str]:
+    """From py-spy's collapsed stacks: each function's share of samples as the innermost frame (self) and on the
+    stack (total)."""
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, number = line.rpartition(" ")
+        frames = [frame.split(" (")[0] + " (" + frame.split(" (")[-1] for frame in stack.split(";")]
+        weight = int(number)
+        samples += weight
+        own[frames[-1]] += weight
+        for frame in set(frames):
+            total[frame] += weight
+    lines = [f"{samples} samples; self% total% function (file:line)"]
+    for frame, weight in own.most_common(count):
+        lines.append(f"{100 * weight / samples:5.1f} {100 * total[frame] / samples:5.1f}  {frame}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=6000, help="per setup at concurrency 64 (16 for light)")
+    parser.add_argument("--requests-c1", type=int, default=600, help="per setup at concurrency 1")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--only", help="comma-separated setup names (default: all)")
     args = parser.parse_args(argv)
-    print(f"{args.requests} non-streaming completions, concurrency {args.concurrency}, one replica at time-scale 0")
-    with tempfile.TemporaryDirectory() as tmp, simulated_replicas(Path(tmp), 1, "--time-scale", "0") as replicas:
-        root, replica = Path(tmp), replicas["r0"]
-        adapters = write_adapters(root, ["bench-lora"])
-        load = {"lora_name": "bench-lora", "lora_path": adapters["bench-lora"]}
-        urllib.request.urlopen(urllib.request.Request(
-            replica + "/v1/load_lora_adapter", json.dumps(load).encode(), {"Content-Type": "application/json"}
-        ), timeout=10).close()  # fmt: skip
-        asyncio.run(_phase(replica, {}, 200, args.concurrency))
-        direct = _line("direct", *asyncio.run(_phase(replica, {}, args.requests, args.concurrency)))
-        key = {"Authorization": f"Bearer {api_key('bench')}"}
-        setups: list[tuple[str, contextlib.AbstractContextManager[tuple[str, int]], dict[str, str]]] = []
-        for label, telemetry in (
-            ("tenantgate", {"tracing": {"exporter": "none"}, "access_log": False}),
-            ("tenantgate+trace", {"tracing": {"exporter": "console"}, "access_log": True}),
-        ):
-            config = gateway_config(replicas, TENANTS, adapters, port=free_port(), extra={"telemetry": telemetry})
-            setups.append((label, gateway_process(root, config, label.replace("+", "-")), key))
+    args.out.mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(",")) if args.only else None
+    results: list[Result] = []
+    profile: list[str] = []
+    sim = ("--time-scale", "0", "--max-loras", "8", "--max-cpu-loras", "64")
+    with tempfile.TemporaryDirectory() as tmp, simulated_replicas(Path(tmp), REPLICAS, *sim) as replica_urls:
+        root = Path(tmp)
+        adapters = write_adapters(root, [a for names in {**TENANTS, **LIGHT_TENANTS}.values() for a in names])
+        replicas = [replica_urls[f"r{i}"] for i in range(REPLICAS)]
+        _preload(replicas, adapters)
+        realistic = {name: adapters[name] for names in TENANTS.values() for name in names}
+        telemetry_off = {"telemetry": {"access_log": False}}
+
+        def config(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            return gateway_config(
+                replica_urls, TENANTS, realistic, port=free_port(), max_adapters=8, extra=extra
+            )  # fmt: skip
+
+        setups: list[tuple[str, Callable[[], contextlib.AbstractContextManager[Running]]]] = [
+            ("direct", lambda: direct(replicas)),
+            ("bare-aiohttp", lambda: bare_proxy(replicas, root)),
+            ("tenantgate", lambda: tenantgate(root, "tenantgate", config())),
+            ("tenantgate-nolog", lambda: tenantgate(root, "tenantgate-nolog", config(telemetry_off))),
+            ("tenantgate-w2", lambda: _with_redis(root, config)),
+        ]
         for router in ("vllm-router", "sglang-router"):
             if (PEERS / router / "bin").exists():
-                setups.append((router, peer(router, replica, root), {"x-tenant-id": "bench"}))
+                setups.append((router, lambda router=router: peer(router, replicas, root)))  # type: ignore[misc]
             else:
                 print(f"{router}: not installed (make peers)")
-        for name, starting, headers in setups:
-            with starting as (url, pid):
-                for _ in range(100):  # bounded: until it routes (peers start asynchronously)
-                    try:
-                        asyncio.run(_phase(url, headers, 200, args.concurrency))
-                        break
-                    except Exception:
-                        time.sleep(0.1)
-                else:
-                    raise RuntimeError(f"{name} never answered at {url}")
-                cpu_before = process_cpu_s(pid)
-                through = asyncio.run(_phase(url, headers, args.requests, args.concurrency))
-                cpu_us = 1e6 * (process_cpu_s(pid) - cpu_before) / args.requests
-            p50, p99 = _line(name, *through)
-            print(
-                f"{'':16} added p50={p50 - direct[0]:5.2f} ms  p99={p99 - direct[1]:5.2f} ms"
-                f"  CPU per request {cpu_us:.0f} us"
-            )
+        for name, start in setups:
+            if only and name not in only and name != "direct":
+                continue
+            with start() as serving:
+                for concurrency, requests in ((64, args.requests), (1, args.requests_c1)):
+                    results.append(_measure(name, "realistic", serving, TENANTS, requests, concurrency))
+                    print(_row(results[-1]), flush=True)
+                if name == "tenantgate" and PY_SPY.exists():
+                    profile = _profile(serving, TENANTS, args.requests, args.out)
+        light = gateway_config(
+            {"r0": replicas[0]}, LIGHT_TENANTS, {"bench-lora": adapters["bench-lora"]}, port=free_port(),
+            extra=telemetry_off,
+        )  # fmt: skip
+        for name, start in (
+            ("direct", lambda: direct(replicas[:1])),
+            ("tenantgate", lambda: tenantgate(root, "tenantgate-light", light)),
+        ):
+            if only and name not in only and name != "direct":
+                continue
+            with start() as serving:
+                results.append(_measure(name, "light", serving, LIGHT_TENANTS, args.requests // 2, 16))
+                print(_row(results[-1]), flush=True)
+    _added(results)
+    print()
+    print(f"{'setup':18} {'load':9} {'conc':>4} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'+p50 ms':>7} "
+          f"{'+p99 ms':>7} {'CPU us/req':>10}")  # fmt: skip
+    for result in results:
+        print(_row(result))
+    if profile:
+        print("\ntenantgate (default config, realistic load) under py-spy, by own samples:")
+        print("\n".join(profile))
+    elif not PY_SPY.exists():
+        print("\npy-spy: not installed (make peers): no profile")
+    (args.out / "overhead.json").write_text(json.dumps([vars(r) for r in results], indent=1))
     return 0
+
+
+@contextlib.contextmanager
+def _with_redis(root: Path, config: Callable[[dict[str, Any] | None], dict[str, Any]]) -> Iterator[Running]:
+    with (
+        redis_server(root) as (url, pid),
+        tenantgate(root, "tenantgate-w2", config({"state": {"redis_url": url}}), 2, [pid]) as serving,
+    ):
+        yield serving
+
+
+def _added(results: list[Result]) -> None:
+    base = {(r.load, r.concurrency): r for r in results if r.setup == "direct"}
+    for result in results:
+        direct_ = base.get((result.load, result.concurrency))
+        if direct_ is not None:
+            result.added_p50_ms = result.p50_ms - direct_.p50_ms
+            result.added_p99_ms = result.p99_ms - direct_.p99_ms
+
+
+def _row(r: Result) -> str:
+    return (
+        f"{r.setup:18} {r.load:9} {r.concurrency:4d} {r.requests_per_s:7.0f} {r.p50_ms:7.2f} {r.p99_ms:7.2f} "
+        f"{r.added_p50_ms:7.2f} {r.added_p99_ms:7.2f} {r.cpu_us:10.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""The overhead benchmark's parts: the bare proxy relays to a replica, CPU is summed over a process tree, and the
+profile's summary ranks functions by their own samples."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from aiohttp.test_utils import TestServer
+
+from loadtests.bare_proxy import make_app
+from loadtests.bench_overhead import _top_functions, tree_cpu_s
+from loadtests.fleet import process_cpu_s
+from tests.servers import EngineProcess
+
+
+async def test_the_bare_proxy_relays_a_completion(sim_engine: EngineProcess) -> None:
+    body = {"model": "a1", "prompt": "x", "max_tokens": 2}
+    async with (
+        TestServer(make_app([sim_engine.url]), host="127.0.0.1") as server,
+        httpx.AsyncClient(base_url=str(server.make_url("/"))) as client,
+    ):
+        answer = await client.post("/v1/completions", json=body, headers={"x-tenant-id": "acme"}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["choices"]
+
+
+def test_cpu_is_summed_over_the_process_and_its_children() -> None:
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint(1, flush=True)\n"
+    with subprocess.Popen(
+        [sys.executable, "-c", spin + "input()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as child:
+        assert child.stdout is not None and child.stdin is not None
+        child.stdout.readline()  # it has spun for 0.3 s of CPU and waits
+        assert tree_cpu_s([os.getpid()]) >= process_cpu_s(os.getpid()) + 0.25
+        child.stdin.close()
+
+
+def test_the_profile_summary_ranks_functions_by_own_samples(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "run (loop.py:1);handle (app.py:10);encode (json.py:5) 30\n"
+        "run (loop.py:1);handle (app.py:10) 10\n"
+        "run (loop.py:1);poll (loop.py:9) 60\n"
+    )
+    lines = _top_functions(raw)
+    assert lines[0].startswith("100 samples")
+    assert lines[1].split() == ["60.0", "60.0", "poll", "(loop.py:9)"]
+    assert lines[2].split() == ["30.0", "30.0", "encode", "(json.py:5)"]
+    assert lines[3].split() == ["10.0", "40.0", "handle", "(app.py:10)"]
