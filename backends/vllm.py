@@ -207,6 +207,21 @@ _LOAD_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:
 _LORA_INFO = "vllm:lora_requests_info"
 
 
+def _newest_lora_series(lines: list[str]) -> list[str]:
+    """``vllm:lora_requests_info`` grows a series for every label set it ever reported (hundreds, once many adapters
+    have come and gone), and the exposition parser reads a character at a time in Python: keep only the newest
+    sample's line, found by its value with string operations. A line that does not read so is left to the parser."""
+    series = [index for index, line in enumerate(lines) if line.startswith(_LORA_INFO + "{")]
+    if len(series) < 2:
+        return lines
+    try:
+        newest = max(series, key=lambda index: float(lines[index][lines[index].rindex("}") + 1 :].split()[0]))
+    except (ValueError, IndexError):
+        return lines
+    dropped = set(series) - {newest}
+    return [line for index, line in enumerate(lines) if index not in dropped]
+
+
 def parse_load_signals(text: str) -> EngineLoad | None:
     """The three load gauges (summed over their label sets), the counter of generated tokens (outlier detection
     reads a stall from it) and the running adapters from vLLM's /metrics page:
@@ -215,7 +230,7 @@ def parse_load_signals(text: str) -> EngineLoad | None:
     wanted = dict.fromkeys(_LOAD_GAUGES, 0.0)
     # vLLM's page is large (histograms per adapter); parse only the lines of the families read (and their TYPE).
     read = (*_LOAD_GAUGES, _LORA_INFO, _GENERATED)
-    lines = [line for line in text.splitlines() if any(name in line for name in read)]
+    lines = _newest_lora_series([line for line in text.splitlines() if any(name in line for name in read)])
     newest, running, generated, slots = -math.inf, "", None, None
     try:
         for family in text_string_to_metric_families("\n".join(lines) + "\n"):

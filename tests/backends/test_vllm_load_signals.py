@@ -43,3 +43,21 @@ def test_a_page_without_the_lora_family_reads_no_adapters_and_no_slots() -> None
 
 def test_a_page_that_does_not_parse_reads_as_no_signal() -> None:
     assert parse_load_signals("vllm:num_requests_running{engine= 3\n") is None
+
+
+def test_of_many_lora_series_the_newest_is_read_wherever_it_is() -> None:
+    older = [
+        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="old{i}",waiting_lora_adapters=""}} {1.6e9 + i}'
+        for i in range(300)
+    ]
+    page = PAGE + "\n".join(older) + "\n"
+    load = parse_load_signals(page)
+    assert load is not None and load.running_adapters == frozenset({"a3"})  # 1.7000000009e9 is still the newest
+    newest = 'vllm:lora_requests_info{max_lora="4",running_lora_adapters="b1,b2",waiting_lora_adapters=""} 1.8e9\n'
+    load = parse_load_signals(page + newest)
+    assert load is not None and load.running_adapters == frozenset({"b1", "b2"})
+
+
+def test_a_lora_series_whose_value_does_not_read_is_left_to_the_parser() -> None:
+    broken = 'vllm:lora_requests_info{max_lora="4",running_lora_adapters="x",waiting_lora_adapters=""} soon\n'
+    assert parse_load_signals(PAGE + broken) is None  # the page does not parse: no signal, as before
