@@ -1,7 +1,7 @@
 """The cost of one routing decision on the real pool, as the fleet grows: what ``Pool.place`` + ``Pool.release``
 and ``Pool.explain`` cost per call, in microseconds, for fleets of 16 to 1,000 replicas.
 
-Each fleet is one pool (160 vnodes per replica, the default RoutingConfig, policy bounded_consistent_hash) built
+Each fleet is one pool (160 vnodes per replica, the default RoutingConfig, the default policy or --policy) built
 as the gateway builds it, over a driver that does nothing: no server, no I/O, so what is measured is the router
 alone (ring, reservations, filters, picker, the residency view). Every replica is made healthy by one probe
 (``Pool.probe``, the null driver answers yes), and 10% of them hold the request's adapter resident. The keys are
@@ -139,7 +139,7 @@ def _timed(call: Callable[[str], None], keys: Sequence[str]) -> list[float]:
     return [ns / 1000 for ns in spent]
 
 
-def run_fleet(replicas: int, keys: int, samples: Samples, seed: int) -> FleetResult:
+def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str) -> FleetResult:
     """One fleet, measured in this process (the parent runs each in a fresh one)."""
     rng = random.Random(seed)
     tenants = [f"tenant-{i}" for i in range(keys)]
@@ -151,7 +151,7 @@ def run_fleet(replicas: int, keys: int, samples: Samples, seed: int) -> FleetRes
     rss_before = _rss_mb()
 
     started = time.perf_counter()
-    pool = build_pool(replicas)
+    pool = build_pool(replicas, policy)
     build_s = time.perf_counter() - started
     asyncio.run(pool.probe())  # the start-up probe: every replica up
     assert all(replica.healthy for replica in pool.replicas.values())
@@ -196,13 +196,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50_000, help="seen-before decisions per fleet")
     parser.add_argument("--first-sight", type=int, default=20_000, help="first decisions per fleet")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--policy", default=PoolConfig.model_fields["policy"].default, help="the pool's policy "
+                        "(default: the config's default)")  # fmt: skip
     parser.add_argument("--full", action="store_true", help=f"no smaller samples above {FULL_SAMPLES_UP_TO} replicas")
     args = parser.parse_args()
     sizes = [int(size) for size in args.replicas.split(",")]
     routing = RoutingConfig()
     print(
         f"one decision on a real Pool: place + release per call (explain alone in its own columns); "
-        f"{routing.vnodes} vnodes, bounded_consistent_hash, {args.keys} keys, adapter resident on "
+        f"{routing.vnodes} vnodes, {args.policy}, {args.keys} keys, adapter resident on "
         f"{RESIDENT_SHARE:.0%} of replicas; cyclic GC disabled while timing; seed {args.seed}"
     )
     header = (
@@ -216,7 +218,7 @@ def main() -> None:
     for replicas in sizes:
         samples = _samples(replicas, args.keys, args.first_sight, args.calls, args.full)
         with ProcessPoolExecutor(max_workers=1, mp_context=context) as executor:
-            result = executor.submit(run_fleet, replicas, args.keys, samples, args.seed).result()
+            result = executor.submit(run_fleet, replicas, args.keys, samples, args.seed, args.policy).result()
         results.append(result)
         first, seen, explained = result.first_sight_us, result.seen_before_us, result.explain_us
         first_cell = f"{_pct(first, 0.5):.1f} / {_pct(first, 0.99):.1f} / {max(first):.1f}"
