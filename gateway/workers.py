@@ -155,7 +155,14 @@ class Supervisor:
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config_path)]
         cmd += ["--worker-sockets", inherited.encode()]
         fds = [fd for fd in sockets if fd is not None]
-        worker.process = subprocess.Popen(cmd, pass_fds=fds, env={**os.environ, MULTIPROC_ENV: metrics_dir})
+        # SIGHUP ignored across the exec (an ignored signal stays ignored; a handler does not), until the worker's
+        # server handles it: its default action would end a worker that a reload reaches while it starts (the
+        # worker reads the config file as it starts anyway).
+        previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        try:
+            worker.process = subprocess.Popen(cmd, pass_fds=fds, env={**os.environ, MULTIPROC_ENV: metrics_dir})
+        finally:
+            signal.signal(signal.SIGHUP, previous)
         worker.started, worker.restart_at = time.monotonic(), None
         log.info("worker %d started (pid %d)", worker.number, worker.process.pid)
 

@@ -48,6 +48,12 @@ class Supervised:
     def workers_seen(self) -> set[int]:
         return {o["worker"] for o in self.lines() if o["logger"] == "tenantgate.access"}
 
+    def listening(self) -> int:
+        return sum(o["message"].startswith("tenantgate listening") for o in self.lines())
+
+    def worker_pids_if_any(self) -> bool:
+        return Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").exists()
+
     def worker_pids(self) -> set[int]:
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
         return {int(pid) for pid in children}
@@ -64,7 +70,9 @@ def _config(sim: EngineProcess, redis_url: str | None, port: int, **options: Any
 
 
 @contextlib.contextmanager
-def supervised(tmp_path: Path, sim: EngineProcess, workers: int = 2, **options: Any) -> Iterator[Supervised]:
+def supervised(
+    tmp_path: Path, sim: EngineProcess, workers: int = 2, *, sighup_at_start: bool = False, **options: Any
+) -> Iterator[Supervised]:
     port = free_port()
     with RedisServer(log_path=tmp_path / "redis.log") as redis:
         path = tmp_path / "gateway.yaml"
@@ -78,8 +86,12 @@ def supervised(tmp_path: Path, sim: EngineProcess, workers: int = 2, **options: 
             )  # fmt: skip
         gateway = Supervised(f"http://127.0.0.1:{port}", process, log, path, redis.url, port)
         try:
+            if sighup_at_start:  # as soon as both workers exist, before they serve
+                while not (log.exists() and gateway.worker_pids_if_any() and len(gateway.worker_pids()) == workers):
+                    time.sleep(0.001)
+                process.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + 60
-            while not healthy(gateway.url, "/readyz") or len(gateway.worker_pids()) < workers:
+            while not healthy(gateway.url, "/readyz") or gateway.listening() < workers:
                 assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.1)
             yield gateway
@@ -280,3 +292,9 @@ def test_sighup_to_the_supervisor_reloads_every_worker(sim_engine: EngineProcess
                 break
         else:
             raise AssertionError("one worker took every connection")
+
+
+def test_a_reload_while_workers_start_ends_none_of_them(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    with supervised(tmp_path, sim_engine, sighup_at_start=True) as gateway:
+        assert _one_request(gateway.url) == 200
+        assert not any("exited" in o["message"] for o in gateway.lines())  # SIGHUP's default would have ended them
