@@ -173,34 +173,23 @@ class Pool:
         # One clock read for the whole snapshot: health's clock and the scrapes' are both time.monotonic here.
         now = time.monotonic()
         cap = self.max_in_flight_per_replica
-        if scoring is None:
-            loads = [
-                ReplicaLoad(
-                    replica_id,
-                    (health := (replica := replicas[replica_id]).health).available(now),
-                    replica.load_view(now, max_age),
-                    reservations.reserved(replica_id),
-                    health.weight(now),
-                    replica.in_flight >= cap,
-                )
-                for replica_id in order
-            ]
-        else:
-            warm_since = now - self.prefix_warm_s
-            recent = self._recent.get(key, {})
-            loads = [
-                ReplicaLoad(
-                    replica_id,
-                    (health := (replica := replicas[replica_id]).health).available(now),
-                    replica.load_view(now, max_age),
-                    reservations.reserved(replica_id),
-                    health.weight(now),
-                    replica.in_flight >= cap,
-                    engine_model is None or self._running_on(replica_id, replica, engine_model, now),
-                    recent.get(replica_id, -math.inf) >= warm_since,
-                )
-                for replica_id in order
-            ]
+        # predicted_ttft weighs two more signals per candidate; other policies skip them (``and`` short-circuits).
+        predicting = scoring is not None
+        warm_since = now - self.prefix_warm_s
+        recent = self._recent.get(key, {}) if predicting else {}
+        loads = [
+            ReplicaLoad(
+                replica_id,
+                (health := (replica := replicas[replica_id]).health).available(now),
+                replica.load_view(now, max_age),
+                reservations.reserved(replica_id),
+                health.weight(now),
+                replica.in_flight >= cap,
+                predicting and (engine_model is None or self._running_on(replica_id, replica, engine_model, now)),
+                predicting and recent.get(replica_id, -math.inf) >= warm_since,
+            )
+            for replica_id in order
+        ]
         return decide(
             order,
             key,
