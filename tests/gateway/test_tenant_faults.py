@@ -1,6 +1,6 @@
 """Faults a tenant causes must not eject replicas; a broken replica is still ejected, even when it serves one tenant
 (gateway/fleet/outlier.py's rule); a noisy tenant degrades no other. Against simulated replicas, through the openai
-SDK and a gateway process. The noisy tenant's trouble lasts TENANTGATE_NOISY_TENANT_S seconds (15 by default)."""
+SDK and a gateway process. The noisy tenant's trouble lasts TENANTGATE_NOISY_TENANT_S seconds (60 by default)."""
 
 from __future__ import annotations
 
@@ -104,10 +104,9 @@ def test_a_broken_replica_serving_one_tenant_is_still_ejected(tmp_path: Path) ->
         assert (state["ejected"], state["ejection_reason"]) == (True, "failed_here_only"), state
 
 
-# How long the noisy tenant makes trouble, in seconds. The issue asks for a minute; CI runs 15 s, which is already
-# many times the ejection threshold (a failure every ~0.5 s per worker): set TENANTGATE_NOISY_TENANT_S=60 for the
-# issue's minute.
-NOISY_S = float(os.environ.get("TENANTGATE_NOISY_TENANT_S", "15"))
+# How long the noisy tenant makes trouble, in seconds: a minute, as the hardening issue asks (about a minute of
+# make test's time); TENANTGATE_NOISY_TENANT_S=15 is already many times the ejection threshold for a quick run.
+NOISY_S = float(os.environ.get("TENANTGATE_NOISY_TENANT_S", "60"))
 
 
 def make_trouble(gw: GatewayUnderTest, seconds: float, workers: int = 4) -> Counter[str]:
