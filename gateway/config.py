@@ -110,7 +110,8 @@ class RoutingConfig(_Frozen):
     # overflow cannot push it off (gateway/routing/reservations.py). 0 turns reservations off.
     home_reservation_s: float = Field(default=2.0, ge=0, le=3600)
     # When a request must leave its home, prefer an allowed replica where its adapter is already resident over
-    # the next one on the ring (false: ring order only, the plain bounded-load rule).
+    # the next one on the ring (false: ring order only, the plain bounded-load rule). bounded_consistent_hash only:
+    # predicted_ttft always reads residency (it is the host regime's evidence).
     prefer_resident: bool = True
     # --- predicted_ttft (gateway/routing/costs.py and scorers/) ---
     ttft_priors: TtftPriors = TtftPriors()

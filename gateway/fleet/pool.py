@@ -167,7 +167,10 @@ class Pool:
     ) -> RoutingDecision:
         reservations = self.reservations
         reservations.expire()
-        resident = self.residency.resident_on(engine_model) if engine_model and self.prefer_resident else frozenset()
+        # Where the adapter is resident: where a spill looks first, and (predicted_ttft) the host regime's evidence,
+        # whatever prefer_resident says.
+        wants_resident = self.prefer_resident or self.scoring is not None
+        resident = self.residency.resident_on(engine_model) if engine_model and wants_resident else frozenset()
         order = self._candidates(key, resident)
         replicas, max_age, scoring = self.replicas, self.engine_view_max_age_s, self.scoring
         # One clock read for the whole snapshot: health's clock and the scrapes' are both time.monotonic here.

@@ -16,7 +16,8 @@ from gateway.routing.ring import Ring
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine
 
 
-def pool_of(size: int, candidates: int, cap: int, policy: str = "bounded_consistent_hash") -> Pool:
+def pool_of(size: int, routing: RoutingConfig, cap: int = 512, policy: str = "bounded_consistent_hash") -> Pool:
+    """A real pool of ``size`` replicas over a fake engine, every replica up."""
     replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(size)]
     config = PoolConfig.model_validate(
         {"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas, "policy": policy}
@@ -26,7 +27,6 @@ def pool_of(size: int, candidates: int, cap: int, policy: str = "bounded_consist
     residency = PoolResidency(
         "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
     )
-    routing = RoutingConfig(candidates=candidates, capacity_floor=1, home_reservation_s=0)
     pool = Pool(config, routing, driver, residency, max_in_flight_per_replica=cap)
     for replica in pool.replicas.values():
         replica.health.probed(True)
@@ -45,7 +45,7 @@ def pool_of(size: int, candidates: int, cap: int, policy: str = "bounded_consist
 def test_a_pick_is_never_a_replica_left_out_nor_over_the_bound_while_one_under_it_exists(
     policy: str, size: int, candidates: int, cap: int, down: set[int], arrivals: list[tuple[str, int]]
 ) -> None:
-    pool = pool_of(size, candidates, cap, policy)
+    pool = pool_of(size, RoutingConfig(candidates=candidates, capacity_floor=1, home_reservation_s=0), cap, policy)
     for index in down:
         if index < size:
             pool.replicas[f"r{index}"].health.up = False
@@ -87,7 +87,7 @@ def test_the_bounded_walk_is_the_head_of_the_rings_own_order(size: int, count: i
 
 
 def test_a_decision_weighs_only_its_candidates_at_any_fleet_size() -> None:
-    pool = pool_of(200, 8, 100)
+    pool = pool_of(200, RoutingConfig(candidates=8, capacity_floor=1, home_reservation_s=0), cap=100)
     decision = pool.lease("acme", None).decision
     assert len(decision.loads) == 8 and decision.chosen == pool.ring.home("acme")
     assert pool.ring.head("acme", 8) == pool.ring.preference("acme")[:8]

@@ -7,38 +7,29 @@ import time
 
 import pytest
 
-from backends.base import AdapterRef, Endpoint, EngineLoad
-from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig, TtftPriors
+from backends.base import AdapterRef, EngineLoad
+from gateway.config import RoutingConfig, TtftPriors
 from gateway.fleet.pool import Pool
-from gateway.residency.lifecycle import PoolResidency
-from gateway.residency.memory import MemoryStore
-from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
+from tests.gateway.fleet.test_pool_properties import pool_of
+from tests.gateway.residency.fakes import ref
 
 ADAPTER: AdapterRef = ref("a")
 
 
+PRIORS = TtftPriors(warm_ms=20, kv_cold_ms=40, host_ms=70, cold_ms=500, per_request_ms=10)
+
+
 def predicting_pool(
-    size: int = 3, learning_rate: float = 0.0, prefix_warm_s: float = 30.0, policy: str = "predicted_ttft"
+    learning_rate: float = 0.0,
+    prefix_warm_s: float = 30.0,
+    policy: str = "predicted_ttft",
+    routing: RoutingConfig | None = None,
 ) -> Pool:
-    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(size)]
-    config = PoolConfig.model_validate(
-        {"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas, "policy": policy}
+    """Three replicas; the priors above, frozen unless ``learning_rate``; no reservations."""
+    routing = routing or RoutingConfig(
+        ttft_priors=PRIORS, ttft_learning_rate=learning_rate, prefix_warm_s=prefix_warm_s, home_reservation_s=0
     )
-    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
-    driver = FakeDriver(FakeEngine())
-    residency = PoolResidency(
-        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
-    )
-    routing = RoutingConfig(
-        ttft_priors=TtftPriors(warm_ms=20, kv_cold_ms=40, host_ms=70, cold_ms=500, per_request_ms=10),
-        ttft_learning_rate=learning_rate,
-        prefix_warm_s=prefix_warm_s,
-        home_reservation_s=0,
-    )
-    pool = Pool(config, routing, driver, residency)
-    for replica in pool.replicas.values():
-        replica.health.probed(True)
-    return pool
+    return pool_of(3, routing, policy=policy)
 
 
 def test_the_replica_that_served_a_key_has_its_prefix_warm_for_the_window() -> None:
@@ -121,3 +112,10 @@ def test_a_pool_of_another_policy_learns_nothing() -> None:
     pool = predicting_pool(policy="bounded_consistent_hash")
     with pool.lease("k", None) as lease:
         assert lease.learn_ttft(lease.placed_at + 0.1) is None
+
+
+async def test_residency_is_the_host_regimes_evidence_whatever_prefer_resident_says() -> None:
+    pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, prefer_resident=False, home_reservation_s=0))
+    await pool.residency.ensure("r1", ADAPTER)
+    await pool.residency.ensure("r1", ref("b"))  # used after it: "a" is resident there, not the most recent
+    assert pool.explain("k", "a").predictions["r1"].regime == "host"
