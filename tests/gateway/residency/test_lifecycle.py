@@ -47,6 +47,22 @@ def lifecycle(
     )
 
 
+async def fill_with_adapters_in_use(life: PoolResidency, *names: str) -> None:
+    """Load each adapter on r0 and mark it in use, as requests in flight do: r0's working set is full and busy."""
+    for name in names:
+        await life.ensure("r0", ref(name))
+    for name in names:
+        life.begin_use("r0", name)
+
+
+async def until_a_load_waits(life: PoolResidency) -> None:
+    for _ in range(5_000):  # a bounded poll
+        if life.slot_waiters["r0"]:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("no load waits for a slot on r0")
+
+
 async def test_a_full_working_set_evicts_the_least_recently_used_idle_adapter(store: ResidencyStore) -> None:
     engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock)
@@ -321,10 +337,7 @@ async def test_a_slot_wait_ends_at_its_timeout_with_retry_after_when_the_engine_
 ) -> None:
     engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock, config=ResidencyConfig(slot_wait_timeout_s=0.2))
-    await life.ensure("r0", ref("a"))
-    await life.ensure("r0", ref("b"))
-    life.begin_use("r0", "a")
-    life.begin_use("r0", "b")
+    await fill_with_adapters_in_use(life, "a", "b")
     with pytest.raises(AdapterCacheFull) as refused:
         await asyncio.wait_for(life.ensure("r0", ref("c")), 5)
     verdict = classify(refused.value)  # what dispatch makes of it: try another replica, else 503 Retry-After
@@ -335,15 +348,9 @@ async def test_a_slot_wait_ends_at_its_timeout_with_retry_after_when_the_engine_
 async def test_a_full_slot_wait_queue_refuses_a_newcomer_at_once(store: ResidencyStore) -> None:
     engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock, config=ResidencyConfig(slot_wait_queue=1, slot_wait_timeout_s=30))
-    await life.ensure("r0", ref("a"))
-    await life.ensure("r0", ref("b"))
-    life.begin_use("r0", "a")
-    life.begin_use("r0", "b")
+    await fill_with_adapters_in_use(life, "a", "b")
     waiting = asyncio.create_task(life.ensure("r0", ref("c")))
-    for _ in range(5_000):  # a bounded poll until the first load waits
-        if life.slot_waiters["r0"]:
-            break
-        await asyncio.sleep(0.001)
+    await until_a_load_waits(life)
     assert life.slot_waiters["r0"] == 1
     with pytest.raises(AdapterCacheFull):
         await asyncio.wait_for(life.ensure("r0", ref("d")), 5)
@@ -357,16 +364,10 @@ async def test_a_newcomer_does_not_overtake_a_load_waiting_for_a_slot(store: Res
     load), so a later load, however lucky its timing, never takes the slot an earlier one waits for."""
     engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock, config=ResidencyConfig(slot_wait_timeout_s=30))
-    await life.ensure("r0", ref("a"))
-    await life.ensure("r0", ref("b"))
-    life.begin_use("r0", "a")
-    life.begin_use("r0", "b")
+    await fill_with_adapters_in_use(life, "a", "b")
     life.begin_use("r0", "first")  # as a lease does: marked in use when placed, before its load
     first = asyncio.create_task(life.ensure("r0", ref("first")))
-    for _ in range(5_000):  # a bounded poll until the first load waits
-        if life.slot_waiters["r0"]:
-            break
-        await asyncio.sleep(0.001)
+    await until_a_load_waits(life)
     assert life.slot_waiters["r0"] == 1
     life.end_use("r0", "a")  # a slot frees, and in the same instant another load arrives
     life.begin_use("r0", "newcomer")
