@@ -432,6 +432,13 @@ class StateConfig(_Frozen):
 class ResidencyConfig(_Frozen):
     # Last-use times are written to the store in one batch this often, never per request.
     use_flush_interval_s: float = Field(default=0.25, gt=0, le=60)
+
+    @property
+    def shared_in_use_window_s(self) -> float:
+        """Gateways sharing a store count an adapter used by any of them this recently as in use: long enough
+        for a use in flight to have been flushed (4 flushes), and at least a second."""
+        return max(1.0, 4 * self.use_flush_interval_s)
+
     # How often the local view of the record is refreshed from the store (other gateways' loads).
     sync_interval_s: float = Field(default=2.0, gt=0, le=600)
     # How often the record is compared with what each engine lists, and corrected.
@@ -513,9 +520,7 @@ class AdapterSourcesConfig(_Frozen):
     @field_validator("roots")
     @classmethod
     def _plain_roots(cls, roots: list[str]) -> list[str]:
-        for root in roots:
-            adapter_sources.normalised(root)  # SourceRefused is a ValueError: reported at the field
-        return [adapter_sources.normalised(root) for root in roots]
+        return [adapter_sources.normalised(root) for root in roots]  # SourceRefused is a ValueError: at the field
 
 
 class AdapterConfig(_Frozen):
@@ -765,7 +770,7 @@ def _slot_wait_problems(config: GatewayConfig) -> list[InitErrorDetails]:
     """Gateways sharing Redis see each other's uses as marks that count for the in-use window: a slot freed during
     a wait is evictable only once its last use has left that window, so the wait must outlast it."""
     residency = config.residency
-    window = max(1.0, 4 * residency.use_flush_interval_s)
+    window = residency.shared_in_use_window_s
     if config.state.redis_url is None or residency.slot_wait_timeout_s > window:
         return []
     message = (

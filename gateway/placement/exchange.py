@@ -64,6 +64,8 @@ def decode(text: str) -> Traffic:
         raise ValueError("traffic figures are not an object")
     traffic: dict[str, PoolTraffic] = {}
     for pool, (requests, tokens, keys) in body.items():
+        if not isinstance(keys, dict):
+            raise ValueError(f"pool {pool!r}: its keys are not an object")
         rates = {str(key): Rate(float(r), float(t)) for key, (r, t) in cast(dict[str, Any], keys).items()}
         traffic[str(pool)] = PoolTraffic(Rate(float(requests), float(tokens)), rates)
     return traffic
@@ -120,6 +122,8 @@ class FleetTraffic:
         self.exchange_up = exchange is not None
         self.bytes_written = 0  # the figures' size at the last swap, for the Redis traffic per interval
         self.bytes_read = 0
+        # Gateways whose figures could not be read, each warned about once.
+        self._unreadable: set[str] = set()
 
     async def tick(self) -> None:
         own = self.meter.fold()
@@ -145,7 +149,9 @@ class FleetTraffic:
             try:
                 views.append(decode(text))
             except (ValueError, TypeError) as exc:  # a figure another version wrote, or noise: left out, said once
-                log.warning("traffic figures of gateway %s unreadable: %s", gateway_id, exc)
+                if gateway_id not in self._unreadable:
+                    self._unreadable.add(gateway_id)
+                    log.warning("traffic figures of gateway %s unreadable: %s", gateway_id, exc)
         self.fleet = merge(views, self.max_keys)
         self.gateways = len(views)
         self.bytes_written, self.bytes_read = len(figures), sum(len(text) for text in entries.values())

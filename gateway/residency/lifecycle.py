@@ -80,7 +80,7 @@ class PoolResidency:
         self.load_timeout_s = load_timeout_s
         # Alone, this gateway knows exactly what is in flight; sharing the store, another gateway's requests show
         # only as use marks, renewed at every flush while they run.
-        self.in_use_window_s = max(1.0, 4 * config.use_flush_interval_s) if shared else 0.0
+        self.in_use_window_s = config.shared_in_use_window_s if shared else 0.0
         self.views = {replica_id: ReplicaView() for replica_id in self.endpoints}
         # The engine queues a request whose adapter has no slot (vLLM) rather than refusing it: a load past the
         # slot wait then runs the working set over max_adapters instead of failing the request.
@@ -202,7 +202,7 @@ class PoolResidency:
                     # Loads waiting for a slot take one in arrival order: a newcomer finding room while others
                     # wait does not take it (the first in line is woken for it) and queues behind them.
                     first = not in_line or in_line[0] == name
-                    if first and await self._made_room(replica_id, record, give_up_at):
+                    if first and await self._made_room(replica_id, record):
                         await self._load_locked(replica_id, adapter, pinned, record)
                         return
                 if name not in in_line:
@@ -234,11 +234,11 @@ class PoolResidency:
         if pinned:
             view.pinned.add(adapter.engine_name)
 
-    async def _made_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> bool:
+    async def _made_room(self, replica_id: str, record: ReplicaRecord) -> bool:
         """Whether one more adapter fits now: there is a free slot, or evicting the least recently used idle adapter
         makes one (one eviction per load: a set run over its bound comes back down by the timer, not all at once
-        on one request's path). When none is idle, an engine that queues requests for a full set takes it anyway
-        once the wait is over or hopeless."""
+        on one request's path). When none is idle, an engine that queues requests for a full set (vLLM) takes it at
+        once, over max_adapters: it never waits."""
         if len(record.resident) < self.max_adapters:
             return True
         victim = self._victim(replica_id, dict(record.resident), record.pinned)
@@ -247,7 +247,7 @@ class PoolResidency:
             self.counters.evictions_on_request_path += 1
             self.metrics.evictions.labels(self.pool, replica_id, "request_path").inc()
             return True
-        if self.overcommit and not self._may_wait(replica_id, record, give_up_at):
+        if self.overcommit:
             log.warning(
                 "%s/%s: every slot in use; loading over max_adapters (%d), as the engine queues for slots",
                 self.pool, replica_id, self.max_adapters,

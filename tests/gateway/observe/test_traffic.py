@@ -79,8 +79,16 @@ def test_figures_survive_their_wire_form_to_four_significant_digits() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["[]", "{}x", '{"llama": 3}', '{"llama": [1, 2]}', '{"llama": [1, 2, {"k": [1]}]}', '{"llama": [1, "x", {}]}'],
-    ids=["list", "junk", "number", "short", "short-key", "not-a-number"],
+    [
+        "[]",
+        "{}x",
+        '{"llama": 3}',
+        '{"llama": [1, 2]}',
+        '{"llama": [1, 2, {"k": [1]}]}',
+        '{"llama": [1, "x", {}]}',
+        '{"llama": [1, 2, []]}',
+    ],
+    ids=["list", "junk", "number", "short", "short-key", "not-a-number", "keys-not-an-object"],
 )
 def test_unreadable_figures_raise_value_or_type_errors(text: str) -> None:
     with pytest.raises((ValueError, TypeError)):
