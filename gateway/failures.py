@@ -70,10 +70,6 @@ def _timeout(exc: BackendError, tenant_deadline: bool) -> Blame:
     return "none" if tenant_deadline else "suspect"
 
 
-def _status(exc: BackendError) -> int:
-    return exc.status if isinstance(exc, EngineRejected) else 0
-
-
 def _engine_fault(exc: BackendError) -> bool:
     """A 5xx the engine does not name as the client's."""
     return isinstance(exc, EngineRejected) and exc.status >= 500 and exc.kind not in _CLIENT_KINDS

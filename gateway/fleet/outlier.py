@@ -8,7 +8,8 @@ The rule: count what says the replica is sick, not what the request caused.
   may be the request's doing (a prompt that makes the engine fail, a long generation that runs past the timeout;
   a non-streaming one sends no byte before it, so "before the first byte" cannot tell the two apart). It counts
   when the evidence points at the replica:
-  1. the same request then succeeded on another replica (dispatch retries it once and says so);
+  1. the same request then succeeded on another replica (dispatch retries an engine 5xx once and says so; a timeout
+     is not retried, so only 2 and 3 count it);
   2. the engine's own metrics show it stalled: its counter of generated tokens has not moved for
      ``outlier.stall_after_s`` while it reported requests running or waiting at every scrape (``EngineProgress``);
   3. the suspect failures on the replica since its last success span at least two tenants (then all of them
@@ -20,7 +21,7 @@ The rule: count what says the replica is sick, not what the request caused.
 
 So a tenant alone cannot eject a replica by what it sends, and a broken replica is still ejected when it serves a
 single tenant (tenant affinity): its 5xx succeed elsewhere on retry, its hangs show as a stall. ``failures.py``
-gives each engine failure its blame; ``Pool.report`` applies this rule through ``ReplicaHealth.request_failed``.
+gives each engine failure its blame; ``Pool.report`` applies this rule through ``ReplicaHealth.attempt_failed``.
 """
 
 from __future__ import annotations

@@ -100,11 +100,11 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
                 exc.headers = {**exc.headers, VARIANT_HEADER: ctx.variant}
             raise
     finally:
-        used = record.prompt_tokens, record.completion_tokens
-        ticket.settle(used[0] + used[1] if used[0] is not None and used[1] is not None else None)
+        prompt, completion = record.prompt_tokens, record.completion_tokens
+        used = prompt + completion if prompt is not None and completion is not None else None
+        ticket.settle(used)
         # The key's traffic (gateway/placement/): what the engine reported, else what admission estimated.
-        spent = used[0] + used[1] if used[0] is not None and used[1] is not None else estimate
-        request.app[TRAFFIC].meter.record(target.pool, routed.key, spent)
+        request.app[TRAFFIC].meter.record(target.pool, routed.key, used if used is not None else estimate)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
