@@ -140,7 +140,13 @@ class PoolResidency:
         used = view.resident.get(engine_name)
         if used is None:
             return False
-        return sum(1 for other in view.resident.values() if other > used) < gpu_slots
+        newer = 0  # adapters used after it: once gpu_slots of them, it has been swapped out (counted per candidate)
+        for other in view.resident.values():
+            if other > used:
+                newer += 1
+                if newer >= gpu_slots:
+                    return False
+        return True
 
     def begin_use(self, replica_id: str, engine_name: str) -> None:
         in_flight = self.views[replica_id].in_flight
