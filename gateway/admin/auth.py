@@ -8,11 +8,10 @@ address gets 429 before its token is even compared, so guessing runs at that rat
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from aiohttp import web
 
@@ -21,6 +20,7 @@ from gateway.config import AdminConfig, ConfigError
 from gateway.errors import AdminDisabled, AuthenticationFailed, RequestRateLimited
 from gateway.serving.connections import authenticated
 from gateway.tenants.admission import Bucket
+from gateway.tenants.identity import bearer, within
 
 MIN_TOKEN_CHARS = 32
 # Placeholders that ship in examples, or that people type first.
@@ -107,21 +107,13 @@ def source_address(request: web.Request) -> str:
     is not one of them (a client can write what it likes to the left of its proxy's entry)."""
     peer = request.remote or ""
     proxies = request.app[STATE].config.admin.trusted_proxies
-    if not proxies or not _within(peer, proxies):
+    if not proxies or not within(peer, proxies):
         return peer
     hops = [hop.strip() for value in request.headers.getall("X-Forwarded-For", []) for hop in value.split(",")]
     for hop in reversed(hops):
-        if hop and not _within(hop, proxies):
+        if hop and not within(hop, proxies):
             return hop
     return peer
-
-
-def _within(address: str, networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return any(ip in network for network in networks)
 
 
 def login_allowed(request: web.Request) -> str:
@@ -146,13 +138,21 @@ def same_token(presented: str, expected: str) -> bool:
     return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode())
 
 
+def require_bearer(request: web.Request, tokens: Sequence[str], refusal: str) -> None:
+    """The request's Bearer credential is one of ``tokens`` (none empty), else ``AuthenticationFailed(refusal)``
+    and a failed login for its source address (429 first if that address failed too often)."""
+    address = login_allowed(request)
+    presented = bearer(request.headers.get("Authorization"))
+    # Every token is compared (constant time each), so the answer's timing does not say which one nearly matched.
+    matches = [same_token(presented or "", token) for token in tokens]
+    if presented is None or not any(matches):
+        login_failed(request, address)
+        raise AuthenticationFailed(refusal)
+
+
 def require_admin(request: web.Request) -> None:
     token = request.app[ADMIN_TOKEN]
     if not token:
         raise AdminDisabled("The admin API is disabled: no admin token is configured.")
-    address = login_allowed(request)
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not same_token(presented.strip(), token):
-        login_failed(request, address)
-        raise AuthenticationFailed("A valid admin token is required.")
+    require_bearer(request, [token], "A valid admin token is required.")
     authenticated(request)  # its connection is no longer one of the unauthenticated the listener caps

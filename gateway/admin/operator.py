@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.admin.auth import login_allowed, login_failed, same_token
+from gateway.admin.auth import require_bearer
 from gateway.appkeys import ADMIN_TOKEN, METRICS
-from gateway.errors import AdminDisabled, AuthenticationFailed, RouteNotFound
+from gateway.errors import AdminDisabled, RouteNotFound
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -89,13 +89,7 @@ def require_metrics_reader(request: web.Request) -> None:
     tokens = [token for token in (request.app[METRICS_TOKEN], request.app[ADMIN_TOKEN]) if token]
     if not tokens:
         raise AdminDisabled("Metrics are not served here: no metrics or admin token is configured.")
-    address = login_allowed(request)
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    # Every token is compared (constant time each), so the answer's timing does not say which one nearly matched.
-    matches = [same_token(presented.strip(), token) for token in tokens]
-    if scheme.lower() != "bearer" or not any(matches):
-        login_failed(request, address)
-        raise AuthenticationFailed("A valid metrics or admin token is required.")
+    require_bearer(request, tokens, "A valid metrics or admin token is required.")
 
 
 async def metrics(request: web.Request) -> web.Response:

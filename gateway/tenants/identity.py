@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from multidict import MultiMapping
 
@@ -29,7 +29,7 @@ def identify(directory: TenantDirectory, headers: Mapping[str, str], peer: str |
     must not be another tenant's: a proxy that forwards a client's key and sets the header can never be made to
     act for one tenant on another's key. (A credential that is no tenant's key, such as the ingress's own token
     passed through, says nothing: the header decides.)"""
-    if auth.trusted_header and peer is not None and _within(peer, auth):
+    if auth.trusted_header and peer is not None and within(peer, auth.trusted_networks):
         claimed = _all(headers, auth.trusted_header)
         if len(claimed) > 1:
             raise InvalidRequest(f"The {auth.trusted_header} header is repeated: send it once.")
@@ -46,10 +46,8 @@ def identify(directory: TenantDirectory, headers: Mapping[str, str], peer: str |
 
 def _key_tenant(directory: TenantDirectory, authorization: str | None) -> Tenant | None:
     """The tenant whose API key this is, if it is one."""
-    scheme, _, api_key = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not api_key.strip():
-        return None
-    return directory.by_key_hash.get(hash_key(api_key.strip()))
+    api_key = bearer(authorization)
+    return None if api_key is None else directory.by_key_hash.get(hash_key(api_key))
 
 
 def _all(headers: Mapping[str, str], name: str) -> list[str]:
@@ -60,18 +58,28 @@ def _all(headers: Mapping[str, str], name: str) -> list[str]:
 
 
 def authenticate(directory: TenantDirectory, authorization: str | None) -> Tenant:
-    scheme, _, api_key = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not api_key.strip():
+    api_key = bearer(authorization)
+    if api_key is None:
         raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
-    tenant = directory.by_key_hash.get(hash_key(api_key.strip()))
+    tenant = directory.by_key_hash.get(hash_key(api_key))
     if tenant is None:
         raise AuthenticationFailed("Incorrect API key provided.")
     return tenant
 
 
-def _within(peer: str, auth: AuthConfig) -> bool:
+def bearer(authorization: str | None) -> str | None:
+    """The credential of an ``Authorization: Bearer <credential>`` header (the scheme in any case), or None: no
+    header, another scheme or an empty credential. The one reading of the header, for API keys and operator tokens."""
+    scheme, _, credential = (authorization or "").partition(" ")
+    credential = credential.strip()
+    return credential if scheme.lower() == "bearer" and credential else None
+
+
+def within(address: str, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    """Whether ``address`` (a peer's, or one named in a header) is in one of ``networks``; an address that does not
+    parse is in none."""
     try:
-        address = ipaddress.ip_address(peer)
+        ip = ipaddress.ip_address(address)
     except ValueError:
         return False
-    return any(address in network for network in auth.trusted_networks)
+    return any(ip in network for network in networks)
