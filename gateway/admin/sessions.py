@@ -13,8 +13,6 @@ gateway accepts a copy of the cookie until it expires (to end every session at o
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +22,7 @@ from typing import Any
 from itsdangerous import BadData, TimestampSigner, URLSafeTimedSerializer
 
 from gateway.config import ConfigError
+from gateway.tenants.signing import derived_key
 
 SESSION_KEY_ENV = "TENANTGATE_SESSION_KEY"
 SESSION_S = 8 * 3600
@@ -50,7 +49,7 @@ def session_key(admin_token: str, environ: Mapping[str, str]) -> bytes | None:
             )  # fmt: skip
         return explicit.encode()
     if admin_token:
-        return hmac.new(admin_token.encode(), _SALT.encode(), hashlib.sha256).digest()
+        return derived_key(admin_token, _SALT.encode())
     return None
 
 

@@ -33,10 +33,15 @@ class Refused(Exception):
         self.reason = reason
 
 
-def derived_key(admin_token: str) -> bytes:
-    """The signing key when none is configured: derived from the admin token, which every gateway sharing a
-    registry holds and which already allows every registry change."""
-    return hmac.new(admin_token.encode(), b"tenantgate registry signing key", hashlib.sha256).digest()
+_REGISTRY_PURPOSE = b"tenantgate registry signing key"
+
+
+def derived_key(admin_token: str, purpose: bytes = _REGISTRY_PURPOSE) -> bytes:
+    """A key for one ``purpose`` derived from the admin token (HMAC-SHA256 of the purpose under the token), for
+    when none is configured: every gateway of a deployment holds the token, and it already allows every registry
+    change and admin action. By default the registry's signing key; the status page's sessions use their own
+    purpose (gateway/admin/sessions.py), so one key never signs both."""
+    return hmac.new(admin_token.encode(), purpose, hashlib.sha256).digest()
 
 
 def entity(change: Mapping[str, Any]) -> str:
