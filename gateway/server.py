@@ -17,7 +17,7 @@ from gateway.appkeys import METRICS, STATE
 from gateway.config import GatewayConfig
 from gateway.observe import logs
 from gateway.reload import ReloadRefused, reload
-from gateway.serving.connections import ConnectionGuard, GuardedSite, keepalive_timeout
+from gateway.serving.connections import ConnectionGuard, GuardedSite, HandlerSite, keepalive_timeout
 from gateway.workers import WorkerSockets
 
 log = logging.getLogger("tenantgate")
@@ -35,22 +35,17 @@ async def _run(config: GatewayConfig, config_path: Path | None, worker: WorkerSo
     )  # fmt: skip
     await runner.setup()
     guard = ConnectionGuard(config.listen, app[METRICS])
-    # A worker of serve --workers accepts on the socket its supervisor opened (gateway/workers.py).
-    listen_sock = worker.listening() if worker is not None else None
-    site = GuardedSite(runner, guard, config.listen.host, config.listen.port, sock=listen_sock)
-    await site.start()
+    sites = await listen(runner, config, guard, worker)
     guard.start()
-    operator = config.admin.listen
-    if operator is not None:  # /metrics and /admin answer there only (gateway/admin/operator.py)
-        operator_sock = worker.operator_listening() if worker is not None else None
-        await OperatorSite(runner, operator.host, operator.port, sock=operator_sock).start()
-        log.info("tenantgate operator listener on http://%s:%d", operator.host, operator.port)
     # What start-up built (modules, config, fleet, metrics) lives as long as the process: out of the cyclic GC's
     # sight, each collection walks only what requests allocate (time in the collector per request, timed with
     # gc.callbacks under bench-gateway's vLLM load: 16 us -> 5 us).
     gc.collect()
     gc.freeze()
-    log.info("tenantgate listening on http://%s:%d", config.listen.host, config.listen.port)
+    for site in reversed(sites):  # the tenant listener's line last: the gateway is serving
+        log.info(
+            "tenantgate %s on %s", "operator listener" if isinstance(site, OperatorSite) else "listening", site.name
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -64,6 +59,23 @@ async def _run(config: GatewayConfig, config_path: Path | None, worker: WorkerSo
     await runner.cleanup()
     await guard.stop()
     log.info("shut down")
+
+
+async def listen(
+    runner: web.AppRunner, config: GatewayConfig, guard: ConnectionGuard, worker: WorkerSockets | None
+) -> list[HandlerSite]:
+    """The tenant listener, and with ``admin.listen`` the operator one, started: their sites, whose ``name`` says
+    the port each is bound to (the real one where the config says 0)."""
+    # A worker of serve --workers accepts on the sockets its supervisor opened (gateway/workers.py).
+    listen_sock = worker.listening() if worker is not None else None
+    sites: list[HandlerSite] = [GuardedSite(runner, guard, config.listen.host, config.listen.port, sock=listen_sock)]
+    operator = config.admin.listen
+    if operator is not None:  # /metrics and /admin answer there only (gateway/admin/operator.py)
+        operator_sock = worker.operator_listening() if worker is not None else None
+        sites.append(OperatorSite(runner, operator.host, operator.port, sock=operator_sock))
+    for site in sites:
+        await site.start()
+    return sites
 
 
 def _start_reload(app: web.Application, running: set[asyncio.Task[None]]) -> None:

@@ -13,14 +13,13 @@ tenant's model. Two ways to keep it from tenants (README, "Security defaults"):
   admin token.
 
 Which listener a request came in on is its connection's handler class: ``OperatorSite`` builds ``OperatorHandler``s
-(the same private ``Server._kwargs`` reading as ``GuardedSite``, pinned with it to aiohttp 3.14). The operator
-listener is not under the tenant listener's connection guard: it is not for tenants to reach.
+(a ``HandlerSite``, as ``GuardedSite`` is: the same private ``Server._kwargs`` reading, pinned to aiohttp 3.14).
+The operator listener is not under the tenant listener's connection guard: it is not for tenants to reach.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -29,6 +28,7 @@ from aiohttp.web_protocol import RequestHandler
 from gateway.admin.auth import require_bearer
 from gateway.appkeys import ADMIN_TOKEN, METRICS
 from gateway.errors import AdminDisabled, RouteNotFound
+from gateway.serving.connections import HandlerSite
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -51,26 +51,11 @@ def on_operator_listener(request: web.BaseRequest) -> bool:
     return isinstance(request.protocol, OperatorHandler)
 
 
-class OperatorSite(web.TCPSite):
-    """aiohttp's TCP site whose connections are ``OperatorHandler``s: a second site on the gateway's runner."""
+class OperatorSite(HandlerSite):
+    """A TCP site whose connections are ``OperatorHandler``s: a second site on the gateway's runner."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, sock: socket.socket | None = None) -> None:
-        super().__init__(runner, host, port)
-        self._sock = sock  # a listening socket the process inherited (serve --workers: gateway/workers.py)
-
-    async def start(self) -> None:
-        await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite.start does
-        server = self._runner.server
-        assert server is not None
-
-        def connection() -> OperatorHandler:
-            return OperatorHandler(server, loop=asyncio.get_running_loop(), **server._kwargs)
-
-        loop = asyncio.get_running_loop()
-        if self._sock is not None:
-            self._server = await loop.create_server(connection, sock=self._sock, backlog=self._backlog)
-        else:
-            self._server = await loop.create_server(connection, self._host, self._port, backlog=self._backlog)
+    def connection(self, server: web.Server) -> OperatorHandler:
+        return OperatorHandler(server, loop=asyncio.get_running_loop(), **server._kwargs)
 
 
 @web.middleware

@@ -20,7 +20,8 @@ Each close is counted in ``tenantgate_client_connections_closed_total{reason}``.
 A tenant's bodies being read count against its concurrency (``Admission.reading_body``, in ingress).
 
 How it hooks in, and why it is pinned to aiohttp 3.14 (pyproject: >=3.14,<3.15): ``GuardedSite`` is aiohttp's
-``TCPSite`` whose protocol factory builds ``GuardedHandler``, a ``RequestHandler`` subclass that only adds
+``TCPSite`` (through ``HandlerSite``, which the operator listener's site shares) whose protocol factory builds
+``GuardedHandler``, a ``RequestHandler`` subclass that only adds
 bookkeeping around its protocol methods (``connection_made``, ``data_received``, ``connection_lost``) and closes
 with ``force_close``. Two private parts are read: the server's handler arguments (``Server._kwargs``, to build a
 handler as ``Server.__call__`` does) and ``TCPSite``'s own fields in ``start``. The request's phase comes from an
@@ -182,31 +183,46 @@ class ConnectionGuard:
                 await self._sweeper
 
 
-class GuardedSite(web.TCPSite):
-    """aiohttp's TCP site whose connections are ``GuardedHandler``s of ``guard``."""
+class HandlerSite(web.TCPSite):
+    """aiohttp's TCP site whose connections are built by ``connection`` (a subclass of aiohttp's handler marks or
+    watches them), on its own address or on a listening socket the process inherited (serve --workers:
+    gateway/workers.py). ``port`` is the bound port once started, the real one when the config says 0."""
 
-    def __init__(
-        self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int, sock: socket.socket | None = None
-    ) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, sock: socket.socket | None = None) -> None:
         super().__init__(runner, host, port)
-        self._guard = guard
-        self._sock = sock  # a listening socket the process inherited (serve --workers: gateway/workers.py)
+        self._sock = sock
+
+    def connection(self, server: web.Server) -> RequestHandler:
+        """One connection's handler, built as ``Server.__call__`` builds it."""
+        return RequestHandler(server, loop=asyncio.get_running_loop(), **server._kwargs)
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite.start does
         server = self._runner.server
         assert server is not None
-        guard = self._guard
 
-        def connection() -> GuardedHandler:
-            return GuardedHandler(guard, server, loop=asyncio.get_running_loop(), **server._kwargs)
+        def factory() -> RequestHandler:
+            return self.connection(server)
 
         loop = asyncio.get_running_loop()
         if self._sock is not None:
-            self._server = await loop.create_server(connection, sock=self._sock, backlog=self._backlog)
+            self._server = await loop.create_server(factory, sock=self._sock, backlog=self._backlog)
         else:
-            self._server = await loop.create_server(connection, self._host, self._port, backlog=self._backlog)
+            self._server = await loop.create_server(factory, self._host, self._port, backlog=self._backlog)
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
+
+
+class GuardedSite(HandlerSite):
+    """A TCP site whose connections are ``GuardedHandler``s of ``guard``."""
+
+    def __init__(
+        self, runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int, sock: socket.socket | None = None
+    ) -> None:
+        super().__init__(runner, host, port, sock)
+        self._guard = guard
+
+    def connection(self, server: web.Server) -> GuardedHandler:
+        return GuardedHandler(self._guard, server, loop=asyncio.get_running_loop(), **server._kwargs)
 
 
 @web.middleware

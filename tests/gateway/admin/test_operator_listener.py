@@ -11,10 +11,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from gateway.admin.operator import OperatorSite
 from gateway.app import create_app
 from gateway.config import GatewayConfig, OperatorListenConfig
+from gateway.observe.metrics import GatewayMetrics
+from gateway.server import listen
+from gateway.serving.connections import ConnectionGuard, GuardedSite
 from loadtests.faultkit import GatewayUnderTest, sim_replicas
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, write_adapters
 from loadtests.processes import free_port
@@ -117,3 +122,31 @@ def test_an_operator_listener_takes_metrics_and_admin_off_the_tenant_port(tmp_pa
                 assert httpx.get(url + "/readyz", timeout=10).status_code == 200
         finally:
             gateway.stop()
+
+
+async def test_an_ephemeral_operator_port_is_reported_as_the_one_bound(tmp_path: Path) -> None:
+    """admin.listen with port 0: the operator site's port and name (what serve logs) are the port the kernel
+    chose, and the listener answers there (the operator site said 0: it never recorded its bound port)."""
+    raw = raw_config(tmp_path)
+    raw["admin"] = {"listen": {"host": "127.0.0.1", "port": 0}}
+    config = GatewayConfig.model_validate(raw)
+    assert config.listen.port == 0
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/healthz", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        sites = await listen(runner, config, ConnectionGuard(config.listen, GatewayMetrics()), None)
+        assert [type(site) for site in sites] == [GuardedSite, OperatorSite]
+        for site in sites:
+            assert site.port != 0 and site.name == f"http://127.0.0.1:{site.port}"
+        assert sites[0].port != sites[1].port
+        async with httpx.AsyncClient() as client:
+            answer = await client.get(f"http://127.0.0.1:{sites[1].port}/healthz", timeout=10)
+        assert answer.status_code == 200 and answer.text == "ok"
+    finally:
+        await runner.cleanup()
