@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from gateway.admin import operator
 from gateway.admin import routes as admin
 from gateway.admin.auth import admin_token, metrics_token
+from gateway.admin.drains import DRAINS, Drains, following
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY, TRAFFIC
 from gateway.config import GatewayConfig, StateConfig
 from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
@@ -166,6 +167,9 @@ def create_app(
         telemetry.close()
 
     app.cleanup_ctx.append(fleet_context)
+    # The operator's drains, beside the fleet (a reload keeps them) and with Redis shared by every gateway.
+    app[DRAINS] = Drains(redis_url, operation_timeout_s=timeout_s, cluster=config.state.cluster, access=access)
+    app.cleanup_ctx.append(following)
     traffic = app[TRAFFIC] = _fleet_traffic(config, access)
     metrics.watch(TrafficCollector(traffic, config.traffic.metric_keys))
 

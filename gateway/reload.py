@@ -141,8 +141,7 @@ async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayCon
         raise
     # The tenants and keys as the registry holds them now: a change (a revocation) may have come in meanwhile.
     config = state.compose(base, discovered, lenient=True)
-    if DRAINS in app:  # the operator's drains hold on the new fleet before it serves
-        app[DRAINS].apply(fleet)
+    app[DRAINS].apply(fleet)  # the operator's drains hold on the new fleet before it serves
     old = state.swap(Serving(config, TenantDirectory(config), fleet), base_config=base, discovered=discovered)
     if old is not None:
         old.fleet.stop_background()  # one fleet manages the replicas; the old one only finishes its requests

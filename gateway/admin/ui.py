@@ -19,12 +19,11 @@ from aiohttp import web
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin.auth import login_allowed, login_failed, require_admin, same_token
 from gateway.admin.body import json_object
-from gateway.admin.drains import DRAINS, Drains, following
+from gateway.admin.drains import DRAINS
 from gateway.admin.sessions import SESSION_S, Session, SessionSigner, session_key
 from gateway.admin.status import snapshot
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RequestRateLimited
-from gateway.redis_client import redis_access
 from gateway.residency.store import StoreUnavailable
 from gateway.serving.connections import authenticated
 from gateway.serving.json_body import RefusedInput
@@ -185,12 +184,6 @@ async def drain(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     # ConfigError: a weak TENANTGATE_SESSION_KEY is refused. Without any key no session exists (admin API off).
     app[SIGNER] = SessionSigner(session_key(app[ADMIN_TOKEN], os.environ))
-    shared = app[STATE].config.state
-    app[DRAINS] = Drains(
-        shared.redis_url, operation_timeout_s=shared.operation_timeout_s, cluster=shared.cluster,
-        access=redis_access(shared, os.environ),
-    )  # fmt: skip
-    app.cleanup_ctx.append(following)
     app.on_response_prepare.append(_admin_headers)
     app.router.add_get("/admin/ui", ui)
     app.router.add_post("/admin/ui/login", login)
