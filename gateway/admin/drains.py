@@ -47,6 +47,11 @@ class Drains:
             else make_client(redis_url, operation_timeout_s, cluster=cluster, access=access or NO_ACCESS)
         )
 
+    @property
+    def shared(self) -> bool:
+        """Kept in Redis, where other gateways change it (else only this gateway's own calls change it)."""
+        return self._client is not None
+
     @staticmethod
     def name(pool: str, replica: str) -> str:
         return f"{pool}/{replica}"
@@ -97,15 +102,18 @@ async def _follow(app: web.Application) -> None:
 
 
 async def following(app: web.Application) -> AsyncIterator[None]:
-    """A cleanup context: the set read once before the gateway serves, then followed every SYNC_S."""
+    """A cleanup context: the set read once before the gateway serves, then, with Redis, followed every SYNC_S.
+    Without Redis nothing but this gateway changes the set (a drain applies itself; a reload applies the set), so
+    nothing is followed."""
     drains = app[DRAINS]
     with contextlib.suppress(StoreUnavailable):
         await drains.sync()
     if app[STATE].started:
         drains.apply(app[STATE].serving.fleet)
-    task = asyncio.get_running_loop().create_task(_follow(app), name="drains")
+    task = asyncio.get_running_loop().create_task(_follow(app), name="drains") if drains.shared else None
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     await drains.close()

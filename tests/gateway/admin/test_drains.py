@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
@@ -11,10 +12,14 @@ from typing import Any
 
 import openai
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from gateway.app import create_app
+from gateway.config import GatewayConfig
 from loadtests.faultkit import GatewayUnderTest, SimReplica, sim_replicas
 from loadtests.fleet import api_key, gateway_config, write_adapters
 from loadtests.processes import free_port
+from tests.gateway.admin.test_admin_surface import raw_config
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -120,3 +125,18 @@ def test_a_drain_is_refused_while_redis_does_not_answer(tmp_path: Path) -> None:
         redis.stop()
     assert refused.status_code == 400 and "shared store is unreachable" in refused.text, refused.text
     assert not still_serving
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["in-process", "redis"])
+async def test_the_set_is_followed_only_where_other_gateways_change_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, shared: bool
+) -> None:
+    """Without Redis only this gateway changes the drains (and applies each change itself): no follower task wakes
+    each second (one did, reading nothing); with Redis one follows the shared set."""
+    monkeypatch.setenv("TENANTGATE_ADMIN_TOKEN", "drains-test-admin-token-0123456789abcdef")
+    raw = raw_config(tmp_path)
+    if shared:
+        raw["state"] = {"redis_url": request.getfixturevalue("redis_server").url}
+    async with TestClient(TestServer(create_app(GatewayConfig.model_validate(raw)))):
+        followers = [task for task in asyncio.all_tasks() if task.get_name() == "drains" and not task.done()]
+        assert len(followers) == (1 if shared else 0)
