@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from loadtests.sim.engine import PromptTooLong, SimEngine
+from loadtests.sim.engine import SimEngine
 from loadtests.sim.peft_cache import LoraTask, PeftCache, PeftError
+from loadtests.sim.tokenizer import tokenize
 from loadtests.sim.triton_contract import GenerateRequest
 from loadtests.sim.triton_errors import Kind, TritonError
 
@@ -31,28 +32,38 @@ class TrtLlmModel:
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Reply, None]:
         """The request's responses. Close the iterator (``contextlib.aclosing``) to stop early: that aborts the
         engine request and releases its LoRA task."""
+        # TensorRT-LLM's LlmRequest::validate, before any LoRA work: a prompt over the engine's input limit is
+        # refused; a request that would run past the sequence limit is shortened (a warning there, not an error).
+        # The simulated engine was built with max_seq_len = --max-model-len and max_input_len one less.
+        max_seq_len = self.engine.params.max_model_len
+        prompt_length = len(tokenize(request.prompt))
+        if prompt_length > max_seq_len - 1:
+            raise TritonError(
+                f"Prompt length ({prompt_length}) exceeds maximum input length ({max_seq_len - 1}). Set log level to "
+                "info and check TRTGptModel logs for how maximum input length is set"
+            )
+        max_tokens = min(request.max_tokens, max_seq_len - prompt_length)
         try:
             task = self.peft.acquire(request.lora_task_id, request.lora_weights, request.lora_config)
         except PeftError as exc:
             raise TritonError(str(exc), Kind.INTERNAL) from exc
         try:
-            async for reply in self._run(request, task):
+            async for reply in self._run(request, max_tokens, task):
                 yield reply
         finally:
             if task is not None:
                 self.peft.release(task)
 
-    async def _run(self, request: GenerateRequest, task: LoraTask | None) -> AsyncGenerator[Reply, None]:
-        try:
-            sim_request = self.engine.submit(
-                task.adapter if task else None,
-                request.prompt,
-                request.max_tokens,
-                answer_key=f"{task.adapter}:{task.digest}" if task else None,
-                stop_words=request.stop_words,
-            )
-        except PromptTooLong as exc:
-            raise TritonError(str(exc)) from exc
+    async def _run(
+        self, request: GenerateRequest, max_tokens: int, task: LoraTask | None
+    ) -> AsyncGenerator[Reply, None]:
+        sim_request = self.engine.submit(
+            task.adapter if task else None,
+            request.prompt,
+            max_tokens,
+            answer_key=f"{task.adapter}:{task.digest}" if task else None,
+            stop_words=request.stop_words,
+        )
         prompt_tokens, total = len(sim_request.prompt_tokens), len(sim_request.answer)
         words: list[str] = []
         try:

@@ -71,6 +71,7 @@ def test_a_pools_own_template_is_used_and_cannot_escape_the_sandbox() -> None:
         (False, {"prompt": "x", "stop": [1]}, "'stop' must be a string or a list of strings"),
         (False, {"prompt": "x", "seed": 2**64}, "'seed' must be an integer between 0 and"),
         (False, {"prompt": "x", "max_tokens": 2**31}, "'max_tokens' must be between 1 and"),
+        (False, {"prompt": "x", "max_tokens": 0}, "'max_tokens' must be between 1 and"),
         (False, {"prompt": "x", "ignore_eos": True}, "'ignore_eos' is not supported"),
         (False, {"prompt": "x", "stop_token_ids": [2]}, "'stop_token_ids' is not supported"),
         (True, {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, "'functions'"),

@@ -1,5 +1,10 @@
 """The Triton driver against a Triton-protocol engine: every test runs against the simulator's Triton mode and a
-real Triton server with this repo's TensorRT-LLM stand-in model (docs/triton.md), parametrized by ``triton_lane``.
+real Triton server with this repo's TensorRT-LLM stand-in model (docs/triton.md), parametrized by ``triton_lane``,
+and one test compares the two engines' answers to the same requests in the same run.
+
+Every case here reaches the engine. What the driver decides alone is tested without one: fields TensorRT-LLM
+cannot honour (tests/backends/test_triton_openai.py), and a missing adapter directory and an unreachable replica
+(tests/backends/test_triton_no_engine.py).
 
 Each test uses adapter names of its own: the engines live for the session and their PEFT caches (two adapters
 each) carry state from test to test. Texts are compared within one engine, never across the two.
@@ -8,19 +13,26 @@ each) carry state from test to test. Texts are compared within one engine, never
 from __future__ import annotations
 
 import json
+import pprint
+import re
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 from backends.base import AdapterRef, Endpoint, EngineRequest
-from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable, StreamBroken
+from backends.errors import AdapterLoadFailed, BackendError, EngineRejected, StreamBroken
 from backends.triton import TritonDriver
 from backends.triton_config import TritonEndpoint
 from loadtests.processes import free_port
 from tests.servers import TritonProcess
+from tests.shapes import shape
 
 pytestmark = pytest.mark.timeout(180)
+LONG_PROMPT = " ".join(["word"] * 600)  # 600 tokens in both engines' counts, over their input limit of 511
+# Fewer tokens than either engine's shortest natural answer (4 words, 8 in the simulator): both finish on length.
+SHORT = 3
+TOO_LONG = "Prompt length (600) exceeds maximum input length (511)."
 
 
 class Events:
@@ -168,25 +180,20 @@ async def test_an_adapter_over_the_engines_rank_limit_fails_to_load(
         await driver.load_adapter(replica, _adapter(triton_lane, "big-rank"))
 
 
-async def test_a_missing_adapter_directory_fails_to_load_with_its_path(driver: TritonDriver, replica: Endpoint) -> None:
-    with pytest.raises(AdapterLoadFailed, match=r"no adapter_config\.json"):
-        await driver.load_adapter(replica, AdapterRef("nowhere", "/nonexistent/adapter"))
-
-
-@pytest.mark.parametrize(
-    ("fields", "message"),
-    [
-        ({"logprobs": 2}, "'logprobs' is not supported"),
-        ({"n": 2}, "'n' must be 1"),
-        ({"max_tokens": 0}, "between 1 and"),
-    ],
-)
-async def test_what_the_engine_cannot_do_is_a_400_naming_it(
-    driver: TritonDriver, replica: Endpoint, fields: dict[str, object], message: str
+async def test_a_prompt_over_the_engines_input_limit_is_a_400_in_its_words(
+    driver: TritonDriver, replica: Endpoint
 ) -> None:
-    with pytest.raises(EngineRejected, match=message) as caught:
-        await driver.send(replica, _completion(**fields))
+    with pytest.raises(EngineRejected, match=re.escape(TOO_LONG)) as caught:
+        await driver.send(replica, _completion(LONG_PROMPT))
     assert caught.value.status == 400
+
+
+async def test_a_request_past_the_engines_sequence_limit_is_shortened(driver: TritonDriver, replica: Endpoint) -> None:
+    # 500 prompt tokens on an engine built for 512: TensorRT-LLM generates at most 12, where vLLM would refuse.
+    response = await driver.send(replica, _completion(" ".join(["word"] * 500), max_tokens=100))
+    answer = json.loads(await response.read())
+    response.release()
+    assert answer["usage"]["prompt_tokens"] == 500 and 1 <= answer["usage"]["completion_tokens"] <= 12
 
 
 async def test_a_client_that_leaves_mid_stream_frees_the_engine(driver: TritonDriver, replica: Endpoint) -> None:
@@ -196,14 +203,6 @@ async def test_a_client_that_leaves_mid_stream_frees_the_engine(driver: TritonDr
     response.release()
     # The engine serves the next request normally (the cancelled one no longer holds it).
     assert await _text(driver, replica, _completion())
-
-
-async def test_an_unreachable_replica_is_unavailable(driver: TritonDriver) -> None:
-    port = free_port()
-    gone = TritonEndpoint("gone", f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
-    with pytest.raises(EngineUnavailable):
-        await driver.send(gone, _completion())
-    assert await driver.load_signals(gone) is None
 
 
 async def test_closing_the_driver_breaks_open_streams_without_cancelling_their_readers(
@@ -220,3 +219,83 @@ async def test_closing_the_driver_breaks_open_streams_without_cancelling_their_r
     with pytest.raises(StreamBroken):
         async for _chunk in chunks:
             pass
+
+
+# --- the simulator against the real server, in the same run ---------------------------------------------------
+async def _outcomes(lane: TritonProcess, names: dict[str, str]) -> dict[str, object]:
+    """What one engine answers to the cases the driver sends, without the texts (each engine has its own words):
+    answer shapes, finish reasons, token arithmetic, the driver's adapter events, and errors by class, status
+    and message. ``names``: each source's adapter name, the same on both engines."""
+    events = Events()
+    driver = TritonDriver(
+        model=lane.model, lora_dtype="float16", default_max_tokens=8, chat_template=None, request_timeout_s=60,
+        adapter_load_timeout_s=60, probe_timeout_s=5, on_event=events,
+    )  # fmt: skip
+    replica = TritonEndpoint("r0", lane.http_url, lane.grpc_address, lane.metrics_url)
+    adapters = {source: AdapterRef(name, lane.adapters[source]) for source, name in names.items()}
+
+    async def answer(request: EngineRequest) -> object:
+        try:
+            response = await driver.send(replica, request)
+            body = b"".join([c async for c in response.chunks()]) if request.stream else await response.read()
+            response.release()
+        except BackendError as exc:
+            return type(exc).__name__, getattr(exc, "status", None), str(exc)
+        if not request.stream:
+            whole = json.loads(body)
+            usage = whole["usage"]
+            return (
+                shape(whole),
+                whole["choices"][0]["finish_reason"],
+                usage["total_tokens"] == sum(usage[key] for key in ("prompt_tokens", "completion_tokens")),
+            )
+        kinds: list[object] = []
+        for event in (line.removeprefix(b"data: ") for line in body.split(b"\n\n") if line):
+            kind = event.decode() if event == b"[DONE]" else shape(json.loads(event))
+            if not kinds or kinds[-1] != kind:  # runs of token chunks are one kind: lengths differ by engine
+                kinds.append(kind)
+        return kinds
+
+    def with_adapter(request: EngineRequest, source: str) -> EngineRequest:
+        return EngineRequest(request.path, request.body, request.stream, adapter=adapters[source])
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": SHORT, "stream": True}
+    chat_usage = {**chat, "stream_options": {"include_usage": True}}
+    outcomes: dict[str, object] = {}
+    try:
+        outcomes["completion"] = await answer(_completion(temperature=0, max_tokens=SHORT))
+        outcomes["completion, streamed"] = await answer(_completion(stream=True, max_tokens=SHORT))
+        outcomes["chat, streamed with usage"] = await answer(
+            EngineRequest("/v1/chat/completions", json.dumps(chat_usage).encode(), True)
+        )
+        outcomes["stop word"] = await answer(_completion(stop=["the"], max_tokens=24))
+        await driver.load_adapter(replica, adapters["a1"])
+        outcomes["a loaded adapter"] = await answer(with_adapter(_completion(max_tokens=SHORT), "a1"))
+        for source in ("a2", "a3"):  # a two-adapter cache: a1 is evicted
+            await driver.load_adapter(replica, adapters[source])
+        outcomes["an evicted adapter"] = await answer(with_adapter(_completion(max_tokens=SHORT), "a1"))
+        never_loaded = with_adapter(_completion(stream=True, max_tokens=SHORT), "a4")
+        outcomes["an adapter never loaded, streamed"] = await answer(never_loaded)
+        try:
+            await driver.load_adapter(replica, adapters["big-rank"])
+        except AdapterLoadFailed as exc:
+            outcomes["rank over the limit"] = exc.status, str(exc)
+        outcomes["prompt over the input limit"] = await answer(_completion(LONG_PROMPT))
+        outcomes["past the sequence limit"] = await answer(_completion(" ".join(["word"] * 500), max_tokens=100))
+        outcomes["adapter events"] = events.seen
+        load = await driver.load_signals(replica)
+        outcomes["load signals, idle"] = None if load is None else (load.running, load.waiting)
+    finally:
+        await driver.close()
+    return outcomes
+
+
+@pytest.mark.engine
+async def test_the_simulator_answers_as_the_real_server(
+    sim_triton_engine: TritonProcess, triton_engine: TritonProcess
+) -> None:
+    names = {source: f"{source}-{uuid.uuid4().hex[:8]}" for source in ("a1", "a2", "a3", "a4", "big-rank")}
+    simulated, real = await _outcomes(sim_triton_engine, names), await _outcomes(triton_engine, names)
+    assert set(simulated) == set(real)
+    differing = {case: (simulated[case], real[case]) for case in real if simulated[case] != real[case]}
+    assert not differing, pprint.pformat(differing, width=120)

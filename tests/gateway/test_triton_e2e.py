@@ -36,6 +36,7 @@ from loadtests.fleet import (
 )
 from loadtests.peft_files import write_peft_adapter
 from loadtests.processes import free_port, running, sim_command
+from tests.shapes import shape
 
 pytestmark = pytest.mark.timeout(180)
 TRITON_BASE = "trt-base"
@@ -101,15 +102,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MixedFleet]:
             yield MixedFleet(url, sims, adapters)
 
 
-def _shape(value: object) -> object:
-    """The structure of an answer without its values: keys and the types of leaves."""
-    if isinstance(value, dict):
-        return {key: _shape(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_shape(item) for item in value[:1]]
-    return type(value).__name__ if value is not None else None
-
-
 def _streamed(stream: Iterable[pydantic.BaseModel]) -> list[dict[str, Any]]:
     return [chunk.model_dump() for chunk in stream]
 
@@ -134,7 +126,7 @@ def test_tenants_of_both_engines_get_the_same_answer_shapes(fleet: MixedFleet, m
         text = "".join(c["choices"][0]["delta"]["content"] or "" for c in chat_chunks if c["choices"])
         assert text, tenant
         shapes[tenant] = [
-            _shape(completion), _shape(answer), [_shape(c) for c in chunks[-2:]], [_shape(c) for c in chat_chunks[-2:]]
+            shape(completion), shape(answer), [shape(c) for c in chunks[-2:]], [shape(c) for c in chat_chunks[-2:]]
         ]  # fmt: skip
     assert shapes["vt"] == shapes["tt"]
 

@@ -47,6 +47,11 @@ def _scalar(request: Any, name: str, default: Any = None) -> Any:
     return default if array is None else array.reshape(-1)[0].item()
 
 
+def _prompt(request: Any) -> str:
+    prompt = _required(request, "text_input").reshape(-1)[0]
+    return prompt.decode() if isinstance(prompt, bytes) else str(prompt)
+
+
 def _text(value: str) -> np.ndarray:
     return np.array([[value.encode()]], dtype=object)
 
@@ -91,6 +96,9 @@ class TritonPythonModel:
         self.capacity = int(parameter("lora_cache_max_adapters", "2"))
         self.max_rank = int(parameter("lora_max_rank", "8"))
         self.token_delay_s = float(parameter("token_delay_ms", "2")) / 1000
+        # The engine's build limits (trtllm-build --max_input_len, --max_seq_len), in words.
+        self.max_input_len = int(parameter("max_input_len", "511"))
+        self.max_seq_len = int(parameter("max_seq_len", "512"))
         self.lock = threading.Lock()
         self.cache: OrderedDict[int, str] = OrderedDict()  # task id -> weights digest, least recently used first
         self.in_flight: Counter[int] = Counter()  # task id -> requests whose answer has not ended
@@ -125,6 +133,12 @@ class TritonPythonModel:
         max_tokens = _scalar(request, "max_tokens")
         if max_tokens is None or max_tokens < 1:
             raise Refused(f"max_tokens must be > 0 (got {max_tokens})")
+        prompt_length = len(_prompt(request).split())
+        if prompt_length > self.max_input_len:  # TensorRT-LLM's LlmRequest::validate, before any LoRA work
+            raise Refused(
+                f"Prompt length ({prompt_length}) exceeds maximum input length ({self.max_input_len}). Set log level"
+                " to info and check TRTGptModel logs for how maximum input length is set"
+            )
         task = _scalar(request, "lora_task_id")
         weights, config = _optional(request, "lora_weights"), _optional(request, "lora_config")
         if weights is None and config is None:
@@ -166,15 +180,15 @@ class TritonPythonModel:
                 self.workers.discard(threading.current_thread())
 
     def _generate(self, request: Any, sender: Any, digest: str) -> None:
-        prompt = _required(request, "text_input").reshape(-1)[0]
-        prompt = prompt.decode() if isinstance(prompt, bytes) else str(prompt)
-        max_tokens = int(_scalar(request, "max_tokens"))
+        prompt = _prompt(request)
+        prompt_tokens = len(prompt.split())
+        # TensorRT-LLM shortens a request that would run past the sequence limit (a warning, not an error).
+        max_tokens = min(int(_scalar(request, "max_tokens")), self.max_seq_len - prompt_tokens)
         seed = _scalar(request, "seed", 0)
         stream = bool(_scalar(request, "stream", False))
         exclude_input = bool(_scalar(request, "exclude_input_in_output", False))
         stop_words = _optional(request, "stop_words")
         stops = set() if stop_words is None else {word.decode().strip() for word in stop_words.reshape(-1)}
-        prompt_tokens = len(prompt.split())
 
         seed_bytes = hashlib.sha256(f"{prompt}\0{digest}\0{seed}".encode()).digest()
         rng = random.Random(seed_bytes)
