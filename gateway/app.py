@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -18,7 +18,7 @@ from gateway.admin.auth import admin_token, metrics_token
 from gateway.admin.drains import DRAINS, Drains, following
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY, TRAFFIC
 from gateway.config import GatewayConfig, StateConfig
-from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
+from gateway.error_answers import openai_errors
 from gateway.fleet.collector import FleetCollector
 from gateway.fleet.discovery import discover
 from gateway.fleet.discovery import interval_s as discovery_interval_s
@@ -35,7 +35,6 @@ from gateway.residency.lifecycle import every
 from gateway.residency.timed import TimedStore
 from gateway.serving import ingress
 from gateway.serving.connections import phases
-from gateway.serving.json_body import RefusedInput, undecodable
 from gateway.state import GatewayState, Serving
 from gateway.tenants.admission import Admission
 from gateway.tenants.directory import TenantDirectory
@@ -44,47 +43,6 @@ from gateway.tenants.registry import Registry
 from gateway.tenants.signing import derived_key
 
 log = logging.getLogger(__name__)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves as an OpenAI error body; nothing a client sends can take the gateway down."""
-    try:
-        return await handler(request)
-    except RefusedInput as exc:
-        return _refused(request, exc)
-    except GatewayError as exc:
-        return exc.response()
-    except web.RequestPayloadError as exc:  # a body read where read_body was not used (a form): the same answer
-        return _refused(request, undecodable(request, exc))
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[STATE].config.limits.max_body_bytes
-        return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.").response()
-    except web.HTTPNotFound:
-        return RouteNotFound(f"No route {request.method} {request.path}.").response()
-    except web.HTTPMethodNotAllowed:
-        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}.").response()
-    except web.HTTPException:
-        raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return GatewayError("The gateway failed to handle the request.").response()
-
-
-def _refused(request: web.Request, exc: RefusedInput) -> web.Response:
-    """One line and one count per refused body, never a traceback, whatever the body was: the request's access
-    line on a tenant endpoint (its error says refused:<reason>), else a line here. A body that did not decode
-    leaves its connection's parser mid-body: the connection closes after the answer."""
-    surface = "admin" if request.path.startswith("/admin") else "tenant"
-    request.app[METRICS].refused_inputs.labels(surface, exc.reason).inc()
-    if not (surface == "tenant" and request.app[TELEMETRY].access_log):  # else its access line says it
-        log.info("refused %s %s (%s): %s", request.method, request.path, exc.reason, exc.message[:200])
-    response = exc.response()
-    if exc.reason == "encoding":
-        response.force_close()
-    return response
 
 
 def registry_key(state: StateConfig, admin_token: str, environ: Mapping[str, str]) -> bytes | None:

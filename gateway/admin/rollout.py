@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backends.base import AdapterRef
 from backends.errors import BackendError
+from gateway.admin.answers import AdminRoutes
 from gateway.admin.auth import require_admin
 from gateway.admin.body import json_object
 from gateway.appkeys import METRICS, STATE
@@ -248,8 +249,9 @@ async def _cancel_all(app: web.Application) -> None:
 
 
 def add_routes(app: web.Application) -> None:
+    admin = AdminRoutes(app)
     app[ROLLOUTS] = {}
     app.on_cleanup.append(_cancel_all)
-    app.router.add_post("/admin/adapters/{name}/rollout", start)
-    app.router.add_get("/admin/adapters/{name}/rollout", show)
-    app.router.add_post("/admin/adapters/{name}/rollback", rollback)
+    admin.post("/admin/adapters/{name}/rollout", start)
+    admin.get("/admin/adapters/{name}/rollout", show)
+    admin.post("/admin/adapters/{name}/rollback", rollback)

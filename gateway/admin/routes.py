@@ -11,6 +11,7 @@ from gateway.admin import rollout
 from gateway.admin import tenants as admin_tenants
 from gateway.admin import ui as admin_ui
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
+from gateway.admin.answers import AdminRoutes
 from gateway.admin.auth import FAILED_LOGINS, FailedLogins, require_admin
 from gateway.admin.status import engine_load_json
 from gateway.appkeys import STATE
@@ -121,12 +122,13 @@ async def reload_config(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    admin = AdminRoutes(app)
     app[FAILED_LOGINS] = FailedLogins(app[STATE].config.admin.failed_logins_per_minute)
-    app.router.add_get("/admin/route", route)
-    app.router.add_post("/admin/reload", reload_config)
+    admin.get("/admin/route", route)
+    admin.post("/admin/reload", reload_config)
     admin_tenants.add_routes(app)
     admin_ui.add_routes(app)
     rollout.add_routes(app)
-    app.router.add_get("/admin/residency", residency)
-    app.router.add_post("/admin/adapters/{name}/warm", warm)
-    app.router.add_delete("/admin/adapters/{name}/residency", unload)
+    admin.get("/admin/residency", residency)
+    admin.post("/admin/adapters/{name}/warm", warm)
+    admin.delete("/admin/adapters/{name}/residency", unload)

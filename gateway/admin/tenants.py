@@ -13,6 +13,7 @@ from aiohttp import web
 
 from backends.errors import BackendError
 from gateway import adapter_sources
+from gateway.admin.answers import AdminRoutes
 from gateway.admin.auth import require_admin
 from gateway.admin.body import json_object
 from gateway.appkeys import STATE
@@ -143,9 +144,10 @@ async def retire_adapter(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/admin/catalog/adapters", add_adapter)
-    app.router.add_delete("/admin/catalog/adapters/{name}", retire_adapter)
-    app.router.add_post("/admin/tenants", add_tenant)
-    app.router.add_delete("/admin/tenants/{tenant_id}", remove_tenant)
-    app.router.add_post("/admin/tenants/{tenant_id}/keys", add_key)
-    app.router.add_delete("/admin/keys/{key_hash}", revoke_key)
+    admin = AdminRoutes(app)
+    admin.post("/admin/catalog/adapters", add_adapter)
+    admin.delete("/admin/catalog/adapters/{name}", retire_adapter)
+    admin.post("/admin/tenants", add_tenant)
+    admin.delete("/admin/tenants/{tenant_id}", remove_tenant)
+    admin.post("/admin/tenants/{tenant_id}/keys", add_key)
+    admin.delete("/admin/keys/{key_hash}", revoke_key)

@@ -3,9 +3,10 @@
 The page logs in with the admin token and then holds a session cookie (HttpOnly, SameSite=Strict, path /admin,
 Secure when served over TLS or behind a proxy that says so), signed so that every gateway accepts it
 (gateway/admin/sessions.py); every action also needs the page's CSRF token in ``X-CSRF-Token``. Every admin
-answer is ``Cache-Control: no-store`` and ``X-Content-Type-Options: nosniff``. Everything it loads comes from the
-gateway (a Content-Security-Policy forbids anything else). ``/admin/state`` also takes the admin token as a Bearer,
-for `tenantgate status` and scripts. Drain and undrain are also plain admin endpoints for scripts.
+answer is ``Cache-Control: no-store`` and ``X-Content-Type-Options: nosniff`` (gateway/admin/answers.py).
+Everything it loads comes from the gateway (a Content-Security-Policy forbids anything else). ``/admin/state`` also
+takes the admin token as a Bearer, for `tenantgate status` and scripts. Drain and undrain are also plain admin
+endpoints for scripts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
+from gateway.admin.answers import AdminRoutes
 from gateway.admin.auth import login_allowed, login_failed, require_admin, same_token
 from gateway.admin.body import json_object
 from gateway.admin.drains import DRAINS
@@ -113,13 +115,6 @@ def _over_tls(request: web.Request) -> bool:
     return request.secure or forwarded == "https"
 
 
-async def _admin_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Every admin answer, errors included: never cached (tokens, tenants, the CSRF token), never sniffed."""
-    if request.path.startswith("/admin"):
-        response.headers["Cache-Control"] = "no-store"
-        response.headers["X-Content-Type-Options"] = "nosniff"
-
-
 def _require_session_or_token(request: web.Request) -> None:
     if _session(request) is None:
         require_admin(request)
@@ -182,13 +177,13 @@ async def drain(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    admin = AdminRoutes(app)
     # ConfigError: a weak TENANTGATE_SESSION_KEY is refused. Without any key no session exists (admin API off).
     app[SIGNER] = SessionSigner(session_key(app[ADMIN_TOKEN], os.environ))
-    app.on_response_prepare.append(_admin_headers)
-    app.router.add_get("/admin/ui", ui)
-    app.router.add_post("/admin/ui/login", login)
-    app.router.add_post("/admin/ui/logout", logout)
-    app.router.add_get("/admin/ui/{name}", asset)
-    app.router.add_post("/admin/ui/actions/{action}", action)
-    app.router.add_get("/admin/state", state)
-    app.router.add_post(r"/admin/replicas/{pool}/{replica}/{action:drain|undrain}", drain)
+    admin.get("/admin/ui", ui)
+    admin.post("/admin/ui/login", login)
+    admin.post("/admin/ui/logout", logout)
+    admin.get("/admin/ui/{name}", asset)
+    admin.post("/admin/ui/actions/{action}", action)
+    admin.get("/admin/state", state)
+    admin.post(r"/admin/replicas/{pool}/{replica}/{action:drain|undrain}", drain)

@@ -150,3 +150,35 @@ async def test_run_time_keys_are_long_or_generated(client: TestClient[Any, Any])
     assert (await client.post("/admin/tenants/acme/keys", json={"api_key": own}, headers=ADMIN)).status == 200
     assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {own}"})).status == 200
     assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {api_key('acme')}"})).status == 200
+
+
+async def test_admin_routes_mark_their_answers_and_tenant_answers_are_left_alone(
+    client: TestClient[Any, Any],
+) -> None:
+    """Every answer of an admin route carries the admin headers: a page, an error the route raised (a refused
+    body, a wrong token, an unknown asset) and the login's redirect. A tenant's answers, the probes and /metrics do
+    not, and no hook runs on every response to tell them apart (one did: a path check per tenant response)."""
+    assert client.app is not None and not client.app.on_response_prepare
+    admin_answers = [
+        (200, await client.get("/admin/state", headers=ADMIN)),
+        (400, await client.post("/admin/tenants", headers=ADMIN, data=b"{not json")),
+        (401, await client.get("/admin/state")),
+        (404, await client.get("/admin/ui/missing.js")),
+        (303, await client.post("/admin/ui/login", data={"token": TOKEN}, allow_redirects=False)),
+    ]
+    tenant = {"Authorization": f"Bearer {api_key('acme')}"}
+    other_answers = [
+        (200, await client.get("/v1/models", headers=tenant)),
+        (401, await client.get("/v1/models")),
+        (400, await client.post("/v1/completions", headers=tenant, data=b"{not json")),
+        (200, await client.get("/healthz")),
+        (200, await client.get("/metrics", headers=ADMIN)),
+    ]
+    for status, response in admin_answers:
+        assert response.status == status, (response.url, await response.text())
+        assert response.headers["Cache-Control"] == "no-store", response.url
+        assert response.headers["X-Content-Type-Options"] == "nosniff", response.url
+    for status, response in other_answers:
+        assert response.status == status, (response.url, await response.text())
+        assert "no-store" not in response.headers.get("Cache-Control", ""), response.url
+        assert "X-Content-Type-Options" not in response.headers, response.url
