@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from backends.base import AdapterRef
 from gateway.config import GatewayConfig
 from gateway.fleet.pool import Pool
-from gateway.tenants.directory import TenantDirectory, affinity_key
+from gateway.tenants.directory import keyed_targets
 
 
 @dataclass(frozen=True)
@@ -31,26 +31,22 @@ class FillEntry:
     adapter: AdapterRef
 
 
-def fill_entries(config: GatewayConfig, pool: Pool) -> list[FillEntry]:
-    """Every (key, adapter) of ``pool``'s tenants at the key's home, in the config's order (empty with
-    ``residency.fill_free_slots`` off). Built once per fleet: homes change only when a fleet is rebuilt."""
+def fill_entries(config: GatewayConfig, pools: Mapping[str, Pool]) -> dict[str, list[FillEntry]]:
+    """Per pool of ``pools``, every (key, adapter) of its tenants at the key's home, in the config's order (none
+    with ``residency.fill_free_slots`` off). Built once per fleet, in one walk of the tenants: homes change only
+    when a fleet is rebuilt."""
+    entries: dict[str, list[FillEntry]] = {name: [] for name in pools}
     if not config.residency.fill_free_slots:
-        return []
+        return entries
     adapters = {adapter.name: adapter for adapter in config.adapters}
-    directory = TenantDirectory(config)
-    entries: list[FillEntry] = []
-    for tenant_config in config.tenants:
-        tenant = directory.tenant(tenant_config.id)
-        assert tenant is not None  # the directory holds every tenant of the config it was built from
-        for target in tenant.targets.values():
-            for runs_on in [variant for _, variant in target.variants] or [target]:
-                ref = runs_on.adapter_ref
-                if ref is None or runs_on.pool != pool.name:
-                    continue  # a base model has nothing to load; another pool fills its own
-                key = affinity_key(config.routing, tenant, runs_on, None)
-                adapter = adapters[runs_on.model]
-                tier = 0 if adapter.pinned else 1 if adapter.prewarm else 2
-                entries.append(FillEntry(tier, len(entries), key, pool.ring.home(key), ref))
+    for runs_on, key in keyed_targets(config):
+        ref, pool = runs_on.adapter_ref, pools.get(runs_on.pool)
+        if ref is None or pool is None:
+            continue  # a base model has nothing to load; a pool not asked for
+        adapter = adapters[runs_on.model]
+        tier = 0 if adapter.pinned else 1 if adapter.prewarm else 2
+        planned = entries[pool.name]
+        planned.append(FillEntry(tier, len(planned), key, pool.ring.home(key), ref))
     return entries
 
 
@@ -74,4 +70,4 @@ def fill_plan(
 ) -> dict[str, list[AdapterRef]]:
     """Per replica of ``pool``, the adapters its homed keys run on, most important first (empty with
     ``residency.fill_free_slots`` off)."""
-    return fill_order(fill_entries(config, pool), pool.replicas, traffic)
+    return fill_order(fill_entries(config, {pool.name: pool})[pool.name], pool.replicas, traffic)

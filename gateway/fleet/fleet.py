@@ -22,7 +22,7 @@ from gateway.residency.memory import MemoryStore
 from gateway.residency.redis import RedisStore
 from gateway.residency.store import ResidencyStore
 from gateway.residency.timed import TimedStore
-from gateway.tenants.directory import TenantDirectory, affinity_key
+from gateway.tenants.directory import keyed_targets
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +39,9 @@ def make_store(config: GatewayConfig, access: RedisAccess = NO_ACCESS) -> Reside
 def homed_keys(config: GatewayConfig) -> dict[str, set[str]]:
     """Per pool, the affinity keys of the requests that can reach it, derived as ingress derives them (a request
     without a session id): the tenants, or under adapter affinity the models they run on (a split's variants)."""
-    directory = TenantDirectory(config)
     keys: dict[str, set[str]] = {pool.name: set() for pool in config.pools}
-    for tenant_config in config.tenants:
-        tenant = directory.tenant(tenant_config.id)
-        assert tenant is not None  # the directory holds every tenant of the config it was built from
-        for target in tenant.targets.values():
-            for runs_on in [variant for _, variant in target.variants] or [target]:
-                keys[runs_on.pool].add(affinity_key(config.routing, tenant, runs_on, None))
+    for runs_on, key in keyed_targets(config):
+        keys[runs_on.pool].add(key)
     return keys
 
 
@@ -110,7 +105,7 @@ class Fleet:
                 for replica_id in sorted(prewarm_homes(config, pool, adapter.name)):
                     pool.prewarm[replica_id].append((ref, adapter.pinned))
         # Per pool, the adapters its tenants' keys run on at their homes: what the fill plans are sorted from.
-        self._fill_entries = {name: fill_entries(config, pool) for name, pool in self.pools.items()}
+        self._fill_entries = fill_entries(config, self.pools)
         self.order_fill_by({})
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from backends.base import AdapterRef
@@ -163,3 +164,16 @@ def affinity_key(routing: RoutingConfig, tenant: Tenant, target: Target, session
         # A digest, not the id itself: a session id is client input of any length, and keys are kept (ring memo).
         return f"{tenant.id}/{hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()}"
     return tenant.id
+
+
+def keyed_targets(config: GatewayConfig) -> Iterator[tuple[Target, str]]:
+    """What each tenant of ``config`` runs on (each variant of a split), with the ring key of its requests without
+    a session id, as ingress derives it; in the config's order (tenants, each tenant's models, a split's variants
+    as listed). The walk that home balancing and the fill plan both make, over one directory."""
+    directory = TenantDirectory(config)
+    for tenant_config in config.tenants:
+        tenant = directory.tenant(tenant_config.id)
+        assert tenant is not None  # the directory holds every tenant of the config it was built from
+        for target in tenant.targets.values():
+            for runs_on in [variant for _, variant in target.variants] or [target]:
+                yield runs_on, affinity_key(config.routing, tenant, runs_on, None)
