@@ -1,6 +1,9 @@
 """Properties of the real pool's decisions (Pool.lease over the routing pipeline, not a copy of its logic): whatever
 the fleet's health, loads, retries and size, the pick is never a replica a filter left out, and bounded loads never
-send a request over the cap while a candidate under it exists. And the ring's bounded walk is the ring's order."""
+send a request over the cap while a candidate under it exists. With home reservations: a key's home is taken
+whenever it has room, a placement elsewhere is under the bound, and a light key stays home whatever a hot key does.
+The bound is the decision's own (``decision.capacity``), never recomputed here. And the ring's bounded walk is the
+ring's order."""
 
 from __future__ import annotations
 
@@ -9,10 +12,13 @@ from hypothesis import strategies as st
 
 from backends.base import Endpoint
 from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
-from gateway.fleet.pool import Pool
+from gateway.fleet.pool import Lease, Pool
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
+from gateway.routing.decision import RoutingDecision
+from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
+from tests.clock import Clock
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine
 
 
@@ -91,3 +97,89 @@ def test_a_decision_weighs_only_its_candidates_at_any_fleet_size() -> None:
     decision = pool.lease("acme", None).decision
     assert len(decision.loads) == 8 and decision.chosen == pool.ring.home("acme")
     assert pool.ring.head("acme", 8) == pool.ring.preference("acme")[:8]
+
+
+def reserving_pool(size: int, factor: float, floor: int) -> tuple[Pool, Clock]:
+    """A real bounded_consistent_hash pool with home reservations (a 5 s window) on a clock the test moves."""
+    routing = RoutingConfig(balance_factor=factor, capacity_floor=floor, home_reservation_s=5.0, vnodes=40)
+    pool = pool_of(size, routing)
+    clock = Clock()
+    pool.reservations = HomeReservations(5.0, clock=clock)  # the pool's own class, on the test's clock
+    return pool, clock
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(1, 6),
+    factor=st.sampled_from([1.0, 1.25, 1.5, 2.0]),
+    floor=st.sampled_from([1, 2, 8]),
+    events=st.lists(st.tuples(st.booleans(), st.integers(0, 20), st.floats(0, 3)), min_size=1, max_size=300),
+)
+def test_a_keys_home_is_taken_when_it_has_room_and_no_placement_exceeds_the_bound(
+    size: int, factor: float, floor: int, events: list[tuple[bool, int, float]]
+) -> None:
+    """The load a key is judged by is in flight plus reserved when it has requests in flight (reservations bind
+    it), in flight alone when it has none; a key that holds its home's reservation takes it at any load."""
+    pool, clock = reserving_pool(size, factor, floor)
+    running: list[Lease] = []
+    for arrival, index, elapsed in events:
+        clock.advance(elapsed)
+        if not arrival:
+            if running:
+                running.pop(index % len(running)).__exit__(None, None, None)
+            continue
+        key = f"k{index}"
+        pool.reservations.expire()  # the pool expires lapsed keys first: measure after that
+        standing = pool.reservations.standing(key)
+        load = {
+            r: replica.in_flight + (pool.reservations.reserved(r) if standing.in_flight else 0)
+            for r, replica in pool.replicas.items()
+        }
+        lease = pool.lease(key, None)
+        decision: RoutingDecision = lease.decision
+        running.append(lease)
+        assert decision.chosen is not None and decision.capacity is not None
+        home = pool.ring.home(key)
+        if standing.holds_reservation or load[home] < decision.capacity:
+            assert decision.chosen == home, (decision, load)
+        if decision.used_reservation:
+            assert decision.chosen == home and standing.holds_reservation
+        else:
+            assert load[decision.chosen] < decision.capacity, (decision, load)
+    for lease in running:
+        lease.__exit__(None, None, None)
+    assert pool.in_flight == 0 and all(pool.reservations.reserved(r) >= 0 for r in pool.replicas)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(2, 6),
+    hot_concurrency=st.integers(1, 40),
+    events=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 1000)), min_size=1, max_size=400),
+)
+def test_a_light_key_stays_home_whatever_a_hot_key_does(
+    size: int, hot_concurrency: int, events: list[tuple[int, int]]
+) -> None:
+    """Light keys (one request at a time, active) go home on every request after their first, in any interleaving
+    with a hot key that keeps up to ``hot_concurrency`` requests in flight."""
+    pool, clock = reserving_pool(size, 1.25, 1)
+    lights = [f"light-{i}" for i in range(7)]
+    for light in lights:  # each light key's first request, before the hot one turns up
+        pool.lease(light, None).__exit__(None, None, None)
+    light_running: dict[str, Lease] = {}
+    hot_running: list[Lease] = []
+    for actor, pick in events:
+        clock.advance(0.01)
+        if actor == 7:  # the hot key: add a request, or finish one when at its concurrency
+            if len(hot_running) < hot_concurrency:
+                hot_running.append(pool.lease("hot", None))
+            else:
+                hot_running.pop(pick % len(hot_running)).__exit__(None, None, None)
+            continue
+        light = lights[actor]
+        if light in light_running:
+            light_running.pop(light).__exit__(None, None, None)
+        else:
+            lease = pool.lease(light, None)
+            assert lease.decision.chosen == pool.ring.home(light), (light, lease.decision)
+            light_running[light] = lease
