@@ -3,23 +3,28 @@ step, nothing fails, the old version is unloaded once idle; a version that fails
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from loadtests.fleet import ADMIN_TOKEN, api_key, fleet_with_gateway, sim_stats
+from loadtests.fleet import ADMIN_TOKEN, RunningFleet, api_key, fleet_with_gateway, sim_stats
 
 pytestmark = pytest.mark.timeout(120)
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 USERS = [f"user-{i}" for i in range(200)]
 Z_999 = 3.29  # two-sided 99.9% of a normal: a fair split misses the bound once in a thousand user sets
+SIM = ["--time-scale", "0.01", "--max-loras", "4"]
+# The first step to 30% of users, then everyone; TTFT here is milliseconds of scheduling noise: judged by errors only.
+TO_VERSION_2 = {"version": 2, "steps": [0.3, 1.0], "step_s": 3, "max_ttft_p99_ratio": 1000}
 
 
 def binomial_bound(share: float, users: int) -> float:
@@ -60,6 +65,25 @@ class Traffic:
         self._stop.set()
         self._thread.join(timeout=30)
 
+    def until_seen(self, count: int) -> None:
+        while len(self.seen) < count:
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def support_split(tmp_path: Path, versions: int, replicas: int, sim_args: list[str]) -> Iterator[RunningFleet]:
+    """acme calls the split ``support``, all on support@1, with support@1 to support@<versions> in the catalog."""
+    tenants = {"acme": [f"support@{version}" for version in range(1, versions + 1)]}
+    split = {"splits": [{"name": "support", "variants": [{"model": "support@1", "weight": 1}]}]}
+    with fleet_with_gateway(tmp_path, tenants, replicas, sim_args, extra=split,
+                            tenant_options={"acme": {"adapters": ["support"]}}) as fleet:  # fmt: skip
+        yield fleet
+
+
+def start_rollout(gateway_url: str, body: dict[str, Any]) -> None:
+    started = httpx.post(gateway_url + "/admin/adapters/support/rollout", headers=ADMIN, json=body)
+    assert started.status_code == 202, started.text
+
 
 def wait_for(gateway_url: str, status: set[str]) -> dict[str, Any]:
     for _ in range(600):  # bounded
@@ -71,18 +95,10 @@ def wait_for(gateway_url: str, status: set[str]) -> dict[str, Any]:
 
 
 def test_a_rollout_under_load_then_a_bad_version_rolls_back(tmp_path: Path) -> None:
-    tenants = {"acme": ["support@1", "support@2", "support@3"]}
-    split = {"splits": [{"name": "support", "variants": [{"model": "support@1", "weight": 1}]}]}
-    with fleet_with_gateway(tmp_path, tenants, 2, ["--time-scale", "0.01", "--max-loras", "4"], extra=split,
-                            tenant_options={"acme": {"adapters": ["support"]}}) as fleet:  # fmt: skip
+    with support_split(tmp_path, 3, 2, SIM) as fleet:
         with Traffic(fleet.gateway_url) as traffic:
-            while len(traffic.seen) < 40:
-                time.sleep(0.02)
-            started = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
-                                 # TTFT here is milliseconds of scheduling noise: judged by errors only
-                                 json={"version": 2, "steps": [0.3, 1.0], "step_s": 3,
-                                       "max_ttft_p99_ratio": 1000})  # fmt: skip
-            assert started.status_code == 202, started.text
+            traffic.until_seen(40)
+            start_rollout(fleet.gateway_url, TO_VERSION_2)
             done = wait_for(fleet.gateway_url, {"done", "rolled_back", "failed"})
             assert done["status"] == "done", done
             for _ in range(200):  # bounded: the old version leaves once idle
@@ -95,13 +111,10 @@ def test_a_rollout_under_load_then_a_bad_version_rolls_back(tmp_path: Path) -> N
             # A bad version: it fails, the rollout halts at its first step and returns to support@2 by itself.
             for url in fleet.replica_urls.values():
                 httpx.post(url + "/sim/control", json={"faults": {"failing_adapters": ["support@3"]}})
-            bad = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
-                             json={"version": "support@3", "steps": [0.5, 1.0], "step_s": 2})  # fmt: skip
-            assert bad.status_code == 202, bad.text
+            start_rollout(fleet.gateway_url, {"version": "support@3", "steps": [0.5, 1.0], "step_s": 2})
             halted = wait_for(fleet.gateway_url, {"done", "rolled_back", "failed"})
             after_halt = len(traffic.seen)
-            while len(traffic.seen) < after_halt + 40:
-                time.sleep(0.02)
+            traffic.until_seen(after_halt + 40)
         seen = list(traffic.seen)
 
     steps = [h for h in done["history"] if "share" in h]
@@ -125,17 +138,10 @@ def test_a_version_that_warms_fine_and_fails_under_traffic_halts_and_rolls_back(
     """support@2 passes its warm-up, then fails every request once users reach it (the engines' fault switched on
     as the rollout starts its first step). The step's judgement halts the rollout at 30% and returns everyone to
     support@1; within the step only support@2's users failed, and they were a fair 30% of the users."""
-    tenants = {"acme": ["support@1", "support@2"]}
-    split = {"splits": [{"name": "support", "variants": [{"model": "support@1", "weight": 1}]}]}
-    with fleet_with_gateway(tmp_path, tenants, 2, ["--time-scale", "0.01", "--max-loras", "4"], extra=split,
-                            tenant_options={"acme": {"adapters": ["support"]}}) as fleet:  # fmt: skip
+    with support_split(tmp_path, 2, 2, SIM) as fleet:
         with Traffic(fleet.gateway_url) as traffic:
-            while len(traffic.seen) < 40:
-                time.sleep(0.02)
-            started = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
-                                 json={"version": 2, "steps": [0.3, 1.0], "step_s": 3,
-                                       "max_ttft_p99_ratio": 1000})  # fmt: skip
-            assert started.status_code == 202, started.text
+            traffic.until_seen(40)
+            start_rollout(fleet.gateway_url, TO_VERSION_2)
             running = wait_for(fleet.gateway_url, {"running", "done", "rolled_back", "failed"})
             assert running["status"] == "running", running  # past its warm-up: it warmed fine
             for url in fleet.replica_urls.values():
@@ -143,8 +149,7 @@ def test_a_version_that_warms_fine_and_fails_under_traffic_halts_and_rolls_back(
             failing_since = time.time()
             halted = wait_for(fleet.gateway_url, {"done", "rolled_back", "failed"})
             halt_seen = time.time()
-            while len(traffic.seen) < len([s for s in traffic.seen if s[0] < halt_seen]) + len(USERS):
-                time.sleep(0.02)
+            traffic.until_seen(len([s for s in traffic.seen if s[0] < halt_seen]) + len(USERS))
         seen = list(traffic.seen)
 
     assert halted["status"] == "rolled_back" and halted["reason"].startswith("halted at 30%: error rate"), halted
@@ -191,13 +196,8 @@ def test_a_step_is_judged_by_error_rate_and_ttft_against_the_old_version() -> No
 
 
 def test_a_rollback_returns_everyone_to_the_old_version_at_once(tmp_path: Path) -> None:
-    tenants = {"acme": ["support@1", "support@2"]}
-    split = {"splits": [{"name": "support", "variants": [{"model": "support@1", "weight": 1}]}]}
-    with fleet_with_gateway(tmp_path, tenants, 1, ["--time-scale", "0.01"], extra=split,
-                            tenant_options={"acme": {"adapters": ["support"]}}) as fleet:  # fmt: skip
-        started = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollout", headers=ADMIN,
-                             json={"version": 2, "steps": [0.5, 1.0], "step_s": 60})  # fmt: skip
-        assert started.status_code == 202
+    with support_split(tmp_path, 2, 1, ["--time-scale", "0.01"]) as fleet:
+        start_rollout(fleet.gateway_url, {"version": 2, "steps": [0.5, 1.0], "step_s": 60})
         wait_for(fleet.gateway_url, {"running"})
         back = httpx.post(fleet.gateway_url + "/admin/adapters/support/rollback", headers=ADMIN)
         assert back.status_code == 200 and back.json()["status"] == "rolled_back"
