@@ -12,10 +12,12 @@ from pathlib import Path
 from aiohttp import web
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from backends.base import EngineLoad
 from gateway.admin import operator
 from gateway.admin import routes as admin
 from gateway.admin.auth import admin_token, metrics_token
 from gateway.admin.drains import DRAINS, Drains, following
+from gateway.admin.siblings import SIBLINGS, Siblings
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY, TRAFFIC
 from gateway.config import GatewayConfig, StateConfig
 from gateway.error_answers import openai_errors
@@ -23,6 +25,7 @@ from gateway.fleet.collector import FleetCollector
 from gateway.fleet.discovery import discover
 from gateway.fleet.discovery import interval_s as discovery_interval_s
 from gateway.fleet.fleet import Fleet, make_store
+from gateway.fleet.host_scrape import HostScrapes
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import Telemetry
 from gateway.observe.traffic import TrafficMeter
@@ -41,6 +44,7 @@ from gateway.tenants.directory import TenantDirectory
 from gateway.tenants.rate_buckets import RedisBuckets
 from gateway.tenants.registry import Registry
 from gateway.tenants.signing import derived_key
+from gateway.workers import WorkerSockets
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +72,13 @@ def _fleet_traffic(config: GatewayConfig, access: RedisAccess) -> FleetTraffic:
 
 
 def create_app(
-    config: GatewayConfig, config_path: Path | None = None, span_exporter: SpanExporter | None = None
+    config: GatewayConfig,
+    config_path: Path | None = None,
+    span_exporter: SpanExporter | None = None,
+    worker: WorkerSockets | None = None,
 ) -> web.Application:
     """The gateway app; ``config_path`` is what a reload re-reads; ``span_exporter`` replaces the configured
-    trace exporter (tests use an in-memory one)."""
+    trace exporter (tests use an in-memory one); ``worker``: this process is one of serve --workers' workers."""
     # phases first: the connection guard learns when a request's head is in and when it is done.
     # surfaces after openai_errors: a path on the wrong listener is answered as any unknown route.
     app = web.Application(
@@ -99,12 +106,20 @@ def create_app(
     telemetry = app[TELEMETRY] = Telemetry(config.telemetry, metrics, span_exporter)
     metrics.watch(FleetCollector(lambda: state.serving.fleet if state.started else None))
 
+    def took_scrape(pool: str, at: float, loads: dict[str, EngineLoad | None]) -> None:
+        """A scrape the host's scraping worker shared (gateway/fleet/host_scrape.py), for the serving fleet."""
+        if state.started and (serving_pool := state.serving.fleet.pools.get(pool)) is not None:
+            serving_pool.took_scrape(at, loads)
+
     async def fleet_context(app: web.Application) -> AsyncIterator[None]:
         await registry.start(on_change=state.refresh_tenants)
+        if worker is not None and worker.workers > 1:  # one worker scrapes the engines for the host's workers
+            state.scrapes = HostScrapes(worker)
+            await state.scrapes.start(took_scrape)
         discovered = await discover(config, {})
         serving_config = state.compose(config, discovered)
         store = state.residency_store = TimedStore(make_store(config, access), metrics)
-        fleet = Fleet(serving_config, metrics, store=store, homes_from=config)
+        fleet = Fleet(serving_config, metrics, store=store, homes_from=config, scrapes=state.scrapes)
         await fleet.start()
         state.swap(Serving(serving_config, TenantDirectory(serving_config), fleet), discovered=discovered)
         every_s = discovery_interval_s(config)
@@ -119,6 +134,8 @@ def create_app(
         await registry.close()
         await close_retiring()
         await state.serving.fleet.close()
+        if state.scrapes is not None:
+            state.scrapes.close()
         await store.close()
         if buckets is not None:
             await buckets.close()
@@ -151,6 +168,9 @@ def create_app(
             cluster=config.state.cluster, access=access,
         )  # fmt: skip
         app.cleanup_ctx.append(fanout.running)
+    if worker is not None and worker.workers > 1:  # the admin API answers for every worker
+        siblings = app[SIBLINGS] = Siblings(app, worker)
+        app.cleanup_ctx.append(siblings.running)
     ingress.add_routes(app)
     operator.add_routes(app)
     admin.add_routes(app)

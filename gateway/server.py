@@ -24,7 +24,7 @@ log = logging.getLogger("tenantgate")
 
 
 async def _run(config: GatewayConfig, config_path: Path | None, worker: WorkerSockets | None) -> None:
-    app = create_app(config, config_path)
+    app = create_app(config, config_path, worker=worker)
     # handler_cancellation: a client that goes away cancels its handler, which cancels the upstream request.
     # shutdown_timeout: on shutdown, in-flight handlers get this long to finish before they are cancelled.
     # keepalive_timeout: aiohttp's own idle timer (an hour by default), as a backstop behind the guard's, which

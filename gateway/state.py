@@ -10,6 +10,7 @@ from pathlib import Path
 from gateway.config import ConfigError, GatewayConfig
 from gateway.fleet.discovery import Discovered, with_replicas
 from gateway.fleet.fleet import Fleet
+from gateway.fleet.host_scrape import HostScrapes
 from gateway.residency.store import ResidencyStore
 from gateway.tenants.admission import Admission
 from gateway.tenants.directory import TenantDirectory
@@ -40,6 +41,8 @@ class GatewayState:
         self.registry = registry
         # One residency record for the app's lifetime, shared by the fleets a reload swaps.
         self.residency_store: ResidencyStore | None = None
+        # Under serve --workers: this worker's part in scraping the engines once per host (every fleet's).
+        self.scrapes: HostScrapes | None = None
         # Kept across reloads: a tenant whose limits did not change keeps its buckets.
         self.admission = admission
         admission.configure(config)

@@ -16,11 +16,13 @@ its own copy of the socket, forwards the signal (each worker drains as one gatew
 requests finish) and exits 0 when all have. Workers share what must be shared through Redis (``state.redis_url``:
 residency, rate limits, the registry, reloads), so more than one worker without it is refused.
 
-Metrics: prometheus-client's multiprocess mode. The supervisor gives the workers one directory; each worker's
-counters and histograms are summed across workers at every scrape (those of a worker that died included, so
-counters never go back), gauges are per worker (a ``pid`` label). Collectors that read live state at scrape time
+Metrics: prometheus-client's multiprocess mode. The supervisor gives the workers one private directory; each
+worker's counters and histograms are summed across workers at every scrape (those of a worker that died included,
+so counters never go back), gauges are per worker (a ``pid`` label). Collectors that read live state at scrape time
 (the fleet's health, loads and engine figures, ``process_*``) are not shared that way: they are the answering
-worker's own. The admin API and the status page also show the worker that answered.
+worker's own. In the same directory the workers find each other: one of them scrapes the engines for all
+(gateway/fleet/host_scrape.py), and the worker that answers an admin request merges every worker's figures
+(gateway/admin/siblings.py).
 """
 
 from __future__ import annotations
@@ -53,19 +55,33 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 @dataclass(frozen=True)
 class WorkerSockets:
-    """What a worker inherits: its number and the listening sockets' file descriptors."""
+    """What a worker inherits: its number, how many workers there are, the listening sockets' file descriptors,
+    and the supervisor's private directory (mode 0700), where the workers find each other: the engine scrapes
+    shared from one worker (gateway/fleet/host_scrape.py) and each worker's own state for the merged admin view
+    (gateway/admin/siblings.py)."""
 
     worker: int
+    workers: int
     listen_fd: int
     operator_fd: int | None
+    directory: Path
 
     def encode(self) -> str:
-        return f"{self.worker}:{self.listen_fd}:{self.operator_fd if self.operator_fd is not None else '-'}"
+        operator = self.operator_fd if self.operator_fd is not None else "-"
+        return f"{self.worker}:{self.workers}:{self.listen_fd}:{operator}:{self.directory}"
 
     @classmethod
     def decode(cls, text: str) -> WorkerSockets:
-        worker, listen_fd, operator_fd = text.split(":")
-        return cls(int(worker), int(listen_fd), None if operator_fd == "-" else int(operator_fd))
+        worker, workers, listen_fd, operator_fd, directory = text.split(":", 4)  # the directory may hold a ':'
+        operator = None if operator_fd == "-" else int(operator_fd)
+        return cls(int(worker), int(workers), int(listen_fd), operator, Path(directory))
+
+    def socket_path(self, what: str, worker: int | None = None) -> Path:
+        """Where worker ``worker`` (default: this one) listens for ``what`` from its siblings."""
+        return self.directory / f"{what}-{self.worker if worker is None else worker}.sock"
+
+    def siblings(self) -> list[int]:
+        return [worker for worker in range(self.workers) if worker != self.worker]
 
     def listening(self) -> socket.socket:
         return socket.socket(fileno=self.listen_fd)
@@ -124,7 +140,10 @@ class Supervisor:
         listener = _listen(self.config.listen.host, self.config.listen.port)
         operator = self.config.admin.listen
         operator_sock = _listen(operator.host, operator.port) if operator is not None else None
-        metrics_dir = tempfile.mkdtemp(prefix="tenantgate-metrics-")
+        # One private directory (mkdtemp: mode 0700): the metrics files, and the workers' sockets to each other.
+        runtime = Path(tempfile.mkdtemp(prefix="tenantgate-workers-"))
+        metrics_dir = runtime / "metrics"
+        metrics_dir.mkdir()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         sockets = (listener.fileno(), operator_sock.fileno() if operator_sock is not None else None)
@@ -145,13 +164,13 @@ class Supervisor:
                 if worker.process is not None and worker.process.poll() is None:
                     worker.process.kill()
                     worker.process.wait()
-            shutil.rmtree(metrics_dir, ignore_errors=True)
+            shutil.rmtree(runtime, ignore_errors=True)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)
 
-    def _start(self, worker: _Worker, sockets: tuple[int, int | None], metrics_dir: str) -> None:
-        inherited = WorkerSockets(worker.number, *sockets)
+    def _start(self, worker: _Worker, sockets: tuple[int, int | None], metrics_dir: Path) -> None:
+        inherited = WorkerSockets(worker.number, len(self.workers), *sockets, metrics_dir.parent)
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config_path)]
         cmd += ["--worker-sockets", inherited.encode()]
         fds = [fd for fd in sockets if fd is not None]
@@ -160,13 +179,13 @@ class Supervisor:
         # worker reads the config file as it starts anyway).
         previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
-            worker.process = subprocess.Popen(cmd, pass_fds=fds, env={**os.environ, MULTIPROC_ENV: metrics_dir})
+            worker.process = subprocess.Popen(cmd, pass_fds=fds, env={**os.environ, MULTIPROC_ENV: str(metrics_dir)})
         finally:
             signal.signal(signal.SIGHUP, previous)
         worker.started, worker.restart_at = time.monotonic(), None
         log.info("worker %d started (pid %d)", worker.number, worker.process.pid)
 
-    def _supervise(self, sockets: tuple[int, int | None], metrics_dir: str) -> int:
+    def _supervise(self, sockets: tuple[int, int | None], metrics_dir: Path) -> int:
         """Keep the workers running until SIGTERM or SIGINT; returns that signal."""
         while True:
             while self._signals:
@@ -185,13 +204,13 @@ class Supervisor:
                     self._start(worker, sockets, metrics_dir)
             time.sleep(0.05)  # a signal cuts it short
 
-    def _died(self, worker: _Worker, process: subprocess.Popen[bytes], now: float, metrics_dir: str) -> None:
+    def _died(self, worker: _Worker, process: subprocess.Popen[bytes], now: float, metrics_dir: Path) -> None:
         # A dead worker's gauges go (its counters and histograms stay in the sums): mark_process_dead drops the
         # live modes' files, and the default mode's ('all', one series per pid) are removed here.
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(process.pid, metrics_dir)  # type: ignore[no-untyped-call]  # untyped
-        for gauges in Path(metrics_dir).glob(f"gauge_*_{process.pid}.db"):
+        multiprocess.mark_process_dead(process.pid, str(metrics_dir))  # type: ignore[no-untyped-call]  # untyped
+        for gauges in metrics_dir.glob(f"gauge_*_{process.pid}.db"):
             gauges.unlink(missing_ok=True)
         worker.failures = worker.failures + 1 if now - worker.started < CRASH_LOOP_S else 0
         delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, worker.failures - 1))

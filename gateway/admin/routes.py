@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict
-
 from aiohttp import web
 
 from gateway.admin import rollout
@@ -13,11 +10,11 @@ from gateway.admin import ui as admin_ui
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin.answers import AdminRoutes
 from gateway.admin.auth import FAILED_LOGINS, FailedLogins, require_admin
-from gateway.admin.status import engine_load_json
+from gateway.admin.siblings import SIBLINGS
+from gateway.admin.status import engine_load_json, residency_json
 from gateway.appkeys import STATE
 from gateway.config import AdapterConfig
 from gateway.errors import InvalidRequest, ModelNotFound
-from gateway.fleet.health import ReplicaHealth
 from gateway.reload import admin_reload
 from gateway.tenants.directory import affinity_key
 
@@ -72,47 +69,13 @@ async def unload(request: web.Request) -> web.Response:
 
 
 async def residency(request: web.Request) -> web.Response:
-    """The residency record per pool and replica as this gateway sees it, with idle times."""
+    """The residency record per pool and replica as this gateway sees it, with idle times; under serve --workers
+    merged over every worker (gateway/admin/merge.py)."""
     require_admin(request)
-    fleet = request.app[STATE].serving.fleet
-    now = time.time()
-    pools = {}
-    for name, pool in fleet.pools.items():
-        life = pool.residency
-        pools[name] = {
-            "max_adapters": life.max_adapters,
-            "counters": asdict(life.counters),
-            "replicas": {
-                replica_id: {
-                    "healthy": pool.replicas[replica_id].healthy,
-                    **_outlier_state(pool.replicas[replica_id].health),
-                    "adapters": {
-                        adapter: {
-                            "idle_s": round(max(0.0, now - used), 3),
-                            "pinned": adapter in view.pinned,
-                            "in_flight": view.in_flight.get(adapter, 0),
-                        }
-                        for adapter, used in sorted(view.resident.items())
-                    },
-                    "loading": sorted(a for (r, a) in life.loading if r == replica_id),
-                }
-                for replica_id, view in life.views.items()
-            },
-        }
-    return web.json_response({"store": "up" if fleet.store_up else "down", "pools": pools})
-
-
-def _outlier_state(health: ReplicaHealth) -> dict[str, object]:
-    """Health's view of a replica: up by its probes?, ejected now?, why it was last ejected, how often, for how long
-    yet, and its slow-start weight (the share of its capacity it may take)."""
-    return {
-        "up": health.up,
-        "ejected": health.ejected,
-        "ejection_reason": health.ejection_reason,
-        "ejections": health.ejections,
-        "ejected_for_s": round(max(0.0, health.ejected_until - health.clock()), 3),
-        "weight": round(health.weight(), 3),
-    }
+    siblings = request.app.get(SIBLINGS)
+    if siblings is not None:
+        return web.json_response(await siblings.merged("residency"))
+    return web.json_response(residency_json(request.app[STATE].serving.fleet))
 
 
 async def reload_config(request: web.Request) -> web.Response:

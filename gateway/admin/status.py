@@ -8,12 +8,17 @@ from dataclasses import asdict
 from typing import Any
 
 from backends.base import EngineLoad
+from gateway.fleet.fleet import Fleet
+from gateway.fleet.health import ReplicaHealth
 from gateway.observe.metrics import GatewayMetrics
 from gateway.state import Serving
 
 
-def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool) -> dict[str, Any]:
+def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool, samples: bool = False) -> dict[str, Any]:
+    """``samples``: each adapter's minutes with their TTFT samples rather than percentiles (what one worker of
+    serve --workers merges with the others': gateway/admin/merge.py)."""
     now = time.time()
+    clock = time.monotonic()
     pools: dict[str, Any] = {}
     for name, pool in serving.fleet.pools.items():
         life = pool.residency
@@ -43,6 +48,7 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool) -> dict[
                     "ejected": replica.health.ejected,
                     "ejection_reason": replica.health.ejection_reason,
                     "in_flight": replica.in_flight,
+                    "load_view": replica.load_view(clock, pool.engine_view_max_age_s),
                     "engine_load": engine_load_json(replica.engine_load),
                     "adapters": {
                         adapter: {
@@ -62,7 +68,7 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool) -> dict[
         "at": round(now, 3),
         "store": "up" if store_up else "down",
         "pools": pools,
-        "adapters": metrics.activity.adapters(),
+        "adapters": metrics.activity.samples() if samples else metrics.activity.adapters(),
         "decisions": list(metrics.activity.decisions)[::-1],
     }
 
@@ -72,3 +78,45 @@ def engine_load_json(load: EngineLoad | None) -> dict[str, Any] | None:
     if load is None:
         return None
     return {**asdict(load), "running_adapters": sorted(load.running_adapters)}
+
+
+def residency_json(fleet: Fleet) -> dict[str, Any]:
+    """The residency record per pool and replica as this gateway sees it, with idle times (``/admin/residency``)."""
+    now = time.time()
+    pools = {}
+    for name, pool in fleet.pools.items():
+        life = pool.residency
+        pools[name] = {
+            "max_adapters": life.max_adapters,
+            "counters": asdict(life.counters),
+            "replicas": {
+                replica_id: {
+                    "healthy": pool.replicas[replica_id].healthy,
+                    **_outlier_state(pool.replicas[replica_id].health),
+                    "adapters": {
+                        adapter: {
+                            "idle_s": round(max(0.0, now - used), 3),
+                            "pinned": adapter in view.pinned,
+                            "in_flight": view.in_flight.get(adapter, 0),
+                        }
+                        for adapter, used in sorted(view.resident.items())
+                    },
+                    "loading": sorted(a for (r, a) in life.loading if r == replica_id),
+                }
+                for replica_id, view in life.views.items()
+            },
+        }
+    return {"store": "up" if fleet.store_up else "down", "pools": pools}
+
+
+def _outlier_state(health: ReplicaHealth) -> dict[str, object]:
+    """Health's view of a replica: up by its probes?, ejected now?, why it was last ejected, how often, for how long
+    yet, and its slow-start weight (the share of its capacity it may take)."""
+    return {
+        "up": health.up,
+        "ejected": health.ejected,
+        "ejection_reason": health.ejection_reason,
+        "ejections": health.ejections,
+        "ejected_for_s": round(max(0.0, health.ejected_until - health.clock()), 3),
+        "weight": round(health.weight(), 3),
+    }

@@ -60,6 +60,10 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 def render(state: dict[str, Any]) -> str:
     out = [f"residency store: {state['store']}"]
+    if "workers" in state:  # serve --workers: the figures are every worker's (gateway/admin/merge.py)
+        answered = ", ".join(str(w["worker"]) for w in state["workers"])
+        missing = ", ".join(str(w) for w in state["missing_workers"])
+        out[0] += f"; workers: {answered}" + (f" (not answering: {missing})" if missing else "")
     for name, pool in state["pools"].items():
         out.append(f"\npool {name} ({pool['policy']}, working set {pool['max_adapters']})")
         rows = []

@@ -23,6 +23,7 @@ from gateway.admin.auth import login_allowed, login_failed, require_admin, same_
 from gateway.admin.body import json_object
 from gateway.admin.drains import DRAINS
 from gateway.admin.sessions import SESSION_S, Session, SessionSigner, session_key
+from gateway.admin.siblings import SIBLINGS
 from gateway.admin.status import snapshot
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RequestRateLimited
@@ -122,6 +123,9 @@ def _require_session_or_token(request: web.Request) -> None:
 
 async def state(request: web.Request) -> web.Response:
     _require_session_or_token(request)
+    siblings = request.app.get(SIBLINGS)
+    if siblings is not None:  # serve --workers: every worker's figures (gateway/admin/siblings.py)
+        return web.json_response(await siblings.merged("state"))
     gateway = request.app[STATE]
     return web.json_response(snapshot(gateway.serving, request.app[METRICS], gateway.serving.fleet.store_up))
 

@@ -13,6 +13,7 @@ from backends.base import AdapterRef
 from gateway.config import GatewayConfig
 from gateway.fleet.engines import endpoint, make_driver
 from gateway.fleet.fill import fill_entries, fill_order
+from gateway.fleet.host_scrape import HostScrapes
 from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.traffic import Traffic
@@ -66,12 +67,15 @@ class Fleet:
         store: ResidencyStore | None = None,
         *,
         homes_from: GatewayConfig | None = None,
+        scrapes: HostScrapes | None = None,
     ) -> None:
         """``store``: the residency record, shared by the fleets a reload swaps (one record per replica, whichever
         fleet manages it); without one the fleet makes (and closes) its own. ``homes_from``: the config file, whose
         tenants and adapters get balanced homes (default ``config``). Not the tenants added at run time: which of
-        those a gateway knows depends on when it started, and every gateway with the same file must agree."""
+        those a gateway knows depends on when it started, and every gateway with the same file must agree.
+        ``scrapes``: under serve --workers, whether this worker scrapes the engines for the host's workers."""
         self.config = config
+        self.scrapes = scrapes
         self.metrics = metrics or GatewayMetrics()
         self._owns_store = store is None
         self.store = store if store is not None else TimedStore(make_store(config), self.metrics)
@@ -132,12 +136,22 @@ class Fleet:
                 (residency.sync_interval_s, life.sync, "residency sync"),
                 (residency.reconcile_interval_s, life.reconcile, "reconciliation"),
                 (residency.evict_interval_s, partial(life.evict_idle, pool.is_healthy), "eviction"),
-                (self._scrape_interval_s(), pool.scrape_engines, "engine metrics scrape"),
+                (self._scrape_interval_s(), partial(self._scrape, pool), "engine metrics scrape"),
             ]
             self._tasks += [
                 asyncio.create_task(every(interval, work, f"{what} of pool {pool.name}"), name=f"{what} {pool.name}")
                 for interval, work, what in loops
             ]
+
+    async def _scrape(self, pool: Pool) -> None:
+        """Scrape the pool's engines, unless another worker on this host does it for this one (then its scrapes
+        arrive through ``scrapes``); the worker that scrapes shares each scrape with the others."""
+        scrapes = self.scrapes
+        if scrapes is not None and not scrapes.leading:
+            return
+        at, loads = await pool.scrape_engines()
+        if scrapes is not None:
+            scrapes.publish(pool.name, at, loads)
 
     def _scrape_interval_s(self) -> float:
         """How often the engines' own load is read: for the dashboards, or often enough to route by (the engine's

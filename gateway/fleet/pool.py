@@ -275,13 +275,27 @@ class Pool:
         for task in self._welcomes:
             task.cancel()
 
-    async def scrape_engines(self) -> None:
-        loads = await asyncio.gather(*(self.driver.load_signals(r.endpoint) for r in self.replicas.values()))
-        now = time.monotonic()
-        for replica, load in zip(self.replicas.values(), loads, strict=True):
+    async def scrape_engines(self) -> tuple[float, dict[str, EngineLoad | None]]:
+        """Read every replica's own load signals and take them; returns when (``time.monotonic``) and what."""
+        replicas = list(self.replicas.values())
+        signals = await asyncio.gather(*(self.driver.load_signals(r.endpoint) for r in replicas))
+        at = time.monotonic()
+        loads = {replica.endpoint.id: load for replica, load in zip(replicas, signals, strict=True)}
+        self.took_scrape(at, loads)
+        return at, loads
+
+    def took_scrape(self, at: float, loads: dict[str, EngineLoad | None]) -> None:
+        """Take a scrape that answered at ``at`` (``time.monotonic``): this gateway's own, or under serve --workers
+        the one its host's scraping worker shared (gateway/fleet/host_scrape.py). This gateway's requests in flight
+        now are what its load view counts its change from. A replica the scrape does not name keeps its last one
+        (it goes stale)."""
+        for replica_id, load in loads.items():
+            replica = self.replicas.get(replica_id)
+            if replica is None:  # a sibling worker serving another config for a moment (a reload under way)
+                continue
             replica.engine_load = load
             replica.health.progress.scraped(load, replica.health.clock())
-            replica.scraped_at = now
+            replica.scraped_at = at
             replica.in_flight_at_scrape = replica.in_flight
 
     async def _welcome_back(self, replica: Replica) -> None:

@@ -60,18 +60,34 @@ class Activity:
 
     def adapters(self) -> dict[str, list[dict[str, Any]]]:
         """Per adapter, one entry per minute of the last ten that saw anything."""
+        return summarize(self.samples())
+
+    def samples(self) -> dict[str, list[dict[str, Any]]]:
+        """Per adapter and minute of the last ten, the counts and the TTFT samples themselves: what ``summarize``
+        reads, and what one worker of serve --workers merges with the others' (gateway/admin/merge.py)."""
         oldest = int(self._clock() // 60) - MINUTES
         return {
             adapter: [
-                {
-                    "minute": m.at * 60,
-                    "requests": m.requests,
-                    "cold_loads": m.cold_loads,
-                    "ttft_p50_ms": round(statistics.median(m.ttft_ms), 1) if m.ttft_ms else None,
-                    "ttft_p99_ms": round(sorted(m.ttft_ms)[int(0.99 * (len(m.ttft_ms) - 1))], 1) if m.ttft_ms else None,
-                }
+                {"minute": m.at * 60, "requests": m.requests, "cold_loads": m.cold_loads, "ttft_ms": list(m.ttft_ms)}
                 for m in minutes
                 if m.at > oldest
             ]
             for adapter, minutes in sorted(self._adapters.items())
         }
+
+
+def summarize(samples: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """``samples``' minutes with their TTFT samples read as p50 and p99."""
+    return {
+        adapter: [
+            {
+                "minute": m["minute"],
+                "requests": m["requests"],
+                "cold_loads": m["cold_loads"],
+                "ttft_p50_ms": round(statistics.median(ttft), 1) if (ttft := m["ttft_ms"]) else None,
+                "ttft_p99_ms": round(sorted(ttft)[int(0.99 * (len(ttft) - 1))], 1) if ttft else None,
+            }
+            for m in minutes
+        ]
+        for adapter, minutes in samples.items()
+    }

@@ -38,6 +38,8 @@ class SimStats:
     traceparents: deque[str] = field(default_factory=lambda: deque(maxlen=64))
     # Every header of the latest inference requests, as received (names as sent).
     request_headers: deque[dict[str, str]] = field(default_factory=lambda: deque(maxlen=64))
+    # GET /metrics answered: how often routers scrape the engine.
+    metrics_scrapes: int = 0
 
     def record_cold_load(self, adapter: str) -> None:
         self.cold_loads += 1
@@ -69,4 +71,5 @@ class SimStats:
             "busy_s": round(self.busy_s, 6),
             "traceparents": list(self.traceparents),
             "request_headers": list(self.request_headers),
+            "metrics_scrapes": self.metrics_scrapes,
         }

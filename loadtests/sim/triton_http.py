@@ -102,6 +102,7 @@ def create_app(model: TrtLlmModel, faults: Faults, model_name: str) -> web.Appli
     registry = triton_metrics(model.engine, model_name)
 
     async def metrics(request: web.Request) -> web.Response:
+        model.engine.stats.metrics_scrapes += 1
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def engine_running(app: web.Application) -> AsyncIterator[None]:

@@ -363,6 +363,7 @@ def create_app(engine: SimEngine, lora_modules: dict[str, str]) -> web.Applicati
     registry = engine_metrics(engine)
 
     async def metrics(request: web.Request) -> web.Response:
+        engine.stats.metrics_scrapes += 1
         return web.Response(body=render(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def engine_running(app: web.Application) -> AsyncIterator[None]:

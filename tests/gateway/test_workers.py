@@ -1,6 +1,7 @@
 """`tenantgate serve --workers N`: real processes on 127.0.0.1, a real redis-server and a simulated replica. Two
-workers serve one port; a killed worker is replaced while the other takes every connection; /metrics sums the
-workers' counters; SIGTERM drains both; more than one worker without Redis is refused."""
+workers serve one port; a killed worker is replaced while the other takes every connection, and only its own
+requests in flight fail; /metrics sums the workers' counters; the admin API answers for both; the engine is scraped
+once per interval, not once per worker; SIGTERM drains both; more than one worker without Redis is refused."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config
+from backends.base import EngineLoad
+from gateway.admin.status_cli import render
+from gateway.fleet import host_scrape
+from loadtests.fleet import ADMIN_TOKEN, BASE_MODEL, api_key, gateway_config
 from loadtests.processes import free_port, healthy
 from tests.redis_server import RedisServer
 from tests.servers import EngineProcess
@@ -65,8 +69,11 @@ def _config(sim: EngineProcess, redis_url: str | None, port: int, **options: Any
         extra["state"] = {"redis_url": redis_url}
     replicas = options.pop("replicas", {"r0": sim.url})
     tenants = options.pop("tenants", {"acme": ["a1"]})
+    routing = options.pop("routing", {})
     adapters = {"a1": sim.adapters["a1"]}
-    return gateway_config(replicas, tenants, adapters, port=port, extra=extra, **options)
+    config = gateway_config(replicas, tenants, adapters, port=port, extra=extra, **options)
+    config["routing"].update(routing)
+    return config
 
 
 @contextlib.contextmanager
@@ -298,3 +305,136 @@ def test_a_reload_while_workers_start_ends_none_of_them(sim_engine: EngineProces
     with supervised(tmp_path, sim_engine, sighup_at_start=True) as gateway:
         assert _one_request(gateway.url) == 200
         assert not any("exited" in o["message"] for o in gateway.lines())  # SIGHUP's default would have ended them
+
+
+def _admin(gateway: Supervised, path: str) -> dict[str, Any]:
+    answer = httpx.get(gateway.url + path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+    assert answer.status_code == 200, answer.text
+    document: dict[str, Any] = answer.json()
+    return document
+
+
+def _replica(state: dict[str, Any], replica: str = "r0") -> dict[str, Any]:
+    found: list[dict[str, Any]] = [r for r in state["pools"]["llama"]["replicas"] if r["id"] == replica]
+    assert len(found) == 1
+    return found[0]
+
+
+def _engine(sim: EngineProcess) -> dict[str, Any]:
+    stats: dict[str, Any] = httpx.get(sim.url + "/sim/stats", timeout=10).json()
+    return stats
+
+
+def test_two_workers_scrape_the_engine_once_and_both_route_on_it(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    interval = 0.1
+    routing = {"load_view": "engine", "load_scrape_interval_s": interval}
+    with supervised(tmp_path, sim_engine, routing=routing) as gateway:
+        first, started = _engine(sim_engine)["metrics_scrapes"], time.monotonic()
+        while _engine(sim_engine)["metrics_scrapes"] < first + 20:  # bounded by the deadline
+            assert time.monotonic() < started + 30
+            time.sleep(0.05)
+        # One scraper sleeps an interval between its scrapes: 20 take at least 19 intervals (with each worker
+        # scraping for itself, they took 10).
+        assert time.monotonic() - started >= 15 * interval
+        state = _admin(gateway, "/admin/state")
+        assert [w["scrapes_engines"] for w in state["workers"]].count(True) == 1, state["workers"]
+
+        async def queued_at_the_engine(count: int) -> None:
+            """``count`` requests sent straight to the paused engine (another gateway's): both workers' load views
+            count them, through the one worker's scrapes."""
+            async with httpx.AsyncClient(base_url=sim_engine.url, timeout=60) as http:
+                await http.post("/sim/control", json={"paused": True})
+                body = {"model": BASE_MODEL, "prompt": "x", "max_tokens": 1}
+                sent = asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(count)))
+                try:
+                    for _ in range(600):  # bounded: until both workers' views show the engine's queue
+                        views = {
+                            w: v["load_view"] for w, v in _replica(_admin(gateway, "/admin/state"))["by_worker"].items()
+                        }
+                        if views == {"0": count, "1": count}:
+                            break
+                        await asyncio.sleep(0.05)
+                    assert views == {"0": count, "1": count}
+                finally:
+                    await http.post("/sim/control", json={"paused": False})
+                assert {answer.status_code for answer in await sent} == {200}
+
+        asyncio.run(queued_at_the_engine(5))
+
+        # The scraping worker killed: the other takes the host's lock over and scrapes (the replacement follows).
+        [leader] = [w for w in _admin(gateway, "/admin/state")["workers"] if w["scrapes_engines"]]
+        os.kill(leader["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:  # bounded by the deadline
+            workers = _admin(gateway, "/admin/state")["workers"]
+            leaders = [w["worker"] for w in workers if w["scrapes_engines"]]
+            if len(workers) == 2 and leaders == [1 - leader["worker"]]:
+                break
+            assert time.monotonic() < deadline, workers
+            time.sleep(0.05)
+        scrapes = _engine(sim_engine)["metrics_scrapes"]
+        while _engine(sim_engine)["metrics_scrapes"] < scrapes + 3:  # bounded by the deadline
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_a_killed_worker_fails_only_its_own_requests_and_admin_answers_for_both(
+    sim_engine: EngineProcess, tmp_path: Path
+) -> None:
+    with supervised(tmp_path, sim_engine) as gateway:
+
+        async def run() -> None:
+            client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=api_key("acme"), max_retries=0)
+            async with client, httpx.AsyncClient(base_url=sim_engine.url) as http:
+
+                async def one() -> str:
+                    try:
+                        answer = await client.completions.create(model="a1", prompt="x", max_tokens=2)
+                        return answer.choices[0].finish_reason or ""
+                    except openai.APIError as exc:
+                        return type(exc).__name__
+
+                await http.post("/sim/control", json={"paused": True})  # every request stays in flight
+                try:
+                    sent: list[asyncio.Task[str]] = []
+                    for _ in range(20):  # bounded: batches until both workers hold requests
+                        sent += [asyncio.create_task(one()) for _ in range(4)]
+                        for _ in range(500):  # bounded: until every request waits in the engine
+                            if (await http.get("/sim/stats")).json()["waiting"] == len(sent):
+                                break
+                            await asyncio.sleep(0.02)
+                        state = _admin(gateway, "/admin/state")
+                        by_worker = _replica(state)["by_worker"]
+                        if all(view["in_flight"] for view in by_worker.values()):
+                            break
+                    # The admin API answers for both workers: their requests in flight, added up.
+                    assert len(by_worker) == 2 and state["missing_workers"] == []
+                    assert _replica(state)["in_flight"] == len(sent) == sum(v["in_flight"] for v in by_worker.values())
+                    assert {w["worker"]: w["in_flight"] for w in state["workers"]} == {
+                        int(worker): view["in_flight"] for worker, view in by_worker.items()
+                    }
+                    assert "; workers: 0, 1\n" in render(state)  # `tenantgate status` says so
+                    adapters = _admin(gateway, "/admin/residency")["pools"]["llama"]["replicas"]["r0"]["adapters"]
+                    assert adapters["a1"]["in_flight"] == len(sent)
+                    # One worker killed with its requests in flight: only those fail (client retries off).
+                    [killed] = [w for w in state["workers"] if w["worker"] == 0]
+                    os.kill(killed["pid"], signal.SIGKILL)
+                    for _ in range(500):  # bounded: until the supervisor has seen it die
+                        if killed["pid"] not in gateway.worker_pids():
+                            break
+                        await asyncio.sleep(0.02)
+                finally:
+                    await http.post("/sim/control", json={"paused": False})
+                outcomes = await asyncio.gather(*sent)
+                assert outcomes.count("length") == len(sent) - killed["in_flight"], outcomes
+                assert len([o for o in outcomes if o != "length"]) == killed["in_flight"], outcomes
+
+        asyncio.run(run())
+
+
+def test_a_shared_scrape_reads_back_as_scraped() -> None:
+    loads = {
+        "r0": EngineLoad(2, 3, 0.5, frozenset({"a", "b"}), gpu_slots=4, generated_tokens=12.0),
+        "r1": None,
+    }
+    assert host_scrape.decode(host_scrape.encode("p", 12.5, 1, loads)) == ("p", 12.5, 1, loads)

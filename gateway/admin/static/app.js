@@ -148,7 +148,12 @@ async function refresh() {
   const response = await fetch("/admin/state", { credentials: "same-origin" });
   if (response.status === 401) { window.location = "/admin/ui"; return; }
   const state = await response.json();
-  document.getElementById("store").textContent = `residency store: ${state.store}`;
+  // serve --workers: the figures are every worker's (gateway/admin/merge.py); say which answered, which did not.
+  const workers = state.workers
+    ? ` · workers: ${state.workers.map((w) => w.worker).join(", ")}` +
+      (state.missing_workers.length ? ` (not answering: ${state.missing_workers.join(", ")})` : "")
+    : "";
+  document.getElementById("store").textContent = `residency store: ${state.store}${workers}`;
   document.getElementById("updated").textContent = `updated ${new Date(state.at * 1000).toLocaleTimeString()}`;
   drawPools(state);
   drawAdapters(state);

@@ -1,0 +1,146 @@
+"""Under ``serve --workers``: the engines' /metrics are scraped once per host, not once per worker.
+
+One worker leads: the one holding an exclusive ``flock`` on the supervisor's directory's ``scrapes.lock``. Each
+worker waits for that lock in a thread of its own (a blocking ``flock``: no polling), so when the leader dies the
+kernel releases its lock and one waiting worker takes over at once; the first to start leads until then. The
+leader scrapes as a single gateway does, every interval, and after each pool's scrape sends the parsed load view
+(one datagram per pool, a few hundred bytes per replica) to every other worker's Unix datagram socket in that
+directory. A worker that receives it takes it as its own scrape, stamped with the leader's clock (``time.monotonic``
+is the host's), and counts its own requests in flight at that moment: its load view is then the engine's figure
+plus this worker's own change since, as after a scrape of its own (``Replica.load_view``). Nothing changes when the
+leader is slow or gone: the view goes stale after three intervals and routing falls back to the worker's own count,
+visibly (``tenantgate_engine_scrape_age_seconds``).
+
+Why not the supervisor or Redis: the supervisor holds no fleet (no drivers, no discovery, no reloads) and would
+have to grow one; Redis would add a write per interval and a read per interval per worker, and a lag of up to an
+interval between the scrape and each worker's read (a worker's own change in that lag is then lost from its view).
+A datagram arrives within microseconds and wakes only the workers, once per scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from backends.base import EngineLoad
+from gateway.workers import WorkerSockets
+
+log = logging.getLogger(__name__)
+
+# What a worker does with a scrape its leader sent: (pool, when it answered (time.monotonic), loads by replica).
+Apply = Callable[[str, float, dict[str, EngineLoad | None]], None]
+_LOCK = "scrapes.lock"
+_SOCKET = "scrapes"
+_MAX_DATAGRAM = 1 << 20  # what one receive takes; a larger datagram is refused by the sender (logged there)
+# A sibling that cannot take a datagram now: not started yet, dead, being replaced, or its queue is full (busy).
+_GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.ENOBUFS)
+
+
+def encode(pool: str, at: float, worker: int, loads: Mapping[str, EngineLoad | None]) -> bytes:
+    replicas = {
+        replica: None if load is None else {**asdict(load), "running_adapters": sorted(load.running_adapters)}
+        for replica, load in loads.items()
+    }
+    return json.dumps({"pool": pool, "at": at, "worker": worker, "replicas": replicas}).encode()
+
+
+def decode(data: bytes) -> tuple[str, float, int, dict[str, EngineLoad | None]]:
+    """(pool, at, the worker that scraped, loads); ValueError (KeyError, TypeError) on what no sibling sends."""
+    message: dict[str, Any] = json.loads(data)
+    loads: dict[str, EngineLoad | None] = {}
+    for replica, load in message["replicas"].items():
+        if load is None:
+            loads[str(replica)] = None
+            continue
+        running = frozenset(str(adapter) for adapter in load.pop("running_adapters"))
+        loads[str(replica)] = EngineLoad(**load, running_adapters=running)
+    return str(message["pool"]), float(message["at"]), int(message["worker"]), loads
+
+
+class HostScrapes:
+    """This worker's part: lead (scrape and publish) or follow (take the leader's scrapes)."""
+
+    def __init__(self, sockets: WorkerSockets) -> None:
+        self.sockets = sockets
+        self.leading = False
+        self._inbox: socket.socket | None = None
+        self._outbox: socket.socket | None = None
+        self._apply: Apply | None = None
+        self._lock_fd: int | None = None
+        self._too_large_logged = False
+
+    async def start(self, apply: Apply) -> None:
+        """Listen for the leader's scrapes (``apply`` takes each one) and start waiting to lead."""
+        self._apply = apply
+        path = self.sockets.socket_path(_SOCKET)
+        path.unlink(missing_ok=True)  # a previous worker with this number left it
+        inbox = self._inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        inbox.bind(str(path))
+        inbox.setblocking(False)
+        outbox = self._outbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        outbox.setblocking(False)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(inbox.fileno(), self._received)
+        threading.Thread(target=self._wait_to_lead, args=(loop,), name="scrape leader", daemon=True).start()
+
+    def _wait_to_lead(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In a thread: block until this worker holds the host's scrape lock (held until the process exits)."""
+        fd = os.open(self.sockets.directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._lock_fd = fd
+        loop.call_soon_threadsafe(self._lead)
+
+    def _lead(self) -> None:
+        self.leading = True
+        log.info("worker %d scrapes the engines for every worker on this host", self.sockets.worker)
+
+    def publish(self, pool: str, at: float, loads: Mapping[str, EngineLoad | None]) -> None:
+        """Send one pool's scrape to every other worker (non-blocking; a sibling that cannot take it now misses it:
+        its view goes stale after three intervals unless the next scrape reaches it)."""
+        outbox = self._outbox
+        if outbox is None:
+            return
+        data = encode(pool, at, self.sockets.worker, loads)
+        for sibling in self.sockets.siblings():
+            try:
+                outbox.sendto(data, str(self.sockets.socket_path(_SOCKET, sibling)))
+            except OSError as exc:
+                if exc.errno == errno.EMSGSIZE and not self._too_large_logged:
+                    self._too_large_logged = True
+                    log.error("pool %s's scrape (%d bytes) is too large to share: each worker routes on its own "
+                              "count", pool, len(data))  # fmt: skip
+                elif exc.errno not in _GONE and exc.errno != errno.EMSGSIZE:
+                    log.warning("sharing pool %s's scrape with worker %d failed: %s", pool, sibling, exc)
+
+    def _received(self) -> None:
+        inbox, apply = self._inbox, self._apply
+        assert inbox is not None and apply is not None
+        while True:
+            try:
+                data = inbox.recv(_MAX_DATAGRAM)
+            except BlockingIOError:
+                return
+            try:
+                pool, at, _, loads = decode(data)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.warning("an unreadable scrape from a sibling worker was ignored: %s", exc)
+                continue
+            if not self.leading:  # a leader that just took over may still receive its predecessor's last one
+                apply(pool, at, loads)
+
+    def close(self) -> None:
+        if self._inbox is not None:
+            asyncio.get_running_loop().remove_reader(self._inbox.fileno())
+            self._inbox.close()
+            self.sockets.socket_path(_SOCKET).unlink(missing_ok=True)
+        if self._outbox is not None:
+            self._outbox.close()
