@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import openai
@@ -37,6 +37,14 @@ class Restartable:
     def __init__(self, cmd: Sequence[str], url: str, log_path: Path, health_path: str, env: dict[str, str]) -> None:
         self.cmd, self.url, self.log_path, self.health_path, self.env = list(cmd), url, log_path, health_path, env
         self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Self:
+        """``with process:``: started (as ``start``), stopped at the end whatever happened."""
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def start(self, timeout_s: float = 30) -> Restartable:
         with self.log_path.open("ab") as log:

@@ -5,8 +5,6 @@ against its concurrency and are closed when they trickle."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +23,9 @@ FILE_LIMIT = 256  # below STALLED: without the caps, the stalled connections tak
 UNAUTH_CAP_4 = {"header_timeout_s": 60, "max_unauthenticated_connections": 4}
 
 
-@contextlib.contextmanager
 def gateway(
     root: Path, replicas: dict[str, SimReplica], listen: dict[str, Any], tenant: dict[str, Any] | None = None
-) -> Iterator[GatewayUnderTest]:
+) -> GatewayUnderTest:
     adapters = write_adapters(root, ["lora-a"])
     urls = {name: replica.url for name, replica in replicas.items()}
     options = {"acme": tenant} if tenant else None
@@ -36,11 +33,7 @@ def gateway(
     config["listen"].update(listen)
     process = GatewayUnderTest(root, config)
     process.cmd = ["prlimit", f"--nofile={FILE_LIMIT}:{FILE_LIMIT}", *process.cmd]
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
+    return process
 
 
 async def stall(port: int, count: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:

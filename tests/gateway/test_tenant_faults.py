@@ -5,11 +5,9 @@ SDK and a gateway process. The noisy tenant's trouble lasts TENANTGATE_NOISY_TEN
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +38,6 @@ def config_for(root: Path, replicas: dict[str, SimReplica], tenants: dict[str, l
     return config
 
 
-@contextlib.contextmanager
-def gateway(root: Path, config: dict[str, Any]) -> Iterator[GatewayUnderTest]:
-    process = GatewayUnderTest(root, config)
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
 def replicas_state(gw: GatewayUnderTest) -> dict[str, dict[str, Any]]:
     state: dict[str, dict[str, Any]] = gw.admin("GET", "/admin/residency").json()["pools"]["llama"]["replicas"]
     return state
@@ -78,7 +66,7 @@ def test_long_generations_past_the_pool_timeout_and_prompts_that_break_the_engin
 ) -> None:
     """The issue's two repros, each twice over the ejection threshold: 5 concurrent generations of 4,000 tokens
     past a 2 s pool timeout (504), then 5 prompts that make every engine answer 500 (502)."""
-    with sim_replicas(tmp_path, 2, *SIM) as replicas, gateway(tmp_path, config_for(tmp_path, replicas)) as gw:
+    with sim_replicas(tmp_path, 2, *SIM) as replicas, GatewayUnderTest(tmp_path, config_for(tmp_path, replicas)) as gw:
         for replica in replicas.values():
             replica.faults(failing_marker=MARKER)
         long = {"prompt": "tell me everything", "max_tokens": 4000, "extra_body": {"ignore_eos": True}}
@@ -95,7 +83,10 @@ def test_a_broken_replica_serving_one_tenant_is_still_ejected(tmp_path: Path) ->
     """Tenant affinity: the replica serves one tenant, so failures never span two tenants. Its 500s succeed on the
     other replica (dispatch retries them once), and that evidence ejects it; the tenant saw no error."""
     tenants = {"noisy": ["lora-noisy"]}
-    with sim_replicas(tmp_path, 2, *SIM) as replicas, gateway(tmp_path, config_for(tmp_path, replicas, tenants)) as gw:
+    with (
+        sim_replicas(tmp_path, 2, *SIM) as replicas,
+        GatewayUnderTest(tmp_path, config_for(tmp_path, replicas, tenants)) as gw,
+    ):
         home = gw.home_of("noisy")
         replicas[home].faults(error_status=500)
         for _ in range(5):
@@ -157,7 +148,10 @@ def test_a_noisy_tenant_degrades_no_other_tenant_and_ejects_no_replica(tmp_path:
     no replica is ejected."""
     tenants = {"noisy": ["lora-noisy"], **{f"quiet{i}": [f"lora-quiet{i}"] for i in range(4)}}
     quiet = {tenant: names[0] for tenant, names in tenants.items() if tenant != "noisy"}
-    with sim_replicas(tmp_path, 2, *SIM) as replicas, gateway(tmp_path, config_for(tmp_path, replicas, tenants)) as gw:
+    with (
+        sim_replicas(tmp_path, 2, *SIM) as replicas,
+        GatewayUnderTest(tmp_path, config_for(tmp_path, replicas, tenants)) as gw,
+    ):
         for replica in replicas.values():
             replica.faults(failing_marker=MARKER)
         assert any(gw.home_of(t) == gw.home_of("noisy") for t in quiet)  # a quiet tenant shares its replica

@@ -5,9 +5,7 @@ simulators' own counters and records."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +32,11 @@ def config_for(root: Path, replicas: dict[str, SimReplica]) -> dict[str, Any]:
     return config
 
 
-@contextlib.contextmanager
-def gateway(root: Path, config: dict[str, Any], *, admin_token: bool = True) -> Iterator[GatewayUnderTest]:
+def gateway(root: Path, config: dict[str, Any], *, admin_token: bool = True) -> GatewayUnderTest:
     process = GatewayUnderTest(root, config)
     if not admin_token:
         process.env = {}  # TENANTGATE_ADMIN_TOKEN unset
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
+    return process
 
 
 def complete(gw: GatewayUnderTest, tenant: str, model: str) -> None:

@@ -6,9 +6,8 @@ from the simulators' own counters, never from the gateway's view of itself."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +35,6 @@ def config_for(
     return config
 
 
-@contextlib.contextmanager
-def gateway(root: Path, config: dict[str, Any]) -> Iterator[GatewayUnderTest]:
-    process = GatewayUnderTest(root, config)
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
 def client(gw: GatewayUnderTest, tenant: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.url + "/v1", api_key=api_key(tenant), max_retries=0, timeout=30)
 
@@ -70,7 +59,7 @@ def test_a_tenants_own_request_timeout_answers_504_and_cancels_the_engine_reques
     with sim_replicas(tmp_path, 1, *SIM) as replicas:
         config = config_for(tmp_path, replicas, tenants, request_timeout_s=30, outlier={"consecutive_failures": 2})
         config["tenants"][0]["limits"] = {"request_timeout_s": 1.0}
-        with gateway(tmp_path, config) as gw:
+        with GatewayUnderTest(tmp_path, config) as gw:
             assert client(gw, "t0").completions.create(model="lora-t0", prompt="x", max_tokens=2).choices
             replicas["r0"].pause(True)
             for _ in range(3):  # more than consecutive_failures
@@ -106,7 +95,7 @@ def test_a_failure_is_retried_only_when_retries_are_on_and_within_budget(
     tenants = {"t0": ["lora-t0"]}
     with sim_replicas(tmp_path, 2, *SIM) as replicas:
         pool = {"retry": retry, "outlier": {"consecutive_failures": 50}}  # nothing ejected: each request decides
-        with gateway(tmp_path, config_for(tmp_path, replicas, tenants, **pool)) as gw:
+        with GatewayUnderTest(tmp_path, config_for(tmp_path, replicas, tenants, **pool)) as gw:
             home = gw.home_of("t0")
             other = next(name for name in replicas if name != home)
             replicas[home].faults(error_status=503)
@@ -130,7 +119,7 @@ def test_a_replica_at_max_in_flight_per_replica_takes_no_more(tmp_path: Path) ->
     with sim_replicas(tmp_path, 1, *SIM) as replicas:
         config = config_for(tmp_path, replicas, tenants)
         config["limits"] = {"max_in_flight_per_replica": 2}
-        with gateway(tmp_path, config) as gw:
+        with GatewayUnderTest(tmp_path, config) as gw:
             assert client(gw, "t0").completions.create(model="lora-t0", prompt="x", max_tokens=2).choices
             replicas["r0"].pause(True)
 
@@ -170,7 +159,7 @@ def test_session_affinity_keeps_each_session_on_one_replica_and_spreads_a_tenant
     with sim_replicas(tmp_path, 3, *SIM) as replicas:
         config = config_for(tmp_path, replicas, tenants)
         config["routing"]["affinity"] = "session"
-        with gateway(tmp_path, config) as gw:
+        with GatewayUnderTest(tmp_path, config) as gw:
             openai_client = client(gw, "t0")
 
             def one(session: str, *, by_user: bool = False) -> str:
@@ -201,7 +190,7 @@ def test_adapter_affinity_sends_every_tenant_of_an_adapter_to_its_home(tmp_path:
     with sim_replicas(tmp_path, 3, *SIM) as replicas:
         config = config_for(tmp_path, replicas, tenants)
         config["routing"]["affinity"] = "adapter"
-        with gateway(tmp_path, config) as gw:
+        with GatewayUnderTest(tmp_path, config) as gw:
             before = served(replicas, "lora-shared")  # the gateway's own warm-ups at start-up left out
             for tenant in tenants:
                 for _ in range(2):
