@@ -438,3 +438,39 @@ def test_a_shared_scrape_reads_back_as_scraped() -> None:
         "r1": None,
     }
     assert host_scrape.decode(host_scrape.encode("p", 12.5, 1, loads)) == ("p", 12.5, 1, loads)
+
+
+def test_a_concurrency_limit_holds_per_worker(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    """max_concurrent is counted by each worker (as by each gateway): with two workers a tenant may have twice as
+    many requests in flight, never more than the limit on one worker."""
+    limits = {"acme": {"limits": {"max_concurrent": 1}}}
+    with supervised(tmp_path, sim_engine, tenant_options=limits) as gateway:
+
+        async def run() -> list[int]:
+            async def one() -> int:  # its own connection: the kernel picks the worker that accepts it
+                async with httpx.AsyncClient(base_url=gateway.url, headers=AUTH, timeout=60) as client:
+                    return (await client.post("/v1/completions", json=BODY)).status_code
+
+            async with httpx.AsyncClient(base_url=sim_engine.url) as http:
+                await http.post("/sim/control", json={"paused": True})
+                sent: list[asyncio.Task[int]] = []
+                try:
+                    for _ in range(40):  # bounded: one request at a time until each worker holds one
+                        sent.append(asyncio.create_task(one()))
+                        for _ in range(500):  # bounded: until it waits in the engine or was refused
+                            waiting = (await http.get("/sim/stats")).json()["waiting"]
+                            if sent[-1].done() or waiting == len([t for t in sent if not t.done()]):
+                                break
+                            await asyncio.sleep(0.02)
+                        by_worker = _replica(_admin(gateway, "/admin/state"))["by_worker"]
+                        assert all(view["in_flight"] <= 1 for view in by_worker.values()), by_worker
+                        if all(view["in_flight"] == 1 for view in by_worker.values()):
+                            break
+                    assert {worker: view["in_flight"] for worker, view in by_worker.items()} == {"0": 1, "1": 1}
+                    assert all(task.result() == 429 for task in sent if task.done())
+                finally:
+                    await http.post("/sim/control", json={"paused": False})
+                return list(await asyncio.gather(*sent))
+
+        statuses = asyncio.run(run())
+        assert statuses.count(200) == 2 and set(statuses) <= {200, 429}, statuses
