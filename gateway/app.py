@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -18,7 +18,7 @@ from gateway.admin import routes as admin
 from gateway.admin.auth import admin_token, metrics_token
 from gateway.admin.drains import DRAINS, Drains, following
 from gateway.admin.siblings import SIBLINGS, Siblings
-from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE, TELEMETRY, TRAFFIC
+from gateway.appkeys import ADMIN_TOKEN, METRICS, PLACER, STATE, TELEMETRY, TRAFFIC
 from gateway.config import GatewayConfig, StateConfig
 from gateway.error_answers import openai_errors
 from gateway.fleet.collector import FleetCollector
@@ -29,9 +29,11 @@ from gateway.fleet.host_scrape import HostScrapes
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import Telemetry
 from gateway.observe.traffic import TrafficMeter
-from gateway.placement.collector import TrafficCollector
+from gateway.placement.collector import PlacementCollector, TrafficCollector
 from gateway.placement.exchange import FleetTraffic, TrafficExchange
-from gateway.redis_client import RedisAccess, redis_access, secret
+from gateway.placement.placer import Placer
+from gateway.placement.store import HomesStore, LocalHomesStore, RedisHomesStore
+from gateway.redis_client import RedisAccess, make_client, redis_access, secret
 from gateway.reload import close_retiring, rediscover, reload_answer
 from gateway.reload_fanout import FANOUT, GATEWAY_ID, Fanout
 from gateway.residency.lifecycle import every
@@ -69,6 +71,33 @@ def _fleet_traffic(config: GatewayConfig, access: RedisAccess) -> FleetTraffic:
             stale_after_s=3 * settings.interval_s, cluster=config.state.cluster, access=access,
         )  # fmt: skip
     return FleetTraffic(meter, GATEWAY_ID, settings.max_keys, exchange)
+
+
+def _every(
+    interval_s: float, work: Callable[[], Awaitable[None]], what: str, close: Callable[[], Awaitable[None]]
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context that runs ``work`` every ``interval_s`` while the app runs, then ``close``."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        ticks = asyncio.create_task(every(interval_s, work, what), name=what)
+        yield
+        ticks.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticks
+        await close()
+
+    return context
+
+
+def _placer(config: GatewayConfig, access: RedisAccess) -> Placer:
+    """Homes from traffic: the table in Redis, led by whichever gateway holds the lease; else this gateway's own."""
+    store: HomesStore = LocalHomesStore()
+    state, url = config.state, config.state.redis_url
+    if url is not None:
+        client = make_client(url, state.operation_timeout_s, cluster=state.cluster, access=access)
+        lease_s = 3 * config.placement.interval_s
+        store = RedisHomesStore(client, operation_timeout_s=state.operation_timeout_s, lease_s=lease_s)
+    return Placer(store, GATEWAY_ID)
 
 
 def create_app(
@@ -153,15 +182,16 @@ def create_app(
         if state.started:  # a replica that comes back is filled with its busiest keys' adapters first
             state.serving.fleet.order_fill_by(traffic.fleet)
 
-    async def traffic_context(app: web.Application) -> AsyncIterator[None]:
-        ticks = asyncio.create_task(every(config.traffic.interval_s, traffic_tick, "traffic"), name="traffic")
-        yield
-        ticks.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticks
-        await traffic.close()
+    app.cleanup_ctx.append(_every(config.traffic.interval_s, traffic_tick, "traffic", traffic.close))
+    placer = app[PLACER] = _placer(config, access)
+    metrics.watch(PlacementCollector(placer))
 
-    app.cleanup_ctx.append(traffic_context)
+    async def placement_tick() -> None:
+        # Homes from traffic only with routing.home_placement: traffic (a reload may turn it on or off).
+        if state.started and state.config.routing.home_placement == "traffic":
+            await placer.tick(state.config, state.serving.fleet, traffic.fleet)
+
+    app.cleanup_ctx.append(_every(config.placement.interval_s, placement_tick, "placement", placer.close))
     if config.state.redis_url is not None and config_path is not None:  # reload every gateway sharing the Redis
         fanout = app[FANOUT] = Fanout(
             config.state.redis_url, lambda: reload_answer(app), operation_timeout_s=timeout_s,

@@ -7,6 +7,7 @@ from aiohttp import web
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import Telemetry
 from gateway.placement.exchange import FleetTraffic
+from gateway.placement.placer import Placer
 from gateway.state import GatewayState
 
 STATE = web.AppKey("state", GatewayState)
@@ -14,3 +15,4 @@ ADMIN_TOKEN = web.AppKey("admin_token", str)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
 TRAFFIC = web.AppKey("traffic", FleetTraffic)
+PLACER = web.AppKey("placer", Placer)

@@ -105,7 +105,9 @@ class RoutingConfig(_Frozen):
     # balanced: the tenants (or adapters) this file names get homes balanced over each pool's replicas, at most
     # ceil(keys / replicas) each (gateway/routing/ring.py); ring: every home where the ring puts it. Sessions and
     # tenants added at run time keep their ring home.
-    home_placement: Literal["balanced", "ring"] = "balanced"
+    # traffic: balanced homes to start with, then every placement.interval_s homes follow the measured traffic
+    # (gateway/placement/): expected load and adapter count even per replica, hot keys on more than one replica.
+    home_placement: Literal["balanced", "ring", "traffic"] = "balanced"
     # bounded_consistent_hash: a key active within this window keeps one slot at its home, so a hot key's
     # overflow cannot push it off (gateway/routing/reservations.py). 0 turns reservations off.
     home_reservation_s: float = Field(default=2.0, ge=0, le=3600)
@@ -682,6 +684,41 @@ class TrafficConfig(_Frozen):
         return self
 
 
+class PlacementConfig(_Frozen):
+    """Homes from traffic (routing.home_placement: traffic; gateway/placement/): every ``interval_s`` the gateway
+    holding the leader's lease in Redis plans each pool's homes from the fleet's measured traffic and publishes a
+    versioned table every gateway installs; without Redis each gateway plans from its own figures."""
+
+    # How often the leader plans and every gateway polls the table's version (one Redis call per gateway).
+    interval_s: float = Field(default=10.0, gt=0, le=3600)
+    # At most this many keys change homes (a move, a replica set grown or shrunk) per pool per interval.
+    max_moves: int = Field(default=4, ge=0, le=10_000)
+    # A move must lower its source replica's expected load (requests per second) by more than this share.
+    min_gain: float = Field(default=0.1, ge=0, lt=1)
+    # A key gets one more replica while its requests per second per replica exceed grow_above x the pool's mean
+    # per replica (the bounded-load cap's factor by default) ...
+    grow_above: float = Field(default=1.25, gt=0, le=100)
+    # ... and loses one after shrink_after_s with one fewer replica below shrink_below x that mean (hysteresis).
+    shrink_below: float = Field(default=0.75, gt=0, le=100)
+    shrink_after_s: float = Field(default=60.0, ge=0, le=86_400)
+    # A key is replicated only with at least this many requests per second (below it one replica serves it).
+    replicate_min_rps: float = Field(default=1.0, ge=0, le=1_000_000)
+    # The most replicas one key's set may hold (1: no replication).
+    max_replicas_per_key: int = Field(default=3, ge=1, le=1024)
+    # A move whose adapter is not resident at its new home after this long is given up (the key stays put).
+    warm_timeout_s: float = Field(default=120.0, gt=0, le=86_400)
+    # Keep the table as it is: no moves, no growth (pins still apply).
+    freeze: bool = False
+    # Homes operators fix: key (a tenant, an adapter under adapter affinity) -> replica id. A pinned key never moves.
+    pins: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> PlacementConfig:
+        if self.shrink_below >= self.grow_above:
+            raise ValueError("shrink_below must be below grow_above: a replica set would grow and shrink in turn")
+        return self
+
+
 class GatewayConfig(_Frozen):
     # Modules that register more engines (backends/registry.py), imported before the pools are validated, e.g.
     # `engines: [mycompany.sglang_engine]`; vllm and triton are always registered.
@@ -698,6 +735,7 @@ class GatewayConfig(_Frozen):
     state: StateConfig = StateConfig()
     residency: ResidencyConfig = ResidencyConfig()
     traffic: TrafficConfig = TrafficConfig()
+    placement: PlacementConfig = PlacementConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     adapter_sources: AdapterSourcesConfig = AdapterSourcesConfig()

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admin.drains import DRAINS
-from gateway.appkeys import METRICS, STATE, TELEMETRY
+from gateway.appkeys import METRICS, PLACER, STATE, TELEMETRY
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.errors import InvalidRequest
 from gateway.fleet.discovery import Discovered, discover
@@ -34,11 +34,13 @@ log = logging.getLogger(__name__)
 
 # Bound to the running process: the listener (its address; aiohttp's body limit and shutdown timeout are set when
 # the app and its runner are built), the admin token's variable (read at start), the Redis clients (residency,
-# buckets, registry, the traffic exchange: built once), the traffic meter, the tracer provider. Everything else a
-# reload applies: pools, routing, tenants, adapters, splits, the other limits, auth, residency intervals,
-# telemetry.access_log and telemetry.engine_scrape_interval_s, shutdown.drain_delay_s (read at SIGTERM).
+# buckets, registry, the traffic exchange, the homes table's lease: built once), the traffic meter and the placement
+# interval, the tracer provider. Everything else a reload applies: pools, routing, tenants, adapters, splits, the
+# other limits, auth, residency intervals, the other placement settings, telemetry.access_log and
+# telemetry.engine_scrape_interval_s, shutdown.drain_delay_s (read at SIGTERM).
 RESTART_ONLY = (
     "listen", "admin", "state", "limits.max_body_bytes", "telemetry.tracing", "shutdown.drain_timeout_s", "traffic",
+    "placement.interval_s",
 )  # fmt: skip
 
 
@@ -142,6 +144,8 @@ async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayCon
     # The tenants and keys as the registry holds them now: a change (a revocation) may have come in meanwhile.
     config = state.compose(base, discovered, lenient=True)
     app[DRAINS].apply(fleet)  # the operator's drains hold on the new fleet before it serves
+    if config.routing.home_placement == "traffic":  # and the homes table
+        app[PLACER].install(fleet)
     old = state.swap(Serving(config, TenantDirectory(config), fleet), base_config=base, discovered=discovered)
     if old is not None:
         old.fleet.stop_background()  # one fleet manages the replicas; the old one only finishes its requests

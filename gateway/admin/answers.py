@@ -51,5 +51,8 @@ class AdminRoutes:
     def post(self, path: str, handler: Handler) -> None:
         self._router.add_post(path, admin_answers(handler))
 
+    def put(self, path: str, handler: Handler) -> None:
+        self._router.add_put(path, admin_answers(handler))
+
     def delete(self, path: str, handler: Handler) -> None:
         self._router.add_delete(path, admin_answers(handler))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.admin import placement as admin_placement
 from gateway.admin import rollout
 from gateway.admin import tenants as admin_tenants
 from gateway.admin import ui as admin_ui
 from gateway.admin.adapter_ops import unload_adapter, warm_adapter
 from gateway.admin.answers import AdminRoutes
 from gateway.admin.auth import FAILED_LOGINS, FailedLogins, require_admin
+from gateway.admin.placement import key_placement
 from gateway.admin.siblings import SIBLINGS
 from gateway.admin.status import engine_load_json, residency_json
 from gateway.appkeys import STATE
@@ -40,7 +42,7 @@ async def route(request: web.Request) -> web.Response:
     ring_home = pool.ring.ring_home(key)
     return web.json_response(
         {"tenant": tenant.id, "model": target.model, **decision.as_json(), "ring_home": ring_home,
-         "engine_load": engine_load}
+         "placement": key_placement(serving.fleet, pool, key), "engine_load": engine_load}
     )  # fmt: skip
 
 
@@ -90,6 +92,7 @@ def add_routes(app: web.Application) -> None:
     admin.get("/admin/route", route)
     admin.post("/admin/reload", reload_config)
     admin_tenants.add_routes(app)
+    admin_placement.add_routes(app)
     admin_ui.add_routes(app)
     rollout.add_routes(app)
     admin.get("/admin/residency", residency)

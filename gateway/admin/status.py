@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from backends.base import EngineLoad
+from gateway.admin.placement import key_placement
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.health import ReplicaHealth
 from gateway.observe.metrics import GatewayMetrics
@@ -32,6 +33,7 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool, samples:
             tenants.append(
                 {"id": tenant_config.id, "home": decision.home, "ring_home": pool.ring.ring_home(tenant_config.id),
                  "now": decision.chosen, "position": round(pool.ring.position(tenant_config.id), 6),
+                 "placement": key_placement(serving.fleet, pool, tenant_config.id),
                  "predicted": {r: asdict(p) for r, p in decision.predictions.items()}}
             )  # fmt: skip
         pools[name] = {

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 
 from backends import registry
@@ -59,6 +60,18 @@ def prewarm_homes(config: GatewayConfig, pool: Pool, model: str, split: str | No
     return {pool.ring.home(model)}
 
 
+@dataclass(frozen=True)
+class InstalledHomes:
+    """The placement table as a fleet routes by it (gateway/placement/placer.py installs it): per pool and key, the
+    replica set requests go to (``routed``), that set with its members still warming (``planned``: what the fill
+    plans, and so the eviction timer, count as each replica's own keys), and why."""
+
+    version: int = 0
+    routed: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    planned: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    why: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+
 class Fleet:
     def __init__(
         self,
@@ -110,6 +123,10 @@ class Fleet:
                     pool.prewarm[replica_id].append((ref, adapter.pinned))
         # Per pool, the adapters its tenants' keys run on at their homes: what the fill plans are sorted from.
         self._fill_entries = fill_entries(config, self.pools)
+        # Per pool, the placement table's replica sets, new members still warming included (placer.py installs
+        # them): what the fill plans, and so the eviction timer, count as each replica's own keys.
+        self.homes = InstalledHomes()
+        self._traffic: Traffic = {}
         self.order_fill_by({})
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -117,11 +134,25 @@ class Fleet:
     def order_fill_by(self, traffic: Traffic) -> None:
         """(Re)plan each replica's fill, its busiest keys' adapters first by ``traffic`` (the fleet's measured
         figure; empty: the config's order): what a replica that comes back is filled with next."""
+        self._traffic = traffic
         for pool in self.pools.values():
             measured = traffic.get(pool.name)
             rates = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
-            pool.fill = fill_order(self._fill_entries[pool.name], pool.replicas, rates)
+            planned = self.homes.planned.get(pool.name, {})
+
+            def homes(key: str, planned: Mapping[str, tuple[str, ...]] = planned, pool: Pool = pool) -> Iterable[str]:
+                return planned.get(key) or pool.ring.replica_set(key)
+
+            pool.fill = fill_order(self._fill_entries[pool.name], homes, pool.replicas, rates)
             pool.residency.plan = {r: frozenset(a.engine_name for a in refs) for r, refs in pool.fill.items()}
+
+    def install_homes(self, table: InstalledHomes) -> None:
+        """Route each pool by the placement table's routed sets and plan its fill by its planned ones (the routed
+        sets with the members still warming)."""
+        for name, pool in self.pools.items():
+            pool.ring.install(table.routed.get(name, {}))
+        self.homes = table
+        self.order_fill_by(self._traffic)
 
     async def start(self) -> None:
         """Probe every replica once, then start the background loops; readiness waits for the pre-warm."""

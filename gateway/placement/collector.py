@@ -1,4 +1,5 @@
-"""The fleet's measured traffic as Prometheus metrics, read at scrape time from the last merged figure.
+"""The fleet's measured traffic and the homes table as Prometheus metrics, read at scrape time from the last merged
+figure and the table this gateway routes by.
 
 Per-key series only for the ``traffic.metric_keys`` busiest keys of each pool: a key is a tenant, an adapter or a
 session, and sessions are unbounded in number, so the label's cardinality is that bound times the pools. The
@@ -13,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from gateway.observe.traffic import busiest
 from gateway.placement.exchange import FleetTraffic
+from gateway.placement.placer import Placer
 
 
 class TrafficCollector(Collector):
@@ -70,3 +72,50 @@ class TrafficCollector(Collector):
         )  # fmt: skip
         dropped.add_metric([], traffic.meter.dropped_keys)
         yield dropped
+
+
+class PlacementCollector(Collector):
+    """The homes table this gateway routes by (routing.home_placement: traffic)."""
+
+    def __init__(self, placer: Placer) -> None:
+        self._placer = placer
+
+    def collect(self) -> Iterator[Metric]:
+        placer = self._placer
+        table = placer.table
+        version = GaugeMetricFamily(
+            "tenantgate_placement_version", "Version of the homes table this gateway routes by (0: none yet)"
+        )
+        version.add_metric([], table.version)
+        leader = GaugeMetricFamily(
+            "tenantgate_placement_leader", "1 while this gateway holds the placement lease (plans and publishes)"
+        )
+        leader.add_metric([], 1 if placer.leads else 0)
+        moves = CounterMetricFamily(
+            "tenantgate_placement_moves", "Keys whose replica set this gateway changed in the versions it published "
+            "(moves, swaps, sets grown or shrunk, pins, evacuations; at most placement.max_moves per pool and "
+            "interval)",
+        )  # fmt: skip
+        moves.add_metric([], placer.moves)
+        last = GaugeMetricFamily(
+            "tenantgate_placement_last_moves", "Keys whose replica set changed in the version this gateway routes by"
+        )
+        last.add_metric([], table.moves)
+        warming = GaugeMetricFamily(
+            "tenantgate_placement_keys_warming", "Keys routed by their old set while their adapter warms at a new "
+            "member (make before break)", labels=["pool"],
+        )  # fmt: skip
+        for pool, pool_table in sorted(table.pools.items()):
+            warming.add_metric([pool], len(pool_table.warming))
+        given_up = CounterMetricFamily(
+            "tenantgate_placement_moves_given_up", "Moves given up: the adapter was not resident at the new home "
+            "within placement.warm_timeout_s",
+        )  # fmt: skip
+        given_up.add_metric([], placer.given_up)
+        exchanged = GaugeMetricFamily(
+            "tenantgate_placement_exchange_bytes", "Bytes of the homes table read at the last poll and written at "
+            "the last publish", labels=["direction"],
+        )  # fmt: skip
+        exchanged.add_metric(["read"], placer.bytes_read)
+        exchanged.add_metric(["written"], placer.bytes_written)
+        yield from (version, leader, moves, last, warming, given_up, exchanged)

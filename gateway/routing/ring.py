@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 from uhashring import HashRing
 
@@ -34,6 +34,8 @@ class Ring:
         self._owners: list[str] = [owner for _, owner in points]
         self._heads: dict[tuple[str, int], tuple[str, ...]] = {}
         self._homes: dict[str, str] = {}  # balanced homes that differ from the ring's
+        # Replica sets from the placement table (homes from traffic), home first: they come before the ring's order.
+        self._sets: dict[str, tuple[str, ...]] = {}
 
     def preference(self, key: str) -> tuple[str, ...]:
         """Every replica once: the key's home first, then the rest clockwise from the key's point (O(points): for
@@ -47,8 +49,11 @@ class Ring:
         memo_key = (key, count)
         order = self._heads.get(memo_key)
         if order is None:
-            home = self._homes.get(key)
-            order = self._walk(key, count, first=home)
+            members = self._sets.get(key)
+            if members is None:
+                home = self._homes.get(key)
+                members = (home,) if home is not None else ()
+            order = self._walk(key, count, first=members)
             if len(self._heads) >= _MEMO_LIMIT:
                 self._heads.clear()
             self._heads[memo_key] = order
@@ -65,6 +70,21 @@ class Ring:
         """Balance the homes of ``keys`` (replacing the previous set; empty: ring homes for every key)."""
         self._homes = balanced_homes(self, set(keys))
         self._heads.clear()
+
+    def balanced_home(self, key: str) -> str:
+        """The home without the placement table: balanced, else the ring's; "" while the pool is empty."""
+        return self._homes.get(key) or self.ring_home(key)
+
+    def install(self, sets: Mapping[str, tuple[str, ...]]) -> None:
+        """Route by the placement table's replica sets (replacing the previous ones): a key's set comes first in
+        its order, home first; replicas the pool does not have are left out."""
+        known = set(self.replica_ids)
+        self._sets = {key: kept for key, members in sets.items() if (kept := tuple(r for r in members if r in known))}
+        self._heads.clear()
+
+    def replica_set(self, key: str) -> tuple[str, ...]:
+        """The key's replica set as routing reads it: the table's, else its one (balanced or ring) home."""
+        return self._sets.get(key) or ((self.balanced_home(key),) if self.replica_ids else ())
 
     def arcs(self) -> list[tuple[float, float, str]]:
         """The ring as (start, end, replica) arcs in [0, 1): each point owns the keys up to it (for drawing)."""
@@ -85,10 +105,10 @@ class Ring:
         """``key``'s point on the ring (ketama's md5 position)."""
         return int(self._ring.hashi(key))
 
-    def _walk(self, key: str, count: int, first: str | None = None) -> tuple[str, ...]:
-        """The first ``count`` of ``key``'s distinct owners clockwise (``first``, a balanced home, before them)."""
-        found = [first] if first is not None else []
+    def _walk(self, key: str, count: int, first: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The first ``count`` of ``key``'s distinct owners clockwise (``first``, its homes, before them)."""
         count = min(count, len(self.replica_ids))
+        found = list(first[:count])
         if len(found) < count:
             for owner in self._owners_from(key):
                 if owner not in found:

@@ -97,15 +97,23 @@ function drawPools(state) {
       residency.append(row);
     }
     const tenants = el("table", { class: "tenants", "data-pool": name },
-      el("tr", {}, el("th", {}, "tenant"), el("th", {}, "home"), el("th", {}, "goes to now"),
-        el("th", {}, "predicted TTFT per replica")));
+      el("tr", {}, el("th", {}, "tenant"), el("th", {}, "home"), el("th", {}, "replica set (why)"),
+        el("th", {}, "goes to now"), el("th", {}, "predicted TTFT per replica")));
     for (const t of pool.tenants) {
       tenants.append(el("tr", { "data-tenant": t.id }, el("td", {}, t.id), el("td", {}, t.home),
+        el("td", { class: "placement" }, placementText(t.placement)),
         el("td", { class: "now" }, t.now ?? "-"), el("td", { class: "predicted" }, predictedText(t.predicted))));
     }
     box.append(el("h3", {}, `${name} (${pool.policy}, working set ${pool.max_adapters})`),
       el("div", { class: "pool" }, ringPicture(pool), replicas, tenants), residency);
   }
+}
+
+// Where a tenant lives: "r1, r3 (hot: 40 req/s ...)", with the members still warming (make before break).
+function placementText(placement) {
+  if (!placement) return "-";
+  const warming = placement.warming.length ? `; warming at ${placement.warming.join(", ")}` : "";
+  return `${placement.replicas.join(", ")} (${placement.why}${warming})`;
 }
 
 // predicted_ttft's figures for one tenant, built here from the decision's numbers: "r1 52 ms (warm: queue 30 +

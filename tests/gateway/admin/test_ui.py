@@ -85,6 +85,9 @@ def test_log_in_see_the_fleet_warm_an_adapter_and_drain_a_replica(fleet: Running
     predicted = page.locator("table.tenants tr[data-tenant='acme'] td.predicted")
     expect(predicted).to_contain_text(re.compile(rf"^{home} \d+ ms \((warm|kv_cold): queue \d+ \+ regime \d+"))
     expect(predicted).to_contain_text("affinity 10")  # the other replicas pay the margin for leaving home
+    # Where it lives and why: its replica set (one, balanced: homes from traffic are off here).
+    placement = page.locator("table.tenants tr[data-tenant='acme'] td.placement")
+    expect(placement).to_have_text(f"{home} (balanced)")
     page.locator(f"table.replicas tr[data-replica='{home}']").get_by_role("button", name="drain").click()
     expect(page.locator(f"table.replicas tr[data-replica='{home}'] td", has_text="drained")).to_be_visible()
     expect(acme_now).not_to_have_text(home)  # its tenants move to their next replica

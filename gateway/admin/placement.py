@@ -1,0 +1,111 @@
+"""Homes from traffic, for operators: each key's replica set and why (``GET /admin/placement``, also in
+``/admin/route`` and the status page), and the run-time freeze and pins every gateway's leader applies
+(``POST /admin/placement/freeze``, ``PUT``/``DELETE /admin/placement/pins/{pool}/{key}``). The freeze and pins
+are written to the placement store (Redis: every gateway's leader reads them at its next interval); refused with
+a 400 while it does not answer, and with a 404 unless ``routing.home_placement`` is ``traffic``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.admin.answers import AdminRoutes
+from gateway.admin.auth import require_admin
+from gateway.admin.body import json_object
+from gateway.appkeys import PLACER, STATE
+from gateway.errors import InvalidRequest, RouteNotFound
+from gateway.fleet.fleet import Fleet
+from gateway.fleet.pool import Pool
+from gateway.placement.placer import Placer
+from gateway.residency.store import StoreUnavailable
+
+
+def key_placement(fleet: Fleet, pool: Pool, key: str) -> dict[str, Any]:
+    """Where ``key`` lives in ``pool``: the replica set requests go to, the planned one (new members warming
+    included) and why; ``why`` is "balanced" or "ring" for a key the table does not place."""
+    homes = fleet.homes
+    routed = pool.ring.replica_set(key)
+    planned = homes.planned.get(pool.name, {}).get(key, routed)
+    default = "balanced" if fleet.config.routing.home_placement != "ring" else "ring"
+    return {
+        "replicas": list(routed),
+        "planned": list(planned),
+        "warming": [r for r in planned if r not in routed],
+        "why": homes.why.get(pool.name, {}).get(key, default),
+        "version": homes.version,
+    }
+
+
+def _placer(request: web.Request) -> Placer:
+    placer = request.app[PLACER]
+    if request.app[STATE].config.routing.home_placement != "traffic":
+        raise RouteNotFound("Homes from traffic are off: routing.home_placement is not `traffic`.")
+    return placer
+
+
+async def placement(request: web.Request) -> web.Response:
+    """The homes table this gateway routes by: per pool, every key it places or that the config names."""
+    require_admin(request)
+    placer = _placer(request)
+    state = request.app[STATE]
+    fleet, config = state.serving.fleet, state.config
+    pools: dict[str, Any] = {}
+    for name, pool in fleet.pools.items():
+        keys = sorted({*fleet.homes.planned.get(name, {}), *(t.id for t in config.tenants)})
+        pools[name] = {key: key_placement(fleet, pool, key) for key in keys}
+    return web.json_response(
+        {
+            "version": placer.table.version,
+            "leader": placer.table.leader,
+            "leads": placer.leads,
+            "store": "up" if placer.store_up else "down",
+            "frozen": placer.frozen(config.placement),
+            "pins": {name: placer.pins(config.placement, name) for name in fleet.pools},
+            "pools": pools,
+        }
+    )
+
+
+async def freeze(request: web.Request) -> web.Response:
+    """``{"frozen": true}`` keeps the table as it is (no moves, no growth); false lets the plan run again."""
+    require_admin(request)
+    placer = _placer(request)
+    body = await json_object(request)
+    frozen = body.get("frozen")
+    if not isinstance(frozen, bool):
+        raise InvalidRequest('Pass {"frozen": true} or {"frozen": false}.', param="frozen")
+    try:
+        await placer.store.set_frozen(frozen)
+    except StoreUnavailable as exc:
+        raise InvalidRequest(f"Not changed: the placement store is unreachable ({exc}).") from exc
+    return web.json_response({"frozen": frozen})
+
+
+async def pin(request: web.Request) -> web.Response:
+    """``PUT {"replica": ID}`` pins the key's home in the pool to that replica; ``DELETE`` unpins it."""
+    require_admin(request)
+    placer = _placer(request)
+    pool_name, key = request.match_info["pool"], request.match_info["key"]
+    pool = request.app[STATE].serving.fleet.pools.get(pool_name)
+    if pool is None:
+        raise InvalidRequest(f"No pool {pool_name!r}.", param="pool")
+    replica: str | None = None
+    if request.method == "PUT":
+        body = await json_object(request)
+        replica = body.get("replica")
+        if not isinstance(replica, str) or replica not in pool.replicas:
+            raise InvalidRequest(f'Pass {{"replica": ID}}, one of {sorted(pool.replicas)}.', param="replica")
+    try:
+        await placer.store.set_pin(pool_name, key, replica)
+    except StoreUnavailable as exc:
+        raise InvalidRequest(f"Not changed: the placement store is unreachable ({exc}).") from exc
+    return web.json_response({"pool": pool_name, "key": key, "pinned_to": replica})
+
+
+def add_routes(app: web.Application) -> None:
+    admin = AdminRoutes(app)
+    admin.get("/admin/placement", placement)
+    admin.post("/admin/placement/freeze", freeze)
+    admin.put("/admin/placement/pins/{pool}/{key}", pin)
+    admin.delete("/admin/placement/pins/{pool}/{key}", pin)

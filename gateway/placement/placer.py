@@ -1,0 +1,244 @@
+"""Homes from traffic, run: every ``placement.interval_s`` each gateway polls the homes table (one Redis call, which
+also takes or renews the leader's lease); the leader plans each pool from the fleet's traffic (plan.py), publishes
+the next version, and warms the adapters of the keys that move; every gateway routes by the version it has.
+
+Make before break: a key whose set gains a replica (a move, or a hot key's second home) is published with its new
+set in ``homes`` and its old one in ``warming``. Every gateway routes it by the old set and plans the new members'
+fill with its adapters (so the eviction timer keeps them); the leader loads and warms them there (the residency
+lifecycle's ``warm``: a load and a one-token request), and publishes the switch only once every adapter of the key
+is resident at every new member by the record, or at once when no replica of the old set is up. A move not warm
+after ``warm_timeout_s`` is given up (the key keeps its old set).
+
+When the leader dies the table stays as it is (the other gateways keep routing by the last version) until another
+gateway takes the lease (it lapses after 3 intervals). When Redis does not answer, every gateway keeps the last
+table it installed. Without Redis each gateway plans from its own traffic (gateways may then differ).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+
+from backends.base import AdapterRef
+from backends.errors import BackendError
+from gateway.config import GatewayConfig, PlacementConfig
+from gateway.errors import GatewayError
+from gateway.fleet.fill import FillEntry, keyed_adapters
+from gateway.fleet.fleet import Fleet, InstalledHomes, homed_keys
+from gateway.fleet.pool import Pool
+from gateway.observe.traffic import Traffic
+from gateway.placement.plan import Homes, PlanInput, PlanSettings, plan
+from gateway.placement.store import HomesStore, Operator
+from gateway.placement.table import EMPTY, HomesTable, PoolTable
+from gateway.residency.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+def plan_settings(config: PlacementConfig) -> PlanSettings:
+    return PlanSettings(
+        max_moves=config.max_moves, min_gain=config.min_gain, grow_above=config.grow_above,
+        shrink_below=config.shrink_below, shrink_after_s=config.shrink_after_s,
+        replicate_min_rps=config.replicate_min_rps, max_replicas_per_key=config.max_replicas_per_key,
+    )  # fmt: skip
+
+
+class Placer:
+    def __init__(self, store: HomesStore, gateway_id: str, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.gateway_id = gateway_id
+        self._clock = clock  # wall clock: the table's timers pass from one leader to the next
+        self.table: HomesTable = EMPTY
+        self.leads = False
+        self.store_up = True
+        self.moves = 0  # keys whose set changed, over every version this gateway published
+        self.given_up = 0  # moves given up (not warm in time)
+        self.bytes_read = 0  # at the last poll, and at the last publish
+        self.bytes_written = 0
+        self.operator = Operator()  # the run-time freeze and pins, as the leader read them last
+        self._installed: tuple[Fleet | None, int] = (None, -1)  # the fleet and version installed last
+        self._warming: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+
+    async def tick(self, config: GatewayConfig, fleet: Fleet, traffic: Traffic) -> None:
+        """One interval: poll, plan and publish when leading, warm what moves, install the table into ``fleet``."""
+        try:
+            polled = await self.store.poll(self.gateway_id, self.table.version)
+        except StoreUnavailable as exc:
+            if self.store_up:
+                log.warning("placement table unreachable, routing by version %d: %s", self.table.version, exc)
+            self.store_up, self.leads = False, False
+            self.install(fleet)
+            return
+        except (ValueError, TypeError, KeyError) as exc:  # a table another version wrote: keep ours, plan anew
+            log.warning("placement table unreadable, keeping version %d: %s", self.table.version, exc)
+            polled = None
+        if not self.store_up:
+            log.warning("placement table reachable again")
+        self.store_up = True
+        if polled is not None:
+            self.bytes_read = polled.bytes_read
+            self.leads = polled.leads
+            self.operator = polled.operator
+            if polled.table is not None:
+                self.table = polled.table
+        if self.leads:
+            stored = polled.version if polled is not None else self.table.version
+            await self._lead(config, fleet, traffic, max(stored, self.table.version) + 1)
+        self.install(fleet)
+
+    def install(self, fleet: Fleet) -> None:
+        """Route ``fleet`` by the table (once per version and fleet: a reload's new fleet gets it at the next tick)."""
+        if self._installed[0] is fleet and self._installed[1] == self.table.version:
+            return
+        pools = self.table.pools
+        fleet.install_homes(
+            InstalledHomes(
+                self.table.version,
+                routed={name: pool.routed() for name, pool in pools.items()},
+                planned={
+                    name: {key: _union(members, pool.warming.get(key, ())) for key, members in pool.homes.items()}
+                    for name, pool in pools.items()
+                },
+                why={name: dict(pool.why) for name, pool in pools.items()},
+            )
+        )
+        self._installed = (fleet, self.table.version)
+
+    async def _lead(self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, version: int) -> None:
+        settings = config.placement
+        now = self._clock()
+        known = homed_keys(config)
+        pools: dict[str, PoolTable] = {}
+        moves = 0
+        entries = keyed_adapters(config, fleet.pools)
+        for name, pool in fleet.pools.items():
+            adapters = _adapters_by_key(entries[name])
+            measured = traffic.get(name)
+            loads = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
+            before = self.table.pools.get(name, PoolTable())
+            planned, changed = self._plan_pool(settings, pool, before, adapters, loads, known.get(name, set()), now)
+            pools[name] = planned
+            moves += changed
+            self._warm(pool, planned, adapters)
+        if pools == dict(self.table.pools):
+            return
+        table = HomesTable(version, self.gateway_id, pools, moves)
+        try:
+            written = await self.store.publish(self.gateway_id, table)
+        except StoreUnavailable as exc:
+            log.warning("placement table not published: %s", exc)
+            return
+        if written:
+            self.table, self.bytes_written = table, written
+            self.moves += moves
+            if moves:
+                log.info("placement version %d: %d key(s) moved", version, moves)
+
+    def _plan_pool(
+        self,
+        settings: PlacementConfig,
+        pool: Pool,
+        before: PoolTable,
+        adapters: Mapping[str, list[AdapterRef]],
+        loads: Mapping[str, float],
+        known: set[str],
+        now: float,
+    ) -> tuple[PoolTable, int]:
+        """The pool's next table, and how many keys changed set in it."""
+        homes = dict(before.homes)
+        warming, warming_since = dict(before.warming), dict(before.warming_since)
+        why = dict(before.why)
+        settled: set[str] = set()  # keys whose move ends this interval: not moved again in it
+        for key, old in before.warming.items():  # switch the moves that are warm, give up the ones that stall
+            new = [r for r in homes.get(key, ()) if r not in old]
+            up = any(r in pool.replicas and pool.is_healthy(r) for r in old)
+            warm = all(pool.residency.is_resident(r, a.engine_name) for r in new for a in adapters.get(key, ()))
+            settled.add(key)
+            if warm or not up:
+                del warming[key], warming_since[key]
+            elif now - before.warming_since.get(key, now) > settings.warm_timeout_s:
+                log.warning("placement: %s/%s not warm at %s in time; it stays put", pool.name, key, ", ".join(new))
+                homes[key] = old
+                why[key] = f"move to {', '.join(new)} given up: not warm in time"
+                del warming[key], warming_since[key]
+                self.given_up += 1
+        if self.frozen(settings):
+            return replace(before, homes=homes, warming=warming, warming_since=warming_since, why=why), 0
+        replicas = [r for r, replica in pool.replicas.items() if not replica.health.drained]
+        pins = {key: r for key, r in self.pins(settings, pool.name).items() if r in pool.replicas}
+        result = plan(
+            PlanInput(
+                replicas,
+                loads,
+                homes,
+                pool.ring.balanced_home,
+                known=known,
+                pinned=pins,
+                frozen_keys=set(warming) | settled,
+                below_since=before.below_since,
+                now=now,
+            ),
+            plan_settings(settings),
+        )
+        for change in result.changes:
+            why[change.key] = change.why
+            gained = [r for r in change.after if r not in change.before]
+            old_up = any(r in pool.replicas and pool.is_healthy(r) for r in change.before)
+            if gained and old_up and adapters.get(change.key):
+                warming[change.key], warming_since[change.key] = change.before, now
+        why.update((key, f"pinned to {replica_id}") for key, replica_id in pins.items())
+        # A key back on its ring home leaves the table; its why stays for the interval that put it back (a pinned
+        # key's for as long as the pin).
+        why = {key: text for key, text in why.items() if key in result.homes or key in settled or key in pins}
+        table = PoolTable(result.homes, warming, warming_since, why, result.below_since)
+        return table, len(result.changes)
+
+    def frozen(self, settings: PlacementConfig) -> bool:
+        return settings.freeze or self.operator.frozen
+
+    def pins(self, settings: PlacementConfig, pool: str) -> dict[str, str]:
+        """The config's pins, then the operator's for ``pool`` (which win)."""
+        return {**settings.pins, **self.operator.pins.get(pool, {})}
+
+    def _warm(self, pool: Pool, table: PoolTable, adapters: Mapping[str, list[AdapterRef]]) -> None:
+        """Load and warm each warming key's adapters at its new members (in the background, once at a time)."""
+        for key, old in table.warming.items():
+            for replica_id in table.homes.get(key, ()):
+                if replica_id in old or replica_id not in pool.replicas or not pool.is_healthy(replica_id):
+                    continue
+                for adapter in adapters.get(key, ()):
+                    slot = (pool.name, replica_id, adapter.engine_name)
+                    if slot in self._warming or pool.residency.is_resident(replica_id, adapter.engine_name):
+                        continue
+                    task = asyncio.create_task(self._warm_one(pool, replica_id, adapter), name=f"warm {slot}")
+                    self._warming[slot] = task
+                    task.add_done_callback(lambda _, slot=slot: self._warming.pop(slot, None))  # type: ignore[misc]
+
+    async def _warm_one(self, pool: Pool, replica_id: str, adapter: AdapterRef) -> None:
+        try:
+            await pool.residency.warm(replica_id, adapter, pinned=False)
+        except (BackendError, GatewayError) as exc:  # tried again next interval, given up after warm_timeout_s
+            log.warning("placement: warming %s on %s/%s failed: %s", adapter.engine_name, pool.name, replica_id, exc)
+
+    async def close(self) -> None:
+        for task in list(self._warming.values()):
+            task.cancel()
+        await asyncio.gather(*self._warming.values(), return_exceptions=True)
+        await self.store.close()
+
+
+def _adapters_by_key(entries: Iterable[FillEntry]) -> dict[str, list[AdapterRef]]:
+    """Each key's adapters in a pool (config and run-time tenants alike), each once."""
+    found: dict[str, list[AdapterRef]] = {}
+    for entry in entries:
+        refs = found.setdefault(entry.key, [])
+        if entry.adapter not in refs:
+            refs.append(entry.adapter)
+    return found
+
+
+def _union(first: Homes, second: Homes) -> Homes:
+    return first + tuple(r for r in second if r not in first)

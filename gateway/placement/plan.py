@@ -1,0 +1,237 @@
+"""Homes from traffic: one pool's plan for an interval, from the fleet's measured load per key and the homes in force.
+
+Each key has a replica set, its home first. A key's expected load (requests per second) is shared evenly by its
+set's replicas. One interval changes at most ``max_moves`` keys, in this order:
+
+1. pins: a pinned key's set is its pinned replica alone;
+2. evacuations: a replica that left the plan (drained, or gone from discovery) is replaced in every set that holds
+   it, by the replica with the least expected load, heaviest key first;
+3. replica sets: a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica (and at
+   least ``replicate_min_rps``) gains the least loaded replica it lacks, up to ``max_replicas_per_key``; one that
+   would stay below ``shrink_below`` x that mean with one replica fewer loses its last after ``shrink_after_s``
+   (hysteresis: the two thresholds differ and shrinking waits);
+4. balance: the most loaded replica gives a key away, to the replica whose pair then has the lowest peak (a plain
+   move where that replica holds fewer than ``ceil(adapters / replicas)`` adapters, else a swap with its lightest
+   key, which keeps adapter counts even: heavy keys spread, light keys pack where their adapters fit). A move is
+   made only when it lowers the source's load by more than ``min_gain`` (a share) and stops at the first that
+   does not: keys stay put unless moving them pays.
+
+Keys being warmed at a new home (make before break, gateway/placement/placer.py) and pinned keys are not moved
+again. Keys without a measured rate keep the ring's (balanced) home and count one adapter there. Pure: no I/O,
+no clock but the one given; cheap enough to run every interval for thousands of keys (loadtests/bench_placement.py
+measures it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# A replica set, its home first.
+Homes = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    max_moves: int = 4
+    min_gain: float = 0.1
+    grow_above: float = 1.25
+    shrink_below: float = 0.75
+    shrink_after_s: float = 60.0
+    replicate_min_rps: float = 1.0
+    max_replicas_per_key: int = 3
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key's set changed this interval, and why (for the status page and /admin/route)."""
+
+    key: str
+    before: Homes
+    after: Homes
+    why: str
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    replicas: Sequence[str]  # the replicas that take part (not drained), in a stable order
+    loads: Mapping[str, float]  # measured requests per second by key (the busiest keys)
+    current: Mapping[str, Homes]  # the sets in force (keys without one have their ring home)
+    ring_home: Callable[[str], str]  # the ring's (balanced) home of a key without a set
+    known: Collection[str] = ()  # keys the gateway knows without traffic (tenants): they count one adapter each
+    pinned: Mapping[str, str] = field(default_factory=dict)
+    frozen_keys: Collection[str] = ()  # keys not to move this interval (being warmed)
+    below_since: Mapping[str, float] = field(default_factory=dict)  # when a key's set first could shrink
+    now: float = 0.0
+
+
+@dataclass
+class Plan:
+    homes: dict[str, Homes]  # every key whose set is not its ring home alone
+    changes: list[Change]
+    below_since: dict[str, float]
+    load: dict[str, float]  # expected requests per second per replica after the plan
+    adapters: dict[str, int]  # keys (adapters) per replica after the plan
+
+
+def plan(given: PlanInput, settings: PlanSettings) -> Plan:
+    replicas = list(given.replicas)
+    present = set(replicas)
+    homes: dict[str, Homes] = {}
+    for key in {*given.loads, *given.current, *given.known}:
+        current = given.current.get(key)
+        homes[key] = current if current else (given.ring_home(key),)
+    below_since = {k: t for k, t in given.below_since.items() if k in homes}
+    if not replicas:
+        return Plan(_kept(homes, given), [], below_since, {}, {})
+    changes: list[Change] = []
+    budget = settings.max_moves
+    loads = given.loads
+    fixed = set(given.frozen_keys)
+
+    def change(key: str, after: Homes, why: str) -> None:
+        nonlocal budget
+        changes.append(Change(key, homes[key], after, why))
+        homes[key] = after
+        budget -= 1
+
+    # 1. pins (each key changes once per interval at most: a changed key joins ``fixed``)
+    for key, replica_id in sorted(given.pinned.items()):
+        if budget <= 0:
+            break
+        if replica_id in present and homes.get(key) != (replica_id,):
+            homes.setdefault(key, (given.ring_home(key),))
+            change(key, (replica_id,), f"pinned to {replica_id}")
+    fixed.update(given.pinned)
+    # 2. evacuations, heaviest first
+    for key in sorted(homes, key=lambda k: (-loads.get(k, 0.0), k)):
+        if budget <= 0:
+            break
+        if key in fixed or all(r in present for r in homes[key]):
+            continue
+        load, _ = _tally(homes, loads, replicas)
+        kept = [r for r in homes[key] if r in present]
+        replaced = tuple(kept) or (min(replicas, key=lambda r: (load[r], r)),)
+        gone = ", ".join(r for r in homes[key] if r not in present)
+        change(key, replaced, f"left {gone}")
+        fixed.add(key)
+    # 3. replica sets grow and shrink with demand
+    total = sum(loads.get(k, 0.0) for k in homes)
+    mean = total / len(replicas)
+    for key in sorted(homes, key=lambda k: (-loads.get(k, 0.0), k)):
+        if budget <= 0:
+            break
+        if key in fixed:
+            continue
+        rate, members = loads.get(key, 0.0), homes[key]
+        size = len(members)
+        limit = min(settings.max_replicas_per_key, len(replicas))
+        if rate >= settings.replicate_min_rps and size < limit and rate / size > settings.grow_above * mean:
+            load, _ = _tally(homes, loads, replicas)
+            extra = min((r for r in replicas if r not in members), key=lambda r: (load[r], r))
+            below_since.pop(key, None)
+            change(key, (*members, extra), f"hot: {rate:.3g} req/s over {size} replica(s), mean {mean:.3g}")
+            fixed.add(key)
+        elif size > 1 and (rate < settings.replicate_min_rps or rate / (size - 1) < settings.shrink_below * mean):
+            since = below_since.setdefault(key, given.now)
+            if given.now - since >= settings.shrink_after_s:
+                del below_since[key]
+                change(key, members[:-1], f"cooled: {rate:.3g} req/s, mean {mean:.3g}")
+                fixed.add(key)
+        else:
+            below_since.pop(key, None)
+    # 4. balance load, heaviest gain first, while it pays
+    while budget > 0:
+        move = _best_move(homes, loads, replicas, fixed, allow_swap=budget >= 2)
+        if move is None or move.gain <= settings.min_gain:
+            break
+        for key, after in move.sets:
+            change(key, after, move.why)
+            fixed.add(key)  # one move per key per interval
+    load, adapters = _tally(homes, loads, replicas)
+    return Plan(_kept(homes, given), changes, below_since, load, adapters)
+
+
+@dataclass(frozen=True)
+class _Move:
+    gain: float
+    sets: tuple[tuple[str, Homes], ...]
+    why: str
+
+
+def _best_move(
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], fixed: Collection[str],
+    allow_swap: bool,
+) -> _Move | None:  # fmt: skip
+    """The move (or swap) that lowers the most loaded replica's pair peak most, None when none lowers it."""
+    load, adapters = _tally(homes, loads, replicas)
+    source = max(replicas, key=lambda r: (load[r], r))
+    peak = load[source]
+    if peak <= 0:
+        return None
+    cap = math.ceil(sum(adapters.values()) / len(replicas))
+    on: dict[str, list[str]] = {r: [] for r in replicas}
+    for key, members in homes.items():
+        for r in members:
+            if r in on:
+                on[r].append(key)
+    # The lightest movable key on each replica: the swap partner a heavy key trades places with.
+    lightest = {
+        r: min((k for k in keys if k not in fixed), key=lambda k: (_share(k, homes, loads), k), default=None)
+        for r, keys in on.items()
+    }
+    best: _Move | None = None
+    for key in sorted(on[source]):
+        if key in fixed:
+            continue
+        share = _share(key, homes, loads)
+        if share <= 0:
+            continue
+        members = homes[key]
+        for target in replicas:
+            if target in members:
+                continue
+            after = tuple(target if r == source else r for r in members)
+            if adapters[target] < cap:
+                gain = (peak - max(peak - share, load[target] + share)) / peak
+                why = f"balance: {share:.3g} req/s from {source} ({peak:.3g}) to {target} ({load[target]:.3g})"
+                if best is None or gain > best.gain:
+                    best = _Move(gain, ((key, after),), why)
+                continue
+            partner = lightest[target]
+            if not allow_swap or partner is None or source in homes[partner]:
+                continue
+            back = _share(partner, homes, loads)
+            if back >= share:
+                continue
+            gain = (peak - max(peak - share + back, load[target] + share - back)) / peak
+            why = f"balance: {share:.3g} req/s from {source} ({peak:.3g}) swapped with {back:.3g} on {target}"
+            swapped = tuple(source if r == target else r for r in homes[partner])
+            if best is None or gain > best.gain:
+                best = _Move(gain, ((key, after), (partner, swapped)), why)
+    return best
+
+
+def _share(key: str, homes: Mapping[str, Homes], loads: Mapping[str, float]) -> float:
+    return loads.get(key, 0.0) / len(homes[key])
+
+
+def _tally(
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str]
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Expected requests per second and adapters (keys) per replica."""
+    load = dict.fromkeys(replicas, 0.0)
+    adapters = dict.fromkeys(replicas, 0)
+    for key, members in homes.items():
+        share = loads.get(key, 0.0) / len(members)
+        for r in members:
+            if r in load:
+                load[r] += share
+                adapters[r] += 1
+    return load, adapters
+
+
+def _kept(homes: Mapping[str, Homes], given: PlanInput) -> dict[str, Homes]:
+    """The sets the table keeps: those that differ from the key's ring home alone (the others go without saying)."""
+    return {k: v for k, v in homes.items() if v != (given.ring_home(k),)}

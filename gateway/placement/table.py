@@ -1,0 +1,85 @@
+"""The homes table every gateway routes by: a version, and per pool each placed key's replica set (home first).
+
+A key moving (or gaining a replica) is published before its traffic moves: ``homes`` holds its new set and
+``warming`` the set requests keep going to until the adapter is resident at every new member (make before break,
+placer.py). ``why`` says why each key's set is what it is; ``below_since`` and ``warming_since`` (wall-clock
+seconds) carry the leader's timers over to the next leader. Encoded as compact JSON. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.placement.plan import Homes
+
+
+@dataclass(frozen=True)
+class PoolTable:
+    homes: Mapping[str, Homes] = field(default_factory=dict)  # the plan's sets
+    warming: Mapping[str, Homes] = field(default_factory=dict)  # key -> the set routed by while the new one warms
+    warming_since: Mapping[str, float] = field(default_factory=dict)
+    why: Mapping[str, str] = field(default_factory=dict)
+    below_since: Mapping[str, float] = field(default_factory=dict)
+
+    def routed(self) -> dict[str, Homes]:
+        """The sets requests go to now: a warming key's previous set, every other key's planned one."""
+        return {key: self.warming.get(key, members) for key, members in self.homes.items()}
+
+
+@dataclass(frozen=True)
+class HomesTable:
+    version: int = 0
+    leader: str = ""
+    pools: Mapping[str, PoolTable] = field(default_factory=dict)
+    # Keys whose set changed in the interval that made this version (per pool), for the metric.
+    moves: int = 0
+
+
+EMPTY = HomesTable()
+
+
+def encode(table: HomesTable) -> str:
+    body = {
+        "version": table.version,
+        "leader": table.leader,
+        "moves": table.moves,
+        "pools": {
+            name: {
+                "homes": {k: list(v) for k, v in pool.homes.items()},
+                "warming": {k: list(v) for k, v in pool.warming.items()},
+                "warming_since": dict(pool.warming_since),
+                "why": dict(pool.why),
+                "below_since": dict(pool.below_since),
+            }
+            for name, pool in table.pools.items()
+        },
+    }
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def decode(text: str) -> HomesTable:
+    """``encode``'s inverse; raises ValueError (or TypeError, KeyError) on anything else."""
+    body = json.loads(text)
+    if not isinstance(body, dict):
+        raise ValueError("the homes table is not an object")
+
+    def sets(raw: Any) -> dict[str, Homes]:
+        return {str(k): tuple(str(r) for r in v) for k, v in dict(raw).items() if v}
+
+    def times(raw: Any) -> dict[str, float]:
+        return {str(k): float(v) for k, v in dict(raw).items()}
+
+    pools = {
+        str(name): PoolTable(
+            sets(pool["homes"]),
+            sets(pool["warming"]),
+            times(pool["warming_since"]),
+            {str(k): str(v) for k, v in dict(pool["why"]).items()},
+            times(pool["below_since"]),
+        )
+        for name, pool in dict(body["pools"]).items()
+    }
+    return HomesTable(int(body["version"]), str(body["leader"]), pools, int(body["moves"]))

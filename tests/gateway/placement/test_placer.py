@@ -1,0 +1,230 @@
+"""Homes from traffic, run (gateway/placement/placer.py): the leader's lease and the versioned table in a real
+redis-server, make before break on simulated replicas.
+
+- two gateways started apart (two placers, each with its own fleet, sharing one Redis) route every key by the same
+  homes after one interval of the second, and the second never leads while the first holds the lease; when the
+  first stops renewing, the second takes over and keeps the table;
+- a moving key's requests keep going to its old home until its adapter is resident at the new one, unless the
+  old home is down (then at once);
+- the freeze and the pins (config and admin store) hold the plan."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from gateway.config import GatewayConfig
+from gateway.fleet.fleet import Fleet
+from gateway.observe.traffic import PoolTraffic, Rate, Traffic
+from gateway.placement.placer import Placer
+from gateway.placement.store import LocalHomesStore, RedisHomesStore
+from gateway.redis_client import make_client
+from loadtests.fleet import gateway_config, simulated_replicas, write_adapters
+from loadtests.processes import free_port
+from tests.clock import Clock
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(120)
+
+TENANTS = {f"t{i}": [f"a{i}"] for i in range(8)}
+REPLICAS = {f"r{i}": f"http://127.0.0.1:{9 + i}" for i in range(4)}  # never contacted: the fleet is not started
+
+
+def config(urls: dict[str, str], adapters: dict[str, str], **placement: Any) -> GatewayConfig:
+    extra = {"placement": {"max_moves": 4, "shrink_after_s": 0, **placement}}
+    raw = gateway_config(urls, TENANTS, adapters, port=free_port(), max_adapters=4, extra=extra)
+    raw["routing"]["home_placement"] = "traffic"
+    return GatewayConfig.model_validate(raw)
+
+
+def colliding(fleet: Fleet) -> Traffic:
+    """Heavy traffic for two tenants that count-balanced homes put on the same replica; light for the rest."""
+    ring = fleet.pools["llama"].ring
+    by_home: dict[str, list[str]] = {}
+    for tenant in sorted(TENANTS):
+        by_home.setdefault(ring.home(tenant), []).append(tenant)
+    heavy = next(tenants for tenants in by_home.values() if len(tenants) >= 2)[:2]
+    keys = {t: Rate(10.0 if t in heavy else 0.5, 0.0) for t in TENANTS}
+    return {"llama": PoolTraffic(Rate(sum(r.requests_per_s for r in keys.values()), 0.0), keys)}
+
+
+def homes(fleet: Fleet) -> dict[str, tuple[str, ...]]:
+    ring = fleet.pools["llama"].ring
+    return {tenant: ring.replica_set(tenant) for tenant in TENANTS}
+
+
+@pytest.fixture
+def adapters(tmp_path: Path) -> dict[str, str]:
+    return write_adapters(tmp_path, [name for names in TENANTS.values() for name in names])
+
+
+async def test_two_gateways_started_apart_agree_on_every_home_after_one_interval(
+    redis_server: RedisServer, adapters: dict[str, str]
+) -> None:
+    prefix = f"test-{uuid.uuid4().hex}"
+    settings = config(REPLICAS, adapters, grow_above=100.0, shrink_below=50.0)  # moves only: no replication
+
+    def placer(name: str) -> Placer:
+        client = make_client(redis_server.url, 2.0)
+        store = RedisHomesStore(client, operation_timeout_s=2.0, lease_s=30.0, prefix=prefix)
+        return Placer(store, name, clock=Clock(1000.0))
+
+    fleet_a, fleet_b = Fleet(settings), Fleet(settings)
+    a, b = placer("gw-a"), placer("gw-b")
+    try:
+        traffic = colliding(fleet_a)
+        before = homes(fleet_a)
+        await a.tick(settings, fleet_a, traffic)
+        assert a.leads and a.table.version == 1 and a.table.moves > 0
+        assert a.table.pools["llama"].warming  # the moves wait for their adapters: make before break
+        planned = {k: v for k, v in a.table.pools["llama"].homes.items()}
+        assert homes(fleet_a) == before  # routed by the old sets until warm
+        await b.tick(settings, fleet_b, {})  # the second gateway, started later, with no traffic of its own
+        assert not b.leads and b.table.version == 1
+        assert homes(fleet_b) == homes(fleet_a)
+        # The warm-up done (the leader's fleet records the adapters resident), the switch is the next version.
+        llama = fleet_a.pools["llama"]
+        for key, old in a.table.pools["llama"].warming.items():
+            for replica_id in planned[key]:
+                if replica_id not in old:
+                    llama.residency.views[replica_id].resident[TENANTS[key][0]] = 0.0
+        await a.tick(settings, fleet_a, traffic)
+        assert a.table.version == 2 and not a.table.pools["llama"].warming
+        await b.tick(settings, fleet_b, {})
+        assert homes(fleet_b) == homes(fleet_a) != before
+        assert all(homes(fleet_a)[key] == members for key, members in planned.items())
+        # The heavy tenants now live apart.
+        heavy = [t for t, rate in traffic["llama"].keys.items() if rate.requests_per_s > 1]
+        assert homes(fleet_a)[heavy[0]][0] != homes(fleet_a)[heavy[1]][0]
+        # The leader stops renewing (dies): the lease lapses and the second takes over with the same table.
+        await a.close()
+        await b.store.publish("gw-b", b.table)  # refused: gw-a's lease still stands
+        assert (await b.store.poll("gw-b", 0)).leads is False
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        await client.delete(f"{prefix}:{{placement}}:leader")  # as its lease running out would
+        await client.aclose()
+        await b.tick(settings, fleet_b, traffic)
+        assert b.leads and b.table.version >= 2 and homes(fleet_b) == homes(fleet_a)
+    finally:
+        await b.close()
+        await fleet_a.close()
+        await fleet_b.close()
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[dict[str, str]]:
+    # A cold load of about half a second: the warm-up takes a few polls.
+    with simulated_replicas(tmp_path, 4, "--time-scale", "0.5") as urls:
+        yield urls
+
+
+async def test_a_moving_key_goes_to_its_new_home_only_once_its_adapter_is_warm_there(
+    sims: dict[str, str], adapters: dict[str, str]
+) -> None:
+    settings = config(sims, adapters)
+    fleet = Fleet(settings)
+    await fleet.start()
+    await fleet.started_up()
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    llama = fleet.pools["llama"]
+    try:
+        traffic = colliding(fleet)
+        await placer.tick(settings, fleet, traffic)
+        warming = dict(placer.table.pools["llama"].warming)
+        assert warming
+        targets = placer.table.pools["llama"].homes
+        key = next(iter(warming))
+        adapter = TENANTS[key][0]
+        new = next(r for r in targets[key] if r not in warming[key])
+        assert not llama.residency.is_resident(new, adapter)
+        for _ in range(200):  # bounded: the warm-up is a cold load and a one-token request
+            routed = llama.ring.replica_set(key)
+            if new in routed or llama.explain(key, adapter).chosen == new:
+                assert llama.residency.is_resident(new, adapter)  # never before the adapter is there
+            else:
+                assert routed == warming[key]
+            if routed == targets[key]:
+                break
+            await placer.tick(settings, fleet, traffic)
+            await asyncio.sleep(0.05)
+        assert homes(fleet)[key] == targets[key]
+    finally:
+        await placer.close()
+        await fleet.close()
+
+
+async def test_a_move_from_a_home_that_is_down_switches_at_once(sims: dict[str, str], adapters: dict[str, str]) -> None:
+    settings = config(sims, adapters)
+    fleet = Fleet(settings)
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    llama = fleet.pools["llama"]
+    try:
+        traffic = colliding(fleet)
+        await placer.tick(settings, fleet, traffic)
+        warming = dict(placer.table.pools["llama"].warming)
+        key = next(iter(warming))
+        target = placer.table.pools["llama"].homes[key]
+        for replica_id in warming[key]:
+            llama.replicas[replica_id].health.up = False
+        await placer.tick(settings, fleet, traffic)
+        assert key not in placer.table.pools["llama"].warming
+        assert homes(fleet)[key] == target
+    finally:
+        await placer.close()
+        await fleet.close()
+
+
+async def test_frozen_or_pinned_keys_stay_put(adapters: dict[str, str]) -> None:
+    frozen = config(REPLICAS, adapters, freeze=True)
+    fleet = Fleet(frozen)
+    store = LocalHomesStore()
+    placer = Placer(store, "gw", clock=Clock(1000.0))
+    try:
+        traffic = colliding(fleet)
+        before = homes(fleet)
+        await placer.tick(frozen, fleet, traffic)
+        assert placer.table.moves == 0 and homes(fleet) == before
+        # The run-time freeze (the admin API's) holds it as well; lifting both lets the plan run.
+        await store.set_frozen(True)
+        plain = config(REPLICAS, adapters)
+        await placer.tick(plain, fleet, traffic)
+        assert homes(fleet) == before
+        await store.set_frozen(False)
+        heavy = sorted(t for t, rate in traffic["llama"].keys.items() if rate.requests_per_s > 1)
+        for tenant in heavy:  # pinned where they collide: they never move
+            await store.set_pin("llama", tenant, before[tenant][0])
+        await placer.tick(plain, fleet, traffic)
+        planned = placer.table.pools["llama"].homes
+        assert all(planned.get(t, before[t]) == before[t] for t in heavy)
+    finally:
+        await placer.close()
+        await fleet.close()
+
+
+async def test_a_move_not_warm_in_time_is_given_up(adapters: dict[str, str]) -> None:
+    settings = config(REPLICAS, adapters)  # replicas that never answer: no warm-up succeeds
+    fleet = Fleet(settings)
+    clock = Clock(1000.0)
+    placer = Placer(LocalHomesStore(), "gw", clock=clock)
+    try:
+        traffic = colliding(fleet)
+        before = homes(fleet)
+        await placer.tick(settings, fleet, traffic)
+        warming = dict(placer.table.pools["llama"].warming)
+        assert warming
+        clock.advance(settings.placement.warm_timeout_s + 1)
+        await placer.tick(settings, fleet, traffic)
+        table = placer.table.pools["llama"]
+        assert not set(warming) & set(table.warming)
+        assert all(table.homes.get(key, before[key]) == old for key, old in warming.items())
+        assert placer.given_up == len(warming) and "given up" in table.why[next(iter(warming))]
+        assert homes(fleet) == before
+    finally:
+        await placer.close()
+        await fleet.close()

@@ -1,0 +1,110 @@
+"""The plan of homes from traffic (gateway/placement/plan.py), on plain data: heavy keys spread, light keys pack,
+moves are bounded per interval and made only when they pay, hot keys gain replicas and lose them with hysteresis,
+pins and evacuations apply. The property test bounds the keys changed per interval whatever the traffic."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.placement.plan import Homes, PlanInput, PlanSettings, plan
+
+REPLICAS = ["r0", "r1", "r2", "r3"]
+# 16 tenants, 4 per replica, as count-balanced homes put them: t0..t3 on r0, t4..t7 on r1, ...
+RING = {f"t{i}": REPLICAS[i // 4] for i in range(16)}
+
+
+def ring_home(key: str) -> str:
+    return RING.get(key, "r0")
+
+
+def given_input(loads: Mapping[str, float], current: Mapping[str, Homes] | None = None, **more: object) -> PlanInput:
+    return PlanInput(REPLICAS, loads, current or {}, ring_home, known=list(RING), **more)  # type: ignore[arg-type]
+
+
+def test_heavy_keys_that_collide_on_one_replica_are_spread_and_adapter_counts_stay_even() -> None:
+    loads = {key: 0.2 for key in RING} | {"t0": 10.0, "t1": 10.0}  # both heavy tenants homed on r0
+    result = plan(given_input(loads), PlanSettings(grow_above=100.0))
+    homes = {key: result.homes.get(key, (RING[key],)) for key in RING}
+    assert homes["t0"][0] != homes["t1"][0]
+    assert max(result.load.values()) < 11.0  # was 20.6 on r0
+    assert set(result.adapters.values()) == {4}  # a swap: the light key went the other way
+    assert 0 < len(result.changes) <= 4
+
+
+def test_an_even_plan_moves_nothing() -> None:
+    loads = {key: 1.0 for key in RING}
+    result = plan(given_input(loads), PlanSettings())
+    assert result.changes == []
+
+
+def test_a_move_below_the_gain_threshold_is_not_made() -> None:
+    # r0 at 5, r1 at 3.5: the best swap (a 1.0 key of r0 for t4) leaves a peak of 4.5, 10% lower
+    loads = {key: 1.0 for key in RING} | {"t0": 2.0, "t4": 0.5}
+    assert plan(given_input(loads), PlanSettings(min_gain=0.2, grow_above=100.0)).changes == []
+    assert plan(given_input(loads), PlanSettings(min_gain=0.01, grow_above=100.0)).changes != []
+
+
+def test_a_hot_key_gains_a_replica_and_loses_it_only_after_it_stayed_cool() -> None:
+    hot = {key: 0.5 for key in RING} | {"t5": 30.0}
+    settings_ = PlanSettings(shrink_after_s=60.0)
+    grown = plan(given_input(hot), settings_)
+    assert len(grown.homes["t5"]) == 2 and grown.homes["t5"][0] == "r1"
+    assert any(c.key == "t5" and c.why.startswith("hot") for c in grown.changes)
+    cool = {key: 0.5 for key in RING}
+    first = plan(given_input(cool, grown.homes, now=100.0), settings_)
+    assert first.homes["t5"] == grown.homes["t5"]  # below the threshold, but not for long enough yet
+    later = plan(given_input(cool, first.homes, below_since=first.below_since, now=170.0), settings_)
+    assert later.homes.get("t5", ("r1",)) == ("r1",)
+
+
+def test_a_pinned_key_goes_to_its_pin_and_never_moves() -> None:
+    loads = {key: 0.2 for key in RING} | {"t0": 10.0, "t1": 10.0}
+    result = plan(given_input(loads, pinned={"t0": "r0", "t1": "r0"}), PlanSettings(grow_above=100.0))
+    assert result.homes.get("t0", ("r0",)) == ("r0",) and result.homes.get("t1", ("r0",)) == ("r0",)
+    assert not {c.key for c in result.changes} & {"t0", "t1"}
+    moved = plan(given_input(loads, pinned={"t2": "r3"}), PlanSettings(max_moves=1, grow_above=100.0))
+    assert [(c.key, c.after, c.why) for c in moved.changes] == [("t2", ("r3",), "pinned to r3")]
+
+
+def test_a_replica_that_left_is_replaced_in_every_set() -> None:
+    loads = {key: 1.0 for key in RING}
+    given_ = PlanInput(REPLICAS[1:], loads, {}, ring_home, known=list(RING))
+    result = plan(given_, PlanSettings(max_moves=16))
+    assert all("r0" not in homes for homes in result.homes.values())
+    assert {c.key for c in result.changes if c.why.startswith("left")} == {"t0", "t1", "t2", "t3"}
+
+
+def test_frozen_keys_are_not_moved() -> None:
+    loads = {key: 0.2 for key in RING} | {"t0": 10.0, "t1": 10.0}
+    result = plan(given_input(loads, frozen_keys={"t0", "t1"}), PlanSettings(grow_above=100.0))
+    assert not {c.key for c in result.changes} & {"t0", "t1"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    loads=st.dictionaries(st.sampled_from(sorted(RING)), st.floats(0, 50), max_size=16),
+    max_moves=st.integers(0, 6),
+    down=st.integers(0, 2),
+    pins=st.dictionaries(st.sampled_from(sorted(RING)), st.sampled_from(REPLICAS), max_size=3),
+    rounds=st.integers(1, 4),
+)
+def test_keys_changed_per_interval_stay_within_the_bound(
+    loads: dict[str, float], max_moves: int, down: int, pins: dict[str, str], rounds: int
+) -> None:
+    settings_ = PlanSettings(max_moves=max_moves, min_gain=0.0, shrink_after_s=0.0)
+    current: dict[str, Homes] = {}
+    for step in range(rounds):  # a few intervals in a row, replicas leaving from the second on
+        replicas = REPLICAS[down:] if step else REPLICAS
+        given_ = PlanInput(replicas, loads, current, ring_home, known=list(RING), pinned=pins, now=float(step))
+        result = plan(given_, settings_)
+        before = {key: current.get(key, (ring_home(key),)) for key in RING}
+        after = {key: result.homes.get(key, (ring_home(key),)) for key in RING}
+        moved = [key for key in RING if before[key] != after[key]]
+        assert len(moved) <= max_moves
+        assert len(result.changes) <= max_moves
+        assert len({change.key for change in result.changes}) == len(result.changes)  # once per key
+        assert all(len(set(homes)) == len(homes) <= 3 for homes in after.values())
+        current = result.homes
