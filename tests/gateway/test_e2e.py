@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,13 @@ def test_each_tenant_lands_on_its_home_and_homes_spread(fleet: RunningFleet) -> 
         assert served[home].get(f"adapter-{tenant}") == 3, (tenant, served)
     for replica, models in served.items():  # and nothing of theirs anywhere else
         assert all(homes[m.removeprefix("adapter-")] == replica for m in models if m.startswith("adapter-t")), served
+    # Homes spread: balanced homes (the default) give each of the 3 replicas ceil(12 tenants / 3) = 4 of them,
+    # where the ring alone gives some replica more (its arcs are uneven), and t0-t8 are served by every replica.
+    every_home = Counter(home_of(fleet, tenant) for tenant in TENANTS)
+    assert every_home == dict.fromkeys(fleet.replica_urls, 4), every_home
+    assert {replica for replica, models in served.items() if any(m.startswith("adapter-t") for m in models)} == set(
+        fleet.replica_urls
+    )
 
 
 @pytest.fixture(scope="module")
