@@ -9,7 +9,7 @@ TINY_MODEL := $(ENGINES)/tiny
 # pytest-timeout bounds every test; engine lanes start real servers and get more.
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv lock engines redis browser promtool lint typecheck test test-fast demo bench-sim bench-gateway bench-decision bench-residency bench bench-overhead peers soak loadtest clean
+.PHONY: help venv lock engines redis browser promtool lint typecheck test test-fast demo bench-sim bench-gateway bench-decision bench-placement bench-residency bench bench-overhead peers soak loadtest clean
 
 # Every target is listed here (tests/deploy/test_packaging.py checks).
 help:
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-sim  print the simulator's own capacity"
 	@echo "make bench-gateway  print the gateway's added latency and CPU per request"
 	@echo "make bench-decision  one routing decision on a real pool of 16 to 1,000 replicas: microseconds per call"
+	@echo "make bench-placement  homes from traffic: the leader's plan CPU and the Redis bytes per interval"
 	@echo "make bench-residency  replay one multi-tenant trace under each routing policy: cold loads, TTFT"
 	@echo "make soak       10 minutes of steady traffic with periodic faults (SOAK_MINUTES=...)"
 	@echo "make loadtest   locust, headless, against a simulated fleet; reports in loadtest-report/"
@@ -118,6 +119,9 @@ bench-gateway: venv
 
 bench-decision: venv
 	$(BIN)/python -m loadtests.bench_decision
+
+bench-placement: venv
+	$(BIN)/python -m loadtests.bench_placement
 
 bench-residency: venv
 	$(BIN)/python -m loadtests.bench_residency

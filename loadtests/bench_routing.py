@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from gateway.routing.ring import Ring
 from loadtests.fleet import api_key, gateway_config, gateway_process, sim_stats, write_adapters
 from loadtests.processes import free_port, healthy, running, sim_command
 
@@ -61,6 +62,10 @@ class TraceSpec:
     rate: float
     hot_extra: float
     sim_args: tuple[str, ...] = ()
+    # Heavy tenants that count-balanced homes put on one replica (``colliding``), and their share of the traffic
+    # together (the others share the rest evenly); 0: Zipf popularity.
+    collide: int = 0
+    heavy_share: float = 0.0
 
     @property
     def tenant_ids(self) -> list[str]:
@@ -86,6 +91,17 @@ TRACES = {
             sim_args=("--max-num-seqs", "4"),
         ),
         TraceSpec("fits", "16 adapters (every one fits), Zipf, steady", tenants=16, rate=20.0, hot_extra=0.0),
+        TraceSpec(
+            "collide",
+            "16 adapters (every one fits); two heavy tenants, 60% of the requests, homed on one replica by "
+            "count-balanced homes (4 seats each)",
+            tenants=16,
+            rate=24.0,
+            hot_extra=0.0,
+            sim_args=("--max-num-seqs", "4"),
+            collide=2,
+            heavy_share=0.6,
+        ),
     )
 }
 
@@ -103,6 +119,13 @@ class Setup:
     load_view: str = "gateway"
     # Routing settings beside the defaults (tenantgate only), e.g. {"balance_factor": 2.0}.
     routing: tuple[tuple[str, Any], ...] = ()
+    # Other config sections (tenantgate only), e.g. {"placement": {...}}.
+    sections: tuple[tuple[str, Any], ...] = ()
+
+
+# Homes from traffic at a 20 s trace's pace: the traffic measured every second over a 4 s window, homes planned
+# every 2 s (the defaults, 5 s / 60 s / 10 s, suit hours of traffic, not seconds).
+TRAFFIC_HOMES = (("traffic", {"interval_s": 1.0, "window_s": 4.0}), ("placement", {"interval_s": 2.0}))
 
 
 VLLM_ROUTER_POLICIES = ("consistent_hash", "round_robin", "sticky_least_loaded", "cache_aware")
@@ -115,6 +138,13 @@ SETUPS = [
     Setup("tenantgate bounded + residency", "tenantgate", "bounded_consistent_hash"),
     Setup("tenantgate bounded, engine load view", "tenantgate", "bounded_consistent_hash", load_view="engine"),
     Setup("tenantgate predicted_ttft", "tenantgate", "predicted_ttft"),
+    Setup(
+        "tenantgate predicted_ttft, traffic homes",
+        "tenantgate",
+        "predicted_ttft",
+        home_placement="traffic",
+        sections=TRAFFIC_HOMES,
+    ),
     Setup("tenantgate predicted_ttft, engine load view", "tenantgate", "predicted_ttft", load_view="engine"),
     Setup(
         "tenantgate predicted_ttft, no cold stall",
@@ -151,6 +181,7 @@ SETUPS = [
 PUBLISHED = {
     "tenantgate bounded + residency",
     "tenantgate predicted_ttft",
+    "tenantgate predicted_ttft, traffic homes",
     "tenantgate predicted_ttft, no cold stall",
     "tenantgate predicted_ttft, 3 gateways",
     "tenantgate predicted_ttft, 3 gateways, engine load view",
@@ -170,10 +201,31 @@ class Arrival:
     prompt: str
 
 
+def colliding(tenant_ids: list[str], count: int) -> list[str]:
+    """``count`` tenants that count-balanced homes put on the same replica of the benchmark's fleet (the gateway
+    computes the same homes: same replica ids, vnodes and tenants)."""
+    ring = Ring([f"r{i}" for i in range(REPLICAS)], vnodes=160)
+    ring.balance(tenant_ids)
+    by_home: dict[str, list[str]] = {}
+    for tenant in tenant_ids:
+        by_home.setdefault(ring.home(tenant), []).append(tenant)
+    return next(tenants[:count] for _, tenants in sorted(by_home.items()) if len(tenants) >= count)
+
+
+def popularity(spec: TraceSpec) -> dict[str, float]:
+    """Each tenant's weight: Zipf by rank, or with ``collide`` the heavy tenants' share and the rest even."""
+    ids = spec.tenant_ids
+    if not spec.collide:
+        return {t: 1 / (rank + 1) ** 1.1 for rank, t in enumerate(ids)}
+    heavy = set(colliding(ids, spec.collide))
+    light = (1 - spec.heavy_share) / (len(ids) - len(heavy))
+    return {t: spec.heavy_share / len(heavy) if t in heavy else light for t in ids}
+
+
 def make_trace(seconds: float, rate: float, seed: int = 17, spec: TraceSpec | None = None) -> list[Arrival]:
     spec = spec or TRACES["churn"]
     rng = random.Random(seed)
-    weights = {t: 1 / (rank + 1) ** 1.1 for rank, t in enumerate(spec.tenant_ids)}
+    weights = popularity(spec)
     turns: Counter[tuple[str, int]] = Counter()
     trace: list[Arrival] = []
     now = 0.0
@@ -308,6 +360,7 @@ def router_for(
                             "home_placement": setup.home_placement, "load_view": setup.load_view,
                             **dict(setup.routing)},
                 "telemetry": {"access_log": False},
+                **dict(setup.sections),
             }  # fmt: skip
             if setup.gateways > 1:
                 extra["state"] = {"redis_url": stack.enter_context(redis_for(root))}

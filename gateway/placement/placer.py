@@ -119,7 +119,9 @@ class Placer:
             measured = traffic.get(name)
             loads = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
             before = self.table.pools.get(name, PoolTable())
-            planned, changed = self._plan_pool(settings, pool, before, adapters, loads, known.get(name, set()), now)
+            planned, changed = await self._plan_pool(
+                settings, pool, before, adapters, loads, known.get(name, set()), now
+            )
             pools[name] = planned
             moves += changed
             self._warm(pool, planned, adapters)
@@ -137,7 +139,7 @@ class Placer:
             if moves:
                 log.info("placement version %d: %d key(s) moved", version, moves)
 
-    def _plan_pool(
+    async def _plan_pool(
         self,
         settings: PlacementConfig,
         pool: Pool,
@@ -169,7 +171,10 @@ class Placer:
             return replace(before, homes=homes, warming=warming, warming_since=warming_since, why=why), 0
         replicas = [r for r, replica in pool.replicas.items() if not replica.health.drained]
         pins = {key: r for key, r in self.pins(settings, pool.name).items() if r in pool.replicas}
-        result = plan(
+        # In a thread: thousands of keys take tens of milliseconds (loadtests/bench_placement.py), which the event
+        # loop must not wait out. The input is a snapshot; the ring's balanced homes change only with a new fleet.
+        result = await asyncio.to_thread(
+            plan,
             PlanInput(
                 replicas,
                 loads,
