@@ -92,8 +92,9 @@ class RoutingConfig(_Frozen):
     # 1 s). 1 gives the plain bound.
     capacity_floor: int = Field(default=8, ge=1, le=100_000)
     vnodes: int = Field(default=160, ge=1, le=10_000)
-    # A decision weighs the first `candidates` replicas of the key's ring order (and any replica where its adapter
-    # is resident), not the whole pool, so it costs the same at any fleet size. Pools this size or smaller: all.
+    # A decision weighs `candidates` replicas at most, so it costs the same at any fleet size: the first of the
+    # key's ring order, of which the last (up to half) give way to replicas where its adapter is resident outside
+    # them. Pools this size or smaller: all.
     candidates: int = Field(default=8, ge=1, le=1024)
     # What the bound counts on each replica: "gateway", this gateway's own requests in flight (with N gateways it
     # sees about 1/N of a replica's queue); "engine", the engine's own queue (running + waiting, scraped every

@@ -123,9 +123,13 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _timed(call: Callable[[str], None], keys: Sequence[str]) -> list[float]:
+# The clock each call is timed with: "wall" (perf_counter: what a request waits, preemption included) or "cpu"
+# (this thread's CPU time: what the decision itself costs, whatever else shares the cores).
+CLOCKS: dict[str, Callable[[], int]] = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
+
+
+def _timed(call: Callable[[str], None], keys: Sequence[str], clock: Callable[[], int]) -> list[float]:
     """Microseconds per call of ``call(key)`` for each key in turn, with the cyclic GC off."""
-    clock = time.perf_counter_ns
     spent = [0] * len(keys)
     gc.collect()
     gc.disable()
@@ -139,8 +143,9 @@ def _timed(call: Callable[[str], None], keys: Sequence[str]) -> list[float]:
     return [ns / 1000 for ns in spent]
 
 
-def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str) -> FleetResult:
-    """One fleet, measured in this process (the parent runs each in a fresh one)."""
+def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str, clock: str = "wall") -> FleetResult:
+    """One fleet, measured in this process (the parent runs each in a fresh one) with ``clock`` (CLOCKS)."""
+    timer = CLOCKS[clock]
     rng = random.Random(seed)
     tenants = [f"tenant-{i}" for i in range(keys)]
     first_keys = rng.sample(tenants, samples.first_sight)
@@ -164,13 +169,13 @@ def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str
     def explain(key: str) -> None:
         pool.explain(key, ADAPTER)
 
-    first_sight = _timed(place_release, first_keys)
+    first_sight = _timed(place_release, first_keys, timer)
     decided = set(first_keys)
     to_warm = [key for key in dict.fromkeys(drawn) if key not in decided]
     for key in to_warm:  # untimed: every drawn key has been decided once
         place_release(key)
-    seen_before = _timed(place_release, drawn)
-    explain_us = _timed(explain, explained)
+    seen_before = _timed(place_release, drawn, timer)
+    explain_us = _timed(explain, explained, timer)
     assert pool.in_flight == 0
     rss_growth = _rss_mb() - rss_before
     used = Samples(samples.first_sight, samples.calls, samples.explain, warmed=len(to_warm))
@@ -198,6 +203,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", default=PoolConfig.model_fields["policy"].default, help="the pool's policy "
                         "(default: the config's default)")  # fmt: skip
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall: perf_counter (preemption included); cpu: the thread's CPU time")  # fmt: skip
     parser.add_argument("--full", action="store_true", help=f"no smaller samples above {FULL_SAMPLES_UP_TO} replicas")
     args = parser.parse_args()
     sizes = [int(size) for size in args.replicas.split(",")]
@@ -205,7 +212,7 @@ def main() -> None:
     print(
         f"one decision on a real Pool: place + release per call (explain alone in its own columns); "
         f"{routing.vnodes} vnodes, {args.policy}, {args.keys} keys, adapter resident on "
-        f"{RESIDENT_SHARE:.0%} of replicas; cyclic GC disabled while timing; seed {args.seed}"
+        f"{RESIDENT_SHARE:.0%} of replicas; cyclic GC disabled while timing; {args.clock} clock; seed {args.seed}"
     )
     header = (
         f"{'replicas':>8} | {'first sight p50 / p99 / max (us)':>32} | {'seen before p50 / p99 (us)':>26} | "
@@ -218,7 +225,9 @@ def main() -> None:
     for replicas in sizes:
         samples = _samples(replicas, args.keys, args.first_sight, args.calls, args.full)
         with ProcessPoolExecutor(max_workers=1, mp_context=context) as executor:
-            result = executor.submit(run_fleet, replicas, args.keys, samples, args.seed, args.policy).result()
+            result = executor.submit(
+                run_fleet, replicas, args.keys, samples, args.seed, args.policy, args.clock
+            ).result()
         results.append(result)
         first, seen, explained = result.first_sight_us, result.seen_before_us, result.explain_us
         first_cell = f"{_pct(first, 0.5):.1f} / {_pct(first, 0.99):.1f} / {max(first):.1f}"

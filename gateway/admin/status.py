@@ -34,7 +34,7 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool, samples:
                 {"id": tenant_config.id, "home": decision.home, "ring_home": pool.ring.ring_home(tenant_config.id),
                  "now": decision.chosen, "position": round(pool.ring.position(tenant_config.id), 6),
                  "placement": key_placement(serving.fleet, pool, tenant_config.id),
-                 "predicted": {r: asdict(p) for r, p in decision.predictions.items()}}
+                 "predicted": {r: p.as_json() for r, p in decision.predictions.items()}}
             )  # fmt: skip
         pools[name] = {
             "policy": pool.config.policy,

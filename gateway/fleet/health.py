@@ -63,6 +63,15 @@ class ReplicaHealth:
         elapsed = (self.clock() if now is None else now) - since
         return 1.0 if elapsed >= self.slow_start_s else max(0.1, elapsed / self.slow_start_s)
 
+    def routing_state(self, now: float) -> tuple[bool, float]:
+        """``available(now)`` and ``weight(now)`` in one call (read per candidate per routing decision)."""
+        if not self.up or self.returning or self.drained or now < self.ejected_until:
+            return False, 0.0
+        if self.slow_start_s <= 0:
+            return True, 1.0
+        elapsed = now - max(self.serving_since, self.ejected_until)
+        return True, 1.0 if elapsed >= self.slow_start_s else max(0.1, elapsed / self.slow_start_s)
+
     def probed(self, ok: bool) -> str | None:
         """Take one probe result; returns "down" or "up" when the state flips, else None. The first probe (before
         the gateway serves) sets the state outright."""

@@ -95,6 +95,8 @@ class TtftModel:
     def __init__(self, priors: dict[Regime, Line], learning_rate: float) -> None:
         self._fits = {regime: _WeightedFit(priors[regime], learning_rate) for regime in REGIMES}
         self.lines: dict[Regime, Line] = {regime: fit.line for regime, fit in self._fits.items()}
+        # Bumped whenever a line moves: what is derived from the lines (the scorers' table) is rebuilt on change.
+        self.version = 0
 
     def line(self, regime: Regime) -> Line:
         return self.lines[regime]
@@ -102,7 +104,9 @@ class TtftModel:
     def observe(self, regime: Regime, load: float, ttft_ms: float) -> None:
         fit = self._fits[regime]
         fit.observe(load, ttft_ms)
-        self.lines[regime] = fit.line
+        if fit.line is not self.lines[regime]:
+            self.lines[regime] = fit.line
+            self.version += 1
 
 
 def regime_of(on_gpu: bool, resident: bool, key_recent: bool) -> Regime:

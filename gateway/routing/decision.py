@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
 from gateway.routing.costs import Regime
@@ -44,15 +46,22 @@ class KeyStanding:
 NEW_KEY = KeyStanding()
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
+# A request's own decision keeps each candidate's total only; /admin/route's (explain) keeps every part.
+NO_PARTS: Mapping[str, float] = MappingProxyType({})
+
+
+class Prediction(NamedTuple):
     """predicted_ttft's figures for one candidate: its regime, the load it counted, each scorer's weighted term
-    (milliseconds, by scorer name) and their sum."""
+    (milliseconds, by scorer name; empty unless the decision was explained) and their sum. A named tuple: one is
+    built per candidate per decision."""
 
     regime: Regime
     load: int
-    parts: dict[str, float]
+    parts: Mapping[str, float]
     total_ms: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {"regime": self.regime, "load": self.load, "parts": dict(self.parts), "total_ms": self.total_ms}
 
 
 @dataclass
@@ -70,20 +79,46 @@ class RoutingDecision:
     # Set when nothing was chosen: "down" (no replica up) or "full" (those up are at their per-replica cap).
     unavailable: Unavailable | None = None
     capacity: int | None = None
-    loads: dict[str, int] = field(default_factory=dict)
-    reserved: dict[str, int] = field(default_factory=dict)
     # The key took the slot reserved for it at its home.
     used_reservation: bool = False
-    # Replicas where the request's adapter was resident when it was decided (what spill:resident looked at).
-    resident: list[str] = field(default_factory=list)
-    # The replicas the filters kept, in the key's ring order.
-    candidates: list[str] = field(default_factory=list)
     # predicted_ttft: each replica under the bound, with its predicted TTFT and the parts of it (numbers only;
     # /admin/route and the status page build the text).
     predictions: dict[str, Prediction] = field(default_factory=dict)
+    # What the decision read: each weighed replica, and where the request's adapter was resident. Kept as read,
+    # so the views below (for /admin/route, logs and tests) cost nothing unless asked for.
+    snapshot: Sequence[ReplicaLoad] = field(default=(), repr=False)
+    resident_on: frozenset[str] = field(default=frozenset(), repr=False)
+    # The replicas the filters kept, in the key's ring order (``candidates`` names them).
+    kept: Sequence[ReplicaLoad] = field(default=(), repr=False)
+
+    @property
+    def candidates(self) -> list[str]:
+        """The replicas the filters kept, in the key's ring order."""
+        return [replica.id for replica in self.kept]
+
+    @property
+    def loads(self) -> dict[str, int]:
+        """Each weighed replica's load as routing counted it."""
+        return {replica.id: replica.in_flight for replica in self.snapshot}
+
+    @property
+    def reserved(self) -> dict[str, int]:
+        """Slots held for other keys, per weighed replica that had any."""
+        return {replica.id: replica.reserved for replica in self.snapshot if replica.reserved}
+
+    @property
+    def resident(self) -> list[str]:
+        """Replicas where the request's adapter was resident when it was decided (what spill:resident looked at)."""
+        return sorted(self.resident_on)
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data: dict[str, Any] = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("snapshot", "resident_on", "kept")
+        }
+        data["reasons"], data["excluded"], data["candidates"] = list(self.reasons), dict(self.excluded), self.candidates
+        data["predictions"] = {replica: p.as_json() for replica, p in self.predictions.items()}
+        data.update(loads=self.loads, reserved=self.reserved, resident=self.resident)
+        return data
 
     def span_attributes(self) -> dict[str, Any]:
         """The decision as OpenTelemetry span attributes (scalars and lists of strings only)."""

@@ -12,25 +12,22 @@ picker applies it (reason ``over_capacity``).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 
 from gateway.routing.decision import ReplicaLoad
 
 
-def filter_replicas(
-    order: Sequence[str], by_id: Mapping[str, ReplicaLoad], avoid: Collection[str]
-) -> tuple[list[str], dict[str, str]]:
+def filter_replicas(order: Sequence[ReplicaLoad], avoid: Collection[str]) -> tuple[list[ReplicaLoad], dict[str, str]]:
     """The replicas of ``order`` that may take the request, in that order, and each left out with its reason."""
-    candidates: list[str] = []
+    candidates: list[ReplicaLoad] = []
     excluded: dict[str, str] = {}
-    for replica_id in order:
-        replica = by_id[replica_id]
+    for replica in order:
         if not replica.healthy:
-            excluded[replica_id] = "unhealthy"
-        elif replica_id in avoid:
-            excluded[replica_id] = "retry"
+            excluded[replica.id] = "unhealthy"
+        elif replica.id in avoid:
+            excluded[replica.id] = "retry"
         elif replica.at_cap:
-            excluded[replica_id] = "replica_cap"
+            excluded[replica.id] = "replica_cap"
         else:
-            candidates.append(replica_id)
+            candidates.append(replica)
     return candidates, excluded

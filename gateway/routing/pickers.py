@@ -28,8 +28,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.routing.costs import regime_of
-from gateway.routing.decision import KeyStanding, Prediction, ReplicaLoad, RoutingDecision
+from gateway.routing.costs import Regime, regime_of
+from gateway.routing.decision import NO_PARTS, KeyStanding, Prediction, ReplicaLoad, RoutingDecision
 from gateway.routing.scorers import Candidate, Scoring
 
 
@@ -37,8 +37,7 @@ from gateway.routing.scorers import Candidate, Scoring
 class PickInput:
     """What a picker sees: the candidates in the key's ring order, and the numbers it may weigh."""
 
-    candidates: Sequence[str]
-    by_id: Mapping[str, ReplicaLoad]
+    candidates: Sequence[ReplicaLoad]
     balance_factor: float
     capacity_floor: int
     tick: int
@@ -51,21 +50,21 @@ class PickInput:
 
 
 def consistent_hash(decision: RoutingDecision, given: PickInput) -> None:
-    decision.chosen = given.candidates[0]
+    decision.chosen = given.candidates[0].id
 
 
 def bounded_consistent_hash(decision: RoutingDecision, given: PickInput) -> None:
-    candidates = given.candidates
+    candidates, home = given.candidates, decision.home
     capacity = decision.capacity = _capacity(given)
-    if given.standing.holds_reservation and candidates[0] == decision.home:
-        decision.chosen = decision.home
+    if given.standing.holds_reservation and candidates[0].id == home:
+        decision.chosen = home
         decision.used_reservation = True
         return
     allowed = _within_bound(decision, given, capacity)
-    if allowed[0] != candidates[0]:
+    if allowed[0] is not candidates[0]:
         decision.reasons.append("spill:over_capacity")
-    decision.chosen = allowed[0]
-    if decision.chosen != decision.home:
+    decision.chosen = allowed[0].id
+    if decision.chosen != home:
         decision.chosen, how = spill_target(allowed, given.resident)
         decision.reasons.append(how)
 
@@ -75,55 +74,83 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     over the load routing counts), each predicted as the sum of the pool's weighted scorers (routing/scorers/).
     A key holding its home's reservation may take it whatever the bound says, and the bound never forces a cold
     load: when every candidate under it has the adapter cold, those over it where it is warm compete too."""
-    assert given.scoring is not None, "predicted_ttft needs the pool's scoring"
-    candidates, by_id, home = given.candidates, given.by_id, decision.home
+    scoring = given.scoring
+    assert scoring is not None, "predicted_ttft needs the pool's scoring"
+    candidates, home, resident = given.candidates, decision.home, given.resident
     capacity = decision.capacity = _capacity(given)
     allowed = _within_bound(decision, given, capacity)
-    reserved_home = given.standing.holds_reservation and candidates[0] == home and allowed[0] != home
+    reserved_home = given.standing.holds_reservation and candidates[0].id == home and allowed[0].id != home
     if reserved_home:
         del decision.excluded[home]
-        allowed.insert(0, home)
-    scoring, resident = given.scoring, given.resident
-    if not any(by_id[r].on_gpu or r in resident for r in allowed):
+        allowed.insert(0, candidates[0])
+    for replica in allowed:
+        if replica.on_gpu or replica.id in resident:
+            break
+    else:
         # The bound left only replicas where the adapter is cold. A cold load stalls its replica for every request
         # there and evicts another adapter, so the bound does not force one: the warm candidates over it compete
         # too, and the prediction decides whether waiting there or loading elsewhere is faster.
-        warm_over = [r for r in candidates if r not in allowed and (by_id[r].on_gpu or r in resident)]
-        for replica_id in warm_over:
-            del decision.excluded[replica_id]
+        warm_over = [r for r in candidates if r not in allowed and (r.on_gpu or r.id in resident)]
+        for replica in warm_over:
+            del decision.excluded[replica.id]
         allowed = [r for r in candidates if r in allowed or r in warm_over]
-    lines, weighted, explain = scoring.model.lines, scoring.weighted, given.explain
-    best, best_ms = allowed[0], math.inf
-    predictions = decision.predictions
-    for replica_id in allowed:
-        replica = by_id[replica_id]
-        regime = regime_of(replica.on_gpu, replica_id in resident, replica.key_recent)
-        candidate = Candidate(replica, regime, lines[regime], replica_id == home)
+    # The built-in scorers are linear: one row per regime sums them (scorers/base.py), and a request's own decision
+    # keeps the chosen replica's prediction only (what the lease learns from). Explaining, or with a scorer that is
+    # not linear, each scorer is asked per candidate; explaining keeps every candidate's prediction and parts.
+    table = None if given.explain else scoring.table()
+    if table is not None:
+        best, best_ms, best_load = allowed[0].id, math.inf, 0
+        best_regime: Regime = "cold"
+        for replica in allowed:
+            replica_id, load = replica.id, replica.in_flight
+            regime = regime_of(replica.on_gpu, replica_id in resident, replica.key_recent)
+            row = table[regime]
+            total = row.constant_ms + row.per_request_ms * load
+            if replica_id != home:
+                total += row.off_home_ms
+            if total < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
+                best, best_ms, best_regime, best_load = replica_id, total, regime, load
+        decision.predictions[best] = Prediction(best_regime, best_load, NO_PARTS, best_ms)
+    else:
+        best = _score_each(decision, allowed, given, scoring)
+    decision.chosen = best
+    decision.used_reservation = reserved_home and best == home
+    if best != home and candidates[0].id == home:
+        decision.reasons.append("spill:over_capacity" if home in decision.excluded else "spill:faster")
+
+
+def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given: PickInput, scoring: Scoring) -> str:
+    """predicted_ttft's scores asked of each scorer per candidate (explaining, or a scorer that is not linear):
+    every candidate's prediction is kept, with each scorer's weighted term when explaining. Returns the best."""
+    home, resident, explain = decision.home, given.resident, given.explain
+    lines, weighted = scoring.model.lines, scoring.weighted
+    best, best_ms = allowed[0].id, math.inf
+    for replica in allowed:
+        regime = regime_of(replica.on_gpu, replica.id in resident, replica.key_recent)
+        candidate = Candidate(replica, regime, lines[regime], replica.id == home)
+        parts: Mapping[str, float] = NO_PARTS
         if explain:
             parts = {name: weight * score(candidate) for name, weight, score in weighted}
             total = sum(parts.values())
-        else:  # a request's own decision keeps the total; /admin/route's (explain) keeps every part
-            parts, total = {}, 0.0
+        else:
+            total = 0.0
             for _, weight, score in weighted:
                 total += weight * score(candidate)
-        predictions[replica_id] = Prediction(regime, replica.in_flight, parts, total)
+        decision.predictions[replica.id] = Prediction(regime, replica.in_flight, parts, total)
         if total < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
-            best, best_ms = replica_id, total
-    decision.chosen = best
-    decision.used_reservation = reserved_home and best == home
-    if best != home and home in candidates:
-        decision.reasons.append("spill:over_capacity" if home not in allowed else "spill:faster")
+            best, best_ms = replica.id, total
+    return best
 
 
 def round_robin(decision: RoutingDecision, given: PickInput) -> None:
-    decision.chosen = sorted(given.candidates)[given.tick % len(given.candidates)]
+    ids = sorted(replica.id for replica in given.candidates)
+    decision.chosen = ids[given.tick % len(ids)]
     if decision.chosen != decision.home:
         decision.reasons.append("policy:round_robin")
 
 
 def least_loaded(decision: RoutingDecision, given: PickInput) -> None:
-    by_id = given.by_id
-    decision.chosen = min(given.candidates, key=lambda replica_id: by_id[replica_id].in_flight)
+    decision.chosen = min(given.candidates, key=lambda replica: replica.in_flight).id
     if decision.chosen != decision.home:
         decision.reasons.append("policy:least_loaded")
 
@@ -142,37 +169,37 @@ PICKERS: dict[str, Picker] = {
 def _capacity(given: PickInput) -> int:
     """The bound: ``ceil(balance_factor x mean)`` of in flight + reserved over the candidates, counting this
     request, never below ``capacity_floor``."""
-    by_id = given.by_id
-    total = sum(by_id[r].in_flight + by_id[r].reserved for r in given.candidates)
-    return max(math.ceil(given.balance_factor * (total + 1) / len(given.candidates)), given.capacity_floor)
+    total = 1
+    for replica in given.candidates:
+        total += replica.in_flight + replica.reserved
+    return max(math.ceil(given.balance_factor * total / len(given.candidates)), given.capacity_floor)
 
 
-def _within_bound(decision: RoutingDecision, given: PickInput, capacity: int) -> list[str]:
+def _within_bound(decision: RoutingDecision, given: PickInput, capacity: int) -> list[ReplicaLoad]:
     """The candidates under the bound, in ring order (never empty: some replica is under the mean), and each one
     over it recorded as ``over_capacity``. A key with requests in flight counts reserved slots against it too; a
     replica in slow start has its share of the capacity."""
-    candidates, by_id = given.candidates, given.by_id
-    if given.standing.in_flight:
-        load = {r: by_id[r].in_flight + by_id[r].reserved for r in candidates}
-    else:
-        load = {r: by_id[r].in_flight for r in candidates}
-    allowed = [r for r in candidates if load[r] < _scaled(capacity, by_id[r].weight)]
+    candidates = given.candidates
+    count_reserved = given.standing.in_flight > 0
+    allowed = []
+    for replica in candidates:
+        load = replica.in_flight + replica.reserved if count_reserved else replica.in_flight
+        if load < (capacity if replica.weight >= 1 else max(1, math.ceil(capacity * replica.weight))):
+            allowed.append(replica)
     if not allowed:  # every replica with room is in slow start: the plain bound still has a pick
-        allowed = [r for r in candidates if load[r] < capacity]
+        allowed = [r for r in candidates if (r.in_flight + r.reserved if count_reserved else r.in_flight) < capacity]
     if len(allowed) < len(candidates):
-        room = set(allowed)
-        decision.excluded.update((r, "over_capacity") for r in candidates if r not in room)
+        excluded = decision.excluded
+        for replica in candidates:
+            if replica not in allowed:
+                excluded[replica.id] = "over_capacity"
     return allowed
 
 
-def _scaled(capacity: int, weight: float) -> int:
-    return capacity if weight >= 1 else max(1, math.ceil(capacity * weight))
-
-
-def spill_target(allowed: Sequence[str], resident: frozenset[str]) -> tuple[str, str]:
+def spill_target(allowed: Sequence[ReplicaLoad], resident: frozenset[str]) -> tuple[str, str]:
     """Where a request that cannot go home goes, among the replicas the bound allows (in ring order): the first
     where its adapter is already resident (no cold load), else the next on the ring."""
-    for replica_id in allowed:
-        if replica_id in resident:
-            return replica_id, "spill:resident"
-    return allowed[0], "spill:ring"
+    for replica in allowed:
+        if replica.id in resident:
+            return replica.id, "spill:resident"
+    return allowed[0].id, "spill:ring"

@@ -40,31 +40,34 @@ def decide(
     avoid: Collection[str] = (),
     scoring: Scoring | None = None,
     explain: bool = False,
+    aligned: bool = False,
 ) -> RoutingDecision:
     """Choose a replica for ``key`` among ``order`` (the candidates in the key's preference order, home first;
     ``replicas`` describes each of them); ``decision.chosen`` is None only when the filters left none, and then
     ``decision.unavailable`` says why. ``avoid``: replicas this request already failed on. ``scoring``:
-    predicted_ttft's scorers and model; ``explain``: keep each scorer's term per candidate, not only the sum."""
+    predicted_ttft's scorers and model; ``explain``: keep each scorer's term per candidate, not only the sum.
+    ``aligned``: ``replicas[i]`` describes ``order[i]`` (the pool's snapshot), so no lookup by id is needed."""
     picker = PICKERS.get(policy)
     if picker is None:
         raise ValueError(f"unknown routing policy {policy!r}")
-    by_id = {replica.id: replica for replica in replicas}
-    decision = RoutingDecision(pool=pool, policy=policy, key=key, home=order[0] if order else "")
-    decision.loads = {replica.id: replica.in_flight for replica in replicas}
-    decision.reserved = {replica.id: replica.reserved for replica in replicas if replica.reserved}
-    decision.resident = sorted(resident)
-    candidates, decision.excluded = filter_replicas(order, by_id, avoid)
-    decision.candidates = candidates
+    if not aligned:
+        by_id = {replica.id: replica for replica in replicas}
+        replicas = [by_id[replica_id] for replica_id in order]
+    decision = RoutingDecision(
+        pool=pool, policy=policy, key=key, home=order[0] if order else "", snapshot=replicas, resident_on=resident
+    )
+    candidates, decision.excluded = filter_replicas(replicas, avoid)
+    decision.kept = candidates
     if not candidates:
         full = "replica_cap" in decision.excluded.values()
         decision.unavailable = "full" if full else "down"
         decision.reasons.append("no_replica_with_room" if full else "no_healthy_replica")
         return decision
-    if candidates[0] != decision.home:
+    if candidates[0].id != decision.home:
         decision.reasons.append(f"spill:{decision.excluded[decision.home]}")
     picker(
         decision,
-        PickInput(candidates, by_id, balance_factor, capacity_floor, tick, standing, resident, scoring, explain),
+        PickInput(candidates, balance_factor, capacity_floor, tick, standing, resident, scoring, explain),
     )
     if decision.chosen == decision.home:
         decision.reasons.insert(0, "home")

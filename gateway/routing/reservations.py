@@ -37,7 +37,8 @@ class HomeReservations:
         self.window_s = window_s
         self._clock = clock
         self._keys: OrderedDict[str, _KeyState] = OrderedDict()
-        self._reserved: dict[str, int] = {}
+        # Slots held per replica (read per candidate per decision: a plain dict; see ``reserved``).
+        self.by_replica: dict[str, int] = {}
 
     @property
     def enabled(self) -> bool:
@@ -45,7 +46,7 @@ class HomeReservations:
 
     def reserved(self, replica_id: str) -> int:
         """Slots held at ``replica_id`` for active keys homed there with nothing in flight."""
-        return self._reserved.get(replica_id, 0)
+        return self.by_replica.get(replica_id, 0)
 
     def standing(self, key: str) -> KeyStanding:
         """``key``'s requests in flight and whether it holds its home reservation now (call after ``expire``)."""
@@ -66,7 +67,7 @@ class HomeReservations:
                 self._keys.move_to_end(key)
                 continue
             del self._keys[key]
-            self._reserved[state.home] -= 1
+            self.by_replica[state.home] -= 1
 
     def arrived(self, key: str, home: str, chosen: str) -> None:
         if not self.enabled:
@@ -74,14 +75,14 @@ class HomeReservations:
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _KeyState(home, 0, 0, self._clock())
-            self._reserved[home] = self._reserved.get(home, 0) + 1
+            self.by_replica[home] = self.by_replica.get(home, 0) + 1
         else:
             state.last_active = self._clock()
             self._keys.move_to_end(key)
         state.in_flight += 1
         if chosen == state.home:
             if state.in_flight_at_home == 0:
-                self._reserved[state.home] -= 1
+                self.by_replica[state.home] -= 1
             state.in_flight_at_home += 1
 
     def finished(self, key: str, chosen: str) -> None:
@@ -94,4 +95,4 @@ class HomeReservations:
         if chosen == state.home:
             state.in_flight_at_home -= 1
             if state.in_flight_at_home == 0:
-                self._reserved[state.home] += 1
+                self.by_replica[state.home] += 1

@@ -4,13 +4,14 @@ would trade the key back and forth, and each move costs a cold prefix (and, for 
 
 from __future__ import annotations
 
-from gateway.routing.scorers.base import Candidate, ScorerSettings, scorer
+from gateway.routing.costs import Line, Regime
+from gateway.routing.scorers.base import Linear, LinearScorer, ScorerSettings, scorer
 
 
 @scorer("affinity")
-class Affinity:
+class Affinity(LinearScorer):
     def __init__(self, settings: ScorerSettings) -> None:
         self.margin_ms = settings.affinity_margin_ms
 
-    def score(self, candidate: Candidate) -> float:
-        return 0.0 if candidate.is_home else self.margin_ms
+    def coefficients(self, line: Line, regime: Regime) -> Linear:
+        return Linear(off_home_ms=self.margin_ms)

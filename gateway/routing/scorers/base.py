@@ -3,15 +3,22 @@
 predicted_ttft (routing/pickers.py) sums each configured scorer's term times its weight (``routing.scorers``) and
 takes the candidate with the lowest sum among those under the bound. A scorer is registered under its name by its
 module (``@scorer("name")``); adding one is one module here and its import in ``__init__``.
+
+Most terms are linear in the candidate's load, given its regime's learned line: a ``LinearScorer`` says only its
+coefficients (``Linear``), and its ``score`` follows from them. When every configured scorer is linear (the
+built-in ones are), ``Scoring.table`` sums their weighted coefficients once per regime, and a decision scores a
+candidate with one lookup and two multiplications instead of a call per scorer (the decision's cost is per
+candidate, and this is most of it). A scorer that is not linear (it implements ``score`` alone) is still welcome:
+every decision then calls each scorer per candidate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from gateway.routing.costs import Line, Regime, TtftModel
+from gateway.routing.costs import REGIMES, Line, Regime, TtftModel
 from gateway.routing.decision import ReplicaLoad
 
 
@@ -29,6 +36,28 @@ class Scorer(Protocol):
     def score(self, candidate: Candidate) -> float:
         """This term of the candidate's predicted TTFT, in milliseconds (before its weight)."""
         ...
+
+
+class Linear(NamedTuple):
+    """A term in milliseconds: ``constant_ms + per_request_ms x load``, plus ``off_home_ms`` on any replica but
+    the key's home."""
+
+    constant_ms: float = 0.0
+    per_request_ms: float = 0.0
+    off_home_ms: float = 0.0
+
+    def at(self, load: int, is_home: bool) -> float:
+        return self.constant_ms + self.per_request_ms * load + (0.0 if is_home else self.off_home_ms)
+
+
+class LinearScorer:
+    """A scorer whose term is linear in the candidate's load for a given regime and line."""
+
+    def coefficients(self, line: Line, regime: Regime) -> Linear:
+        raise NotImplementedError
+
+    def score(self, candidate: Candidate) -> float:
+        return self.coefficients(candidate.line, candidate.regime).at(candidate.replica.in_flight, candidate.is_home)
 
 
 @dataclass(frozen=True)
@@ -51,18 +80,41 @@ def scorer(name: str) -> Callable[[ScorerFactory], ScorerFactory]:
     return register
 
 
-@dataclass(frozen=True)
 class Scoring:
     """A pool's scorers with their weights, and the TTFT model they read. ``weighted``: each term's name, weight
     and bound ``score``, looked up once here rather than per candidate."""
 
-    terms: tuple[tuple[str, float, Scorer], ...]
-    model: TtftModel
-    weighted: tuple[tuple[str, float, Callable[[Candidate], float]], ...] = field(init=False)
+    __slots__ = ("_linear", "_table", "_table_version", "model", "terms", "weighted")
 
-    def __post_init__(self) -> None:
-        weighted = tuple((name, weight, term.score) for name, weight, term in self.terms)
-        object.__setattr__(self, "weighted", weighted)
+    def __init__(self, terms: tuple[tuple[str, float, Scorer], ...], model: TtftModel) -> None:
+        self.terms = terms
+        self.model = model
+        self.weighted: tuple[tuple[str, float, Callable[[Candidate], float]], ...] = tuple(
+            (name, weight, term.score) for name, weight, term in terms
+        )
+        linear = [(weight, term) for _, weight, term in terms if isinstance(term, LinearScorer)]
+        self._linear = linear if len(linear) == len(terms) else None
+        self._table: Mapping[Regime, Linear] = {}
+        self._table_version = -1
+
+    def table(self) -> Mapping[Regime, Linear] | None:
+        """Per regime, the weighted sum of every scorer's coefficients for the model's lines now (rebuilt when a
+        line moves); None when some scorer is not linear."""
+        if self._linear is None:
+            return None
+        model = self.model
+        if self._table_version != model.version:
+            table: dict[Regime, Linear] = {}
+            for regime in REGIMES:
+                line = model.lines[regime]
+                parts = [(weight, term.coefficients(line, regime)) for weight, term in self._linear]
+                table[regime] = Linear(
+                    sum(weight * part.constant_ms for weight, part in parts),
+                    sum(weight * part.per_request_ms for weight, part in parts),
+                    sum(weight * part.off_home_ms for weight, part in parts),
+                )
+            self._table, self._table_version = table, model.version
+        return self._table
 
 
 def build_scoring(weights: Mapping[str, float], settings: ScorerSettings, model: TtftModel) -> Scoring:

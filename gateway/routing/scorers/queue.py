@@ -3,13 +3,14 @@ replica's load as routing counts it (this gateway's own, or the engine's queue w
 
 from __future__ import annotations
 
-from gateway.routing.scorers.base import Candidate, ScorerSettings, scorer
+from gateway.routing.costs import Line, Regime
+from gateway.routing.scorers.base import Linear, LinearScorer, ScorerSettings, scorer
 
 
 @scorer("queue")
-class QueueWait:
+class QueueWait(LinearScorer):
     def __init__(self, settings: ScorerSettings) -> None:
         pass
 
-    def score(self, candidate: Candidate) -> float:
-        return candidate.line.per_request_ms * candidate.replica.in_flight
+    def coefficients(self, line: Line, regime: Regime) -> Linear:
+        return Linear(per_request_ms=line.per_request_ms)

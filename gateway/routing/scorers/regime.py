@@ -3,13 +3,14 @@ memory, not loaded) and the prefill its prefix warmth leaves (routing/costs.py),
 
 from __future__ import annotations
 
-from gateway.routing.scorers.base import Candidate, ScorerSettings, scorer
+from gateway.routing.costs import Line, Regime
+from gateway.routing.scorers.base import Linear, LinearScorer, ScorerSettings, scorer
 
 
 @scorer("regime")
-class RegimeCost:
+class RegimeCost(LinearScorer):
     def __init__(self, settings: ScorerSettings) -> None:
         pass
 
-    def score(self, candidate: Candidate) -> float:
-        return candidate.line.base_ms
+    def coefficients(self, line: Line, regime: Regime) -> Linear:
+        return Linear(constant_ms=line.base_ms)

@@ -5,15 +5,14 @@ own wait, this one the wait it imposes on the tenants already there."""
 
 from __future__ import annotations
 
-from gateway.routing.scorers.base import Candidate, ScorerSettings, scorer
+from gateway.routing.costs import Line, Regime
+from gateway.routing.scorers.base import Linear, LinearScorer, ScorerSettings, scorer
 
 
 @scorer("cold_stall")
-class ColdStall:
+class ColdStall(LinearScorer):
     def __init__(self, settings: ScorerSettings) -> None:
         pass
 
-    def score(self, candidate: Candidate) -> float:
-        if candidate.regime != "cold":
-            return 0.0
-        return candidate.line.base_ms * candidate.replica.in_flight
+    def coefficients(self, line: Line, regime: Regime) -> Linear:
+        return Linear(per_request_ms=line.base_ms) if regime == "cold" else Linear()

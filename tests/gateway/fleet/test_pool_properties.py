@@ -7,6 +7,7 @@ ring's order."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,3 +184,19 @@ def test_a_light_key_stays_home_whatever_a_hot_key_does(
             lease = pool.lease(light, None)
             assert lease.decision.chosen == pool.ring.home(light), (light, lease.decision)
             light_running[light] = lease
+
+
+@pytest.mark.parametrize("policy", ["bounded_consistent_hash", "predicted_ttft"])
+@pytest.mark.parametrize("resident_count", [30, 1])
+def test_resident_replicas_take_the_ring_tails_places_up_to_half_of_the_candidates(
+    policy: str, resident_count: int
+) -> None:
+    """At most ``routing.candidates`` replicas are weighed whatever the fleet: replicas where the adapter is
+    resident outside the key's first ones replace the last of them, up to half, the home always kept."""
+    pool = pool_of(200, RoutingConfig(candidates=8, capacity_floor=1, home_reservation_s=0), cap=100, policy=policy)
+    head = pool.ring.head("acme", 8)
+    resident = sorted(set(pool.replicas) - set(head))[:resident_count]  # none among the key's first 8
+    for replica_id in resident:
+        pool.residency.views[replica_id].resident["a"] = 1.0
+    kept = min(resident_count, 4)
+    assert pool.explain("acme", "a").candidates == [*head[: 8 - kept], *resident[:kept]]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.routing.costs import Line, Regime, TtftModel
 from gateway.routing.decision import NEW_KEY, KeyStanding, ReplicaLoad, RoutingDecision
 from gateway.routing.pipeline import decide
 from gateway.routing.ring import Ring
-from gateway.routing.scorers import SCORERS, Candidate, ScorerSettings, build_scoring
+from gateway.routing.scorers import SCORERS, Candidate, ScorerSettings, Scoring, build_scoring
 
 PRIORS: dict[Regime, Line] = {
     "warm": Line(20, 10),
@@ -182,14 +184,63 @@ def test_an_unhealthy_home_is_never_scored() -> None:
     assert decision.reasons[0] == "spill:unhealthy"
 
 
-def test_a_requests_own_decision_keeps_the_totals_and_explain_keeps_the_parts_too() -> None:
+def test_a_requests_own_decision_keeps_the_chosen_prediction_and_explain_keeps_every_part() -> None:
     fleet = [replica(HOME, 5), replica(SECOND), replica(THIRD, 3)]
     explained = pick(*fleet, resident=EVERYWHERE)
     placed = decide(RING.preference(KEY), KEY, fleet, pool="p", policy="predicted_ttft", balance_factor=1.25,
                     capacity_floor=8, resident=EVERYWHERE, scoring=SCORING)  # fmt: skip
-    assert placed.chosen == explained.chosen
-    assert {r: p.total_ms for r, p in placed.predictions.items()} == {
-        r: p.total_ms for r, p in explained.predictions.items()
-    }
-    assert all(not p.parts for p in placed.predictions.values())
+    assert placed.chosen == explained.chosen == SECOND
+    assert placed.predictions == {SECOND: explained.predictions[SECOND]._replace(parts={})}
+    assert set(explained.predictions) == {HOME, SECOND, THIRD}
     assert all(p.parts for p in explained.predictions.values())
+
+
+class _Square:
+    """A scorer that is not linear in the load (so decisions ask it per candidate)."""
+
+    def score(self, candidate: Candidate) -> float:
+        return float(candidate.replica.in_flight**2)
+
+
+_FLEETS = st.lists(
+    st.tuples(st.integers(0, 12), st.booleans(), st.booleans(), st.booleans(), st.booleans()), min_size=3, max_size=3
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleet=_FLEETS, weights=st.tuples(*[st.sampled_from([0.0, 0.5, 1.0, 2.0])] * 4), learned=st.integers(0, 5))
+def test_the_summed_linear_table_decides_as_asking_each_scorer_would(
+    fleet: list[tuple[int, bool, bool, bool, bool]], weights: tuple[float, ...], learned: int
+) -> None:
+    """The linear table (a request's own decision) and the per-scorer path (explain) agree on the choice and its
+    total, whatever the weights, loads and regimes, and after the model has moved its lines."""
+    names = ("queue", "regime", "affinity", "cold_stall")
+    model = TtftModel(PRIORS, 0.3)
+    for i in range(learned):  # the table follows the model's lines as they move
+        model.observe("cold" if i % 2 else "warm", i, 100.0 * i)
+    scoring = build_scoring(dict(zip(names, weights, strict=True)), ScorerSettings(affinity_margin_ms=10), model)
+    loads = [
+        ReplicaLoad(r, True, load, on_gpu=gpu, key_recent=recent)
+        for r, (load, gpu, recent, _, _) in zip(RING.preference(KEY), fleet, strict=True)
+    ]
+    resident = frozenset(r for r, (_, _, _, here, _) in zip(RING.preference(KEY), fleet, strict=True) if here)
+    holds = KeyStanding(1, holds_reservation=fleet[0][4])
+    common = {"pool": "p", "policy": "predicted_ttft", "balance_factor": 1.25, "capacity_floor": 4,
+              "resident": resident, "standing": holds, "scoring": scoring}  # fmt: skip
+    placed = decide(RING.preference(KEY), KEY, loads, **common)  # type: ignore[arg-type]
+    explained = decide(RING.preference(KEY), KEY, loads, explain=True, **common)  # type: ignore[arg-type]
+    assert placed.chosen == explained.chosen
+    assert placed.reasons == explained.reasons and placed.excluded == explained.excluded
+    chosen = placed.predictions[placed.chosen or ""]
+    assert chosen.regime == explained.predictions[placed.chosen or ""].regime
+    assert chosen.total_ms == pytest.approx(explained.predictions[placed.chosen or ""].total_ms)
+
+
+def test_a_scorer_that_is_not_linear_is_asked_per_candidate() -> None:
+    scoring = Scoring((("square", 1.0, _Square()),), TtftModel(PRIORS, 0))
+    assert scoring.table() is None
+    fleet = [replica(HOME, 3), replica(SECOND, 1), replica(THIRD, 2)]
+    decision = decide(RING.preference(KEY), KEY, fleet, pool="p", policy="predicted_ttft", balance_factor=1.25,
+                      capacity_floor=8, resident=EVERYWHERE, scoring=scoring)  # fmt: skip
+    assert decision.chosen == SECOND
+    assert {r: p.total_ms for r, p in decision.predictions.items()} == {HOME: 9.0, SECOND: 1.0, THIRD: 4.0}
