@@ -6,7 +6,8 @@ Make before break: a key whose set gains a replica (a move, or a hot key's secon
 set in ``homes`` and its old one in ``warming``. Every gateway routes it by the old set and plans the new members'
 fill with its adapters (so the eviction timer keeps them); the leader loads and warms them there (the residency
 lifecycle's ``warm``: a load and a one-token request), and publishes the switch only once every adapter of the key
-is resident at every new member by the record, or at once when no replica of the old set is up. A move not warm
+is resident at every new member by the record (as soon as a warm-up ends, not an interval later), or at once when
+no replica of the old set is up. A move not warm
 after ``warm_timeout_s`` is given up (the key keeps its old set).
 
 When the leader dies the table stays as it is (the other gateways keep routing by the last version) until another
@@ -61,9 +62,25 @@ class Placer:
         self.operator = Operator()  # the run-time freeze and pins, as the leader read them last
         self._installed: tuple[Fleet | None, int] = (None, -1)  # the fleet and version installed last
         self._warming: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+        # One tick at a time: the interval's, or the switch a finished warm-up brings forward.
+        self._lock = asyncio.Lock()
+        self._last: tuple[GatewayConfig, Fleet, Traffic] | None = None
+        self._switch: asyncio.Task[None] | None = None
 
     async def tick(self, config: GatewayConfig, fleet: Fleet, traffic: Traffic) -> None:
         """One interval: poll, plan and publish when leading, warm what moves, install the table into ``fleet``."""
+        async with self._lock:
+            self._last = (config, fleet, traffic)
+            await self._tick(config, fleet, traffic, plan_moves=True)
+
+    async def _switch_warm(self) -> None:
+        """A warm-up finished: publish the moves that are warm now rather than an interval later (no new moves:
+        those stay once per interval)."""
+        async with self._lock:
+            if self._last is not None and self.leads:
+                await self._tick(*self._last, plan_moves=False)
+
+    async def _tick(self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, *, plan_moves: bool) -> None:
         try:
             polled = await self.store.poll(self.gateway_id, self.table.version)
         except StoreUnavailable as exc:
@@ -86,7 +103,7 @@ class Placer:
                 self.table = polled.table
         if self.leads:
             stored = polled.version if polled is not None else self.table.version
-            await self._lead(config, fleet, traffic, max(stored, self.table.version) + 1)
+            await self._lead(config, fleet, traffic, max(stored, self.table.version) + 1, plan_moves)
         self.install(fleet)
 
     def install(self, fleet: Fleet) -> None:
@@ -107,7 +124,9 @@ class Placer:
         )
         self._installed = (fleet, self.table.version)
 
-    async def _lead(self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, version: int) -> None:
+    async def _lead(
+        self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, version: int, plan_moves: bool
+    ) -> None:
         settings = config.placement
         now = self._clock()
         known = homed_keys(config)
@@ -120,7 +139,7 @@ class Placer:
             loads = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
             before = self.table.pools.get(name, PoolTable())
             planned, changed = await self._plan_pool(
-                settings, pool, before, adapters, loads, known.get(name, set()), now
+                settings, pool, before, adapters, loads, known.get(name, set()), now, plan_moves
             )
             pools[name] = planned
             moves += changed
@@ -148,6 +167,7 @@ class Placer:
         loads: Mapping[str, float],
         known: set[str],
         now: float,
+        plan_moves: bool,
     ) -> tuple[PoolTable, int]:
         """The pool's next table, and how many keys changed set in it."""
         homes = dict(before.homes)
@@ -167,7 +187,7 @@ class Placer:
                 why[key] = f"move to {', '.join(new)} given up: not warm in time"
                 del warming[key], warming_since[key]
                 self.given_up += 1
-        if self.frozen(settings):
+        if self.frozen(settings) or not plan_moves:
             return replace(before, homes=homes, warming=warming, warming_since=warming_since, why=why), 0
         replicas = [r for r, replica in pool.replicas.items() if not replica.health.drained]
         pins = {key: r for key, r in self.pins(settings, pool.name).items() if r in pool.replicas}
@@ -227,11 +247,15 @@ class Placer:
             await pool.residency.warm(replica_id, adapter, pinned=False)
         except (BackendError, GatewayError) as exc:  # tried again next interval, given up after warm_timeout_s
             log.warning("placement: warming %s on %s/%s failed: %s", adapter.engine_name, pool.name, replica_id, exc)
+            return
+        if self._switch is None or self._switch.done():
+            self._switch = asyncio.create_task(self._switch_warm(), name="placement switch")
 
     async def close(self) -> None:
-        for task in list(self._warming.values()):
+        tasks = [*self._warming.values(), *([self._switch] if self._switch is not None else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._warming.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.close()
 
 
