@@ -37,6 +37,7 @@ from gateway.redis_client import RedisAccess, make_client, redis_access, secret
 from gateway.reload import close_retiring, rediscover, reload_answer
 from gateway.reload_fanout import FANOUT, GATEWAY_ID, Fanout
 from gateway.residency.lifecycle import every
+from gateway.residency.signal_redis import RedisSlotChannel
 from gateway.residency.timed import TimedStore
 from gateway.serving import ingress
 from gateway.serving.connections import phases
@@ -148,7 +149,16 @@ def create_app(
         discovered = await discover(config, {})
         serving_config = state.compose(config, discovered)
         store = state.residency_store = TimedStore(make_store(config, access), metrics)
-        fleet = Fleet(serving_config, metrics, store=store, homes_from=config, scrapes=state.scrapes)
+        slots, following = None, None
+        if redis_url is not None:  # one gateway alone sees its own slot releases: no signal to follow
+            slots = RedisSlotChannel(
+                redis_url, metrics, operation_timeout_s=timeout_s, cluster=config.state.cluster, access=access
+            )
+            state.slot_signal = slots.signal
+            following = asyncio.create_task(slots.run(), name="slot signal")
+        fleet = Fleet(
+            serving_config, metrics, store=store, homes_from=config, scrapes=state.scrapes, signal=state.slot_signal
+        )
         await fleet.start()
         state.swap(Serving(serving_config, TenantDirectory(serving_config), fleet), discovered=discovered)
         every_s = discovery_interval_s(config)
@@ -165,6 +175,11 @@ def create_app(
         await state.serving.fleet.close()
         if state.scrapes is not None:
             state.scrapes.close()
+        if slots is not None and following is not None:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
+            await slots.close()
         await store.close()
         if buckets is not None:
             await buckets.close()

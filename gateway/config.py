@@ -466,8 +466,9 @@ class ResidencyConfig(_Frozen):
     # A load that finds every slot of a replica's working set in use waits (outside the replica's lock) up to this
     # long for one to free. Then an engine that queues such requests itself (vLLM) gets the adapter anyway, over
     # max_adapters until the timer brings it back; one that refuses them (TensorRT-LLM) answers 503 Retry-After.
-    # It must outlast the in-use window (1 s, or 4 x use_flush_interval_s): an adapter freed during the wait is
-    # evictable only once its last use has left that window.
+    # With gateways sharing Redis, a slot another gateway frees ends the wait at once (its release, through the slot
+    # signal); while this gateway's subscription to that signal is down, only once the adapter's last use has left
+    # the in-use window (1 s, or 4 x use_flush_interval_s): a wait shorter than that window then ends in 503.
     slot_wait_timeout_s: float = Field(default=3.0, gt=0, le=600)
     # Loads waiting for a slot at once, per replica; past it a newcomer does not wait (over, or 503, as above).
     slot_wait_queue: int = Field(default=64, ge=1, le=100_000)
@@ -781,7 +782,7 @@ class GatewayConfig(_Frozen):
         if isinstance(data, dict):
             problems += cross_reference_problems(data)
         if config is not None and not problems:
-            problems += _engine_checks(config) + _slot_wait_problems(config) + _source_problems(config)
+            problems += _engine_checks(config) + _source_problems(config)
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         assert config is not None
@@ -803,19 +804,6 @@ def _source_problems(config: GatewayConfig) -> list[InitErrorDetails]:
             message = f"adapter {other.name!r} has this source too (set shared_source: true on both to share it)"
             problems.append(_problem(("adapters", index, "source"), adapter.source, message))
     return problems
-
-
-def _slot_wait_problems(config: GatewayConfig) -> list[InitErrorDetails]:
-    """Gateways sharing Redis see each other's uses as marks that count for the in-use window: a slot freed during
-    a wait is evictable only once its last use has left that window, so the wait must outlast it."""
-    residency = config.residency
-    window = residency.shared_in_use_window_s
-    if config.state.redis_url is None or residency.slot_wait_timeout_s > window:
-        return []
-    message = (
-        f"must be longer than the in-use window of gateways sharing Redis ({window} s: 1 s or 4 x use_flush_interval_s)"
-    )
-    return [_problem(("residency", "slot_wait_timeout_s"), residency.slot_wait_timeout_s, message)]
 
 
 Where = tuple[str | int, ...]

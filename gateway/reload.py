@@ -134,7 +134,10 @@ async def rediscover(app: web.Application) -> None:
 async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayConfig, discovered: Discovered) -> None:
     """Build and warm a fleet for ``config`` beside the serving one, swap it in, retire the old one."""
     state = app[STATE]
-    fleet = Fleet(config, app[METRICS], store=state.residency_store, homes_from=base, scrapes=state.scrapes)
+    fleet = Fleet(
+        config, app[METRICS], store=state.residency_store, homes_from=base, scrapes=state.scrapes,
+        signal=state.slot_signal,
+    )  # fmt: skip
     try:
         await fleet.start()
         await fleet.started_up()

@@ -11,6 +11,7 @@ from gateway.config import ConfigError, GatewayConfig
 from gateway.fleet.discovery import Discovered, with_replicas
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.host_scrape import HostScrapes
+from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.residency.store import ResidencyStore
 from gateway.tenants.admission import Admission
 from gateway.tenants.directory import TenantDirectory
@@ -43,6 +44,8 @@ class GatewayState:
         self.residency_store: ResidencyStore | None = None
         # Under serve --workers: this worker's part in scraping the engines once per host (every fleet's).
         self.scrapes: HostScrapes | None = None
+        # And the residency record's slot releases across gateways (gateway/residency/signal.py), kept the same way.
+        self.slot_signal: Signal = NO_SIGNAL
         # Kept across reloads: a tenant whose limits did not change keeps its buckets.
         self.admission = admission
         admission.configure(config)

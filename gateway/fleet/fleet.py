@@ -22,6 +22,7 @@ from gateway.redis_client import NO_ACCESS, RedisAccess
 from gateway.residency.lifecycle import PoolResidency, every
 from gateway.residency.memory import MemoryStore
 from gateway.residency.redis import RedisStore
+from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.residency.store import ResidencyStore
 from gateway.residency.timed import TimedStore
 from gateway.tenants.directory import keyed_targets
@@ -81,11 +82,13 @@ class Fleet:
         *,
         homes_from: GatewayConfig | None = None,
         scrapes: HostScrapes | None = None,
+        signal: Signal = NO_SIGNAL,
     ) -> None:
         """``store``: the residency record, shared by the fleets a reload swaps (one record per replica, whichever
-        fleet manages it); without one the fleet makes (and closes) its own. ``homes_from``: the config file, whose
-        tenants and adapters get balanced homes (default ``config``). Not the tenants added at run time: which of
-        those a gateway knows depends on when it started, and every gateway with the same file must agree.
+        fleet manages it); without one the fleet makes (and closes) its own. ``signal``: slot releases across the
+        gateways sharing that store (gateway/residency/signal.py), shared the same way. ``homes_from``: the config
+        file, whose tenants and adapters get balanced homes (default ``config``). Not the tenants added at run time:
+        which of those a gateway knows depends on when it started, and every gateway with the same file must agree.
         ``scrapes``: under serve --workers, whether this worker scrapes the engines for the host's workers."""
         self.config = config
         self.scrapes = scrapes
@@ -107,6 +110,7 @@ class Fleet:
                 shared=config.state.redis_url is not None,
                 overcommit=registry.spec(pool_config.backend).queues_when_full,
                 metrics=self.metrics,
+                signal=signal,
             )
             self.pools[pool_config.name] = Pool(
                 pool_config, config.routing, driver, residency, config.limits.max_in_flight_per_replica
@@ -251,6 +255,8 @@ class Fleet:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await asyncio.gather(*(pool.residency.flush_uses() for pool in self.pools.values()), return_exceptions=True)
+        for pool in self.pools.values():
+            pool.residency.detach()  # its requests are over: it holds nothing another gateway should hear of
         await asyncio.gather(*(pool.driver.close() for pool in self.pools.values()))
         if close_store and self._owns_store:
             await self.store.close()

@@ -112,6 +112,16 @@ class GatewayMetrics:
             "waited (woke to look again), over (loaded over max_adapters: the engine queues for slots) or refused "
             "(503: the engine refuses when full)", ["pool", "replica", "outcome"], registry=r,
         )  # fmt: skip
+        self.slot_releases = Counter(
+            "tenantgate_adapter_slot_releases", "Slots freed on a replica where another gateway waits for one, "
+            "said through Redis: published (this gateway freed one) or received (another's, waking waits here)",
+            ["pool", "direction"], registry=r,
+        )  # fmt: skip
+        self.slot_signal_up = Gauge(
+            "tenantgate_adapter_slot_signal_up", "1 while this gateway hears other gateways' slot releases (its "
+            "Redis subscription is up); 0 without Redis or while it is down: a slot another gateway frees is then "
+            "seen only once that adapter's use mark leaves the in-use window", registry=r,
+        )  # fmt: skip
         self.residency_lookups = Counter(
             "tenantgate_residency_lookups", "Requests whose adapter was resident on their replica (hit) or not (miss)",
             ["pool", "result"], registry=r,

@@ -9,8 +9,10 @@ An adapter counts as in use, and is never evicted, while this gateway has reques
 gateways share the store, any gateway marked a use within ``in_use_window_s`` (gateways re-mark adapters with
 requests in flight at every flush). A load that finds every resident adapter in use: on an engine that queues
 requests for a full set (vLLM), it loads at once, over the bound, until the timer brings the set back; on one that
-refuses them (TensorRT-LLM), it waits with the lock released until one is free (its requests end, or its mark
-leaves that window), up to ``slot_wait_timeout_s``, then answers 503. If the store is unreachable the lifecycle
+refuses them (TensorRT-LLM), it waits with the lock released until one is free, up to ``slot_wait_timeout_s``, then
+answers 503: this gateway's requests for an adapter end (woken at once), another gateway frees a slot (woken at once
+by its release through the slot signal, gateway/residency/signal.py, which also says which adapters the other
+gateways hold; without it, once the adapter's mark leaves the window). If the store is unreachable the lifecycle
 goes on from its local view alone, says so in ``store_up``, and resynchronises from the engines when the store
 answers.
 """
@@ -32,6 +34,7 @@ from backends.errors import AdapterCacheFull, BackendError
 from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics
+from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ class PoolResidency:
         overcommit: bool = False,
         metrics: GatewayMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
+        signal: Signal = NO_SIGNAL,
     ) -> None:
         self.pool = pool
         self.endpoints = {endpoint.id: endpoint for endpoint in replicas}
@@ -107,6 +111,11 @@ class PoolResidency:
         self._adapter_idle = {replica_id: asyncio.Event() for replica_id in self.endpoints}
         # Per replica, the adapters whose loads wait for a slot, in arrival order (one load per adapter).
         self._slot_line: dict[str, deque[str]] = {replica_id: deque() for replica_id in self.endpoints}
+        # Slots other gateways freed (their releases) or news that their held sets are complete, counted per
+        # replica: a waiter that sees the count move looks again under the lock.
+        self._remote_news = dict.fromkeys(self.endpoints, 0)
+        self.signal = signal
+        self.detach = signal.attach(pool, self)
 
     # --- the request path -------------------------------------------------------------------------------------
 
@@ -150,7 +159,10 @@ class PoolResidency:
 
     def begin_use(self, replica_id: str, engine_name: str) -> None:
         in_flight = self.views[replica_id].in_flight
-        in_flight[engine_name] = in_flight.get(engine_name, 0) + 1
+        in_use = in_flight.get(engine_name, 0)
+        in_flight[engine_name] = in_use + 1
+        if not in_use:  # another gateway waiting for a slot there hears that this one now holds the adapter
+            self.signal.changed(self.pool, replica_id, freed=False)
 
     def end_use(self, replica_id: str, engine_name: str) -> None:
         view = self.views[replica_id]
@@ -158,6 +170,7 @@ class PoolResidency:
         if not view.in_flight[engine_name]:
             del view.in_flight[engine_name]
             self._adapter_idle[replica_id].set()
+            self.signal.changed(self.pool, replica_id, freed=True)  # a release, if another gateway waits there
         now = self._now()
         self._pending_uses[(replica_id, engine_name)] = now
         if engine_name in view.resident:
@@ -270,14 +283,31 @@ class PoolResidency:
         self._sets_changed()
         await self.driver.unload_adapter(self.endpoints[replica_id], engine_name)
         await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
+        self.signal.changed(self.pool, replica_id, freed=True)
         log.info("unloaded adapter %s from %s/%s", engine_name, self.pool, replica_id)
 
     def _victim(self, replica_id: str, resident: dict[str, float], pinned: Iterable[str]) -> str | None:
-        """The least recently used resident adapter that is neither pinned nor in use."""
+        """The least recently used resident adapter that is neither pinned nor in use: in flight here, or held by
+        another gateway as the slot signal says while this one waits there, or else used within the in-use window."""
         busy = set(pinned) | set(self.views[replica_id].in_flight)
         in_use_since = self._now() - self.in_use_window_s
+        held_elsewhere = self.signal.remote_holds(self.pool, replica_id) if self.in_use_window_s else None
+        if held_elsewhere is not None:
+            busy |= held_elsewhere
+            in_use_since = float("inf")
         idle = [(used, name) for name, used in resident.items() if name not in busy and used <= in_use_since]
         return min(idle)[1] if idle else None
+
+    # --- what the slot signal asks (gateway/residency/signal.py) ----------------------------------------------------
+
+    def held_here(self, replica_id: str) -> frozenset[str]:
+        view = self.views.get(replica_id)
+        return frozenset(view.in_flight) if view is not None else frozenset()
+
+    def remote_release(self, replica_id: str) -> None:
+        if replica_id in self._remote_news:
+            self._remote_news[replica_id] += 1
+            self._adapter_idle[replica_id].set()
 
     def _may_wait(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> bool:
         """Whether a load may still wait for a slot: the engine refuses requests for a full set (one that queues
@@ -291,10 +321,11 @@ class PoolResidency:
 
     async def _wait_for_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> None:
         """Wait, without the replica's lock, until an adapter may be evicted: one of ours finishes its requests
-        (woken at once), or another gateway's use mark ages out of the in-use window (woken then), or the wait is
-        over. Only for an engine that refuses a full cache (one that queues loads over the bound in ``_made_room``
-        instead). When the wait is over or hopeless raise ``AdapterCacheFull``: the engine's own answer to a full
-        cache, which dispatch tries on another replica and otherwise answers 503 with Retry-After."""
+        (woken at once), another gateway frees a slot (woken at once by the slot signal), or another gateway's use
+        mark ages out of the in-use window (woken then), or the wait is over. Only for an engine that refuses a full
+        cache (one that queues loads over the bound in ``_made_room`` instead). When the wait is over or hopeless
+        raise ``AdapterCacheFull``: the engine's own answer to a full cache, which dispatch tries on another replica
+        and otherwise answers 503 with Retry-After."""
         if not self._may_wait(replica_id, record, give_up_at):
             self.metrics.slot_waits.labels(self.pool, replica_id, "refused").inc()
             log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
@@ -303,16 +334,20 @@ class PoolResidency:
         view, idle = self.views[replica_id], self._adapter_idle[replica_id]
         self.slot_waiters[replica_id] += 1
         try:
-            while (timeout := self._slot_wait_timeout(replica_id, record, give_up_at)) > 0:
-                idle.clear()
-                try:
-                    await asyncio.wait_for(idle.wait(), timeout)
-                except TimeoutError:
-                    return  # a mark may have aged out, or the wait is over: look again under the lock
-                # One of ours went idle: look again under the lock only if that made an adapter evictable here
-                # (every waiter wakes; most find nothing and wait on without touching the store).
-                if self._victim(replica_id, dict(view.resident), view.pinned) is not None:
-                    return
+            with self.signal.waiting(self.pool, replica_id):
+                while (timeout := self._slot_wait_timeout(replica_id, record, give_up_at)) > 0:
+                    news = self._remote_news[replica_id]
+                    idle.clear()
+                    try:
+                        await asyncio.wait_for(idle.wait(), timeout)
+                    except TimeoutError:
+                        return  # a mark may have aged out, or the wait is over: look again under the lock
+                    if self._remote_news[replica_id] != news:
+                        return  # another gateway freed a slot (the record says which), or said what it holds
+                    # One of ours went idle: look again under the lock only if that made an adapter evictable here
+                    # (every waiter wakes; most find nothing and wait on without touching the store).
+                    if self._victim(replica_id, dict(view.resident), view.pinned) is not None:
+                        return
         finally:
             self.slot_waiters[replica_id] -= 1
 

@@ -52,8 +52,6 @@ POOL = EXAMPLE["pools"][0]
                      id="pinned-over-max"),
         pytest.param({"splits": [{"name": "support", "variants": [{"model": "nope", "weight": 1}]}]},
                      "splits.0.variants.0.model", "unknown model 'nope'", id="split-unknown-model"),
-        pytest.param({"state": {"redis_url": "redis://127.0.0.1:6379/0"}, "residency": {"slot_wait_timeout_s": 0.5}},
-                     "residency.slot_wait_timeout_s", "must be longer than the in-use window", id="slot-wait"),
     ],
 )  # fmt: skip
 def test_each_cross_reference_error_names_its_field(changes: dict[str, object], path: str, message: str) -> None:

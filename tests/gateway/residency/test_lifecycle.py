@@ -12,7 +12,9 @@ from backends.base import AdapterRef, Endpoint
 from backends.errors import AdapterCacheFull
 from gateway.config import ResidencyConfig
 from gateway.failures import classify
+from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable, Uses
 from tests.clock import Clock
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
@@ -30,6 +32,8 @@ def lifecycle(
     shared: bool = False,
     config: ResidencyConfig | None = None,
     overcommit: bool = False,
+    signal: Signal = NO_SIGNAL,
+    metrics: GatewayMetrics | None = None,
 ) -> PoolResidency:
     """A gateway's lifecycle; ``overcommit``: the engine queues requests for a full working set (vLLM), else it
     refuses them (TensorRT-LLM), as the lifecycle's older tests assume."""
@@ -44,6 +48,8 @@ def lifecycle(
         shared=shared,
         overcommit=overcommit,
         wall_clock=clock,
+        signal=signal,
+        metrics=metrics,
     )
 
 
@@ -55,12 +61,12 @@ async def fill_with_adapters_in_use(life: PoolResidency, *names: str) -> None:
         life.begin_use("r0", name)
 
 
-async def until_a_load_waits(life: PoolResidency) -> None:
+async def until_a_load_waits(life: PoolResidency, replica: str = "r0") -> None:
     for _ in range(5_000):  # a bounded poll
-        if life.slot_waiters["r0"]:
+        if life.slot_waiters[replica]:
             return
         await asyncio.sleep(0.001)
-    raise AssertionError("no load waits for a slot on r0")
+    raise AssertionError(f"no load waits for a slot on {replica}")
 
 
 async def test_a_full_working_set_evicts_the_least_recently_used_idle_adapter(store: ResidencyStore) -> None:

@@ -1,0 +1,284 @@
+"""Slot releases across gateways: a load waiting for a slot on a replica hears at once when another gateway frees one.
+
+Gateways sharing Redis see each other's uses only as use marks, and an adapter counts as in use while its mark is
+within the in-use window (``ResidencyConfig.shared_in_use_window_s``): without this module a slot another gateway
+frees is seen only when its mark ages out. Nothing here is written on the request path unless some gateway waits:
+
+- a gateway with loads waiting for a slot on replica R announces it (``wait``), and again every ``RENEW_S`` while
+  they wait; every gateway keeps the replicas with a remote waiter in a local set whose entries expire;
+- a gateway that hears of a wait on R answers with the adapters it has requests in flight for there (``held``),
+  and says so again whenever that set changes while the wait lasts; one that frees a slot on R (its last request
+  with an adapter there ends, or it unloads one) says so with ``freed``: a release;
+- the waiting gateway keeps each other gateway's held set; a release wakes its waits on R, which look again.
+
+Why held sets and not only releases: a use mark says an adapter was used recently, not that it is in use now. Once
+every listening gateway has had ``SETTLE_S`` to answer the announcement, the waiter knows which of R's adapters are
+in flight anywhere, so an adapter nobody holds may go at once, whatever its mark. Until then, or while this
+gateway's own subscription is down (``listening`` false, the metric ``tenantgate_adapter_slot_signal_up`` 0, a
+warning in the log), ``remote_holds`` says None and the lifecycle falls back on the in-use window. A gateway whose
+subscription is down does not hear the announcement and cannot answer it: a waiter may then evict an adapter that
+gateway still uses. On an engine that refuses loads when full (TensorRT-LLM: the only kind that waits) unloading
+is the gateway forgetting the adapter; the engine keeps it while in flight and the next request sends it again.
+
+The transport is a callable that publishes one message (gateway/residency/signal_redis.py: Redis pub/sub); the
+in-process store has ``NO_SIGNAL``, which does nothing: one gateway sees its own releases at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.observe.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+# A waiting gateway announces its wait this often; a remote wait or held set not heard again for REMOTE_TTL_S is
+# forgotten (its gateway stopped waiting, or died).
+RENEW_S = 0.5
+REMOTE_TTL_S = 3 * RENEW_S
+# After an announcement reached Redis, the time every listening gateway has to answer with its held set: a round
+# trip through Redis and an event loop's turn, with room for a busy loop. A wait may end this much after a release.
+SETTLE_S = 0.05
+
+Key = tuple[str, str]  # (pool, replica)
+
+
+class SlotListener(Protocol):
+    """A pool's lifecycle, as the signal sees it."""
+
+    def held_here(self, replica_id: str) -> frozenset[str]:
+        """The adapters this gateway has requests in flight for on the replica."""
+        ...
+
+    def remote_release(self, replica_id: str) -> None:
+        """Another gateway freed a slot on the replica (or held sets may now be complete): waits look again."""
+        ...
+
+
+@dataclass
+class _Wait:
+    """This gateway's loads waiting on one replica, and what the other gateways said they hold there."""
+
+    count: int = 0
+    left_at: float = 0.0  # monotonic; when the count last fell to 0 (kept a while: a load looks again, then waits on)
+    sent_at: float = float("-inf")  # monotonic; when it was last announced
+    announced_at: float | None = None  # monotonic; the first announcement that reached Redis while listening
+    holds: dict[str, tuple[frozenset[str], float]] = field(default_factory=dict)  # gateway -> (held, heard at)
+    last: dict[str, int] = field(default_factory=dict)  # gateway -> number of its newest held set heard
+
+
+class SlotSignal:
+    def __init__(
+        self,
+        publish: Callable[[str], Awaitable[None]],
+        metrics: GatewayMetrics,
+        *,
+        gateway_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``publish``: sends one message to every gateway (this one included); raises on failure."""
+        self.gateway_id = gateway_id or uuid.uuid4().hex[:12]
+        self._publish = publish
+        self.metrics = metrics
+        self._clock = clock
+        self._listeners: dict[str, list[SlotListener]] = {}
+        self._waits: dict[Key, _Wait] = {}
+        self._remote_waits: dict[Key, float] = {}  # (pool, replica) -> until when (monotonic) another gateway waits
+        self._sending: set[asyncio.Task[None]] = set()
+        # Numbers this gateway's messages: publishes run concurrently and may reach Redis out of order, so a
+        # waiter keeps each gateway's newest held set, not the last to arrive.
+        self._sent_count = 0
+        self.listening = False  # this gateway's subscription is up: it hears the others
+        metrics.slot_signal_up.set(0)
+
+    # --- the lifecycle's side -------------------------------------------------------------------------------------
+
+    def attach(self, pool: str, listener: SlotListener) -> Callable[[], None]:
+        """Follow a pool's replicas for ``listener`` (a reload's new fleet and the retiring one both do, for a
+        while); returns what detaches it."""
+        self._listeners.setdefault(pool, []).append(listener)
+        return lambda: self._listeners[pool].remove(listener)
+
+    @contextlib.contextmanager
+    def waiting(self, pool: str, replica: str) -> Iterator[None]:
+        """A load waits for a slot on the replica while inside: the first one announces it, the renewal loop
+        (``renew``) repeats it until the last leaves. A load leaves to look again under the lock and comes back if
+        there is still no room: the wait is kept for ``RENEW_S`` after the last leaves, announced and with what
+        the other gateways hold, rather than announced again and settled again each time."""
+        key = (pool, replica)
+        wait = self._waits.setdefault(key, _Wait())
+        if not wait.count and wait.sent_at <= self._clock() - RENEW_S:  # new, or kept past a renewal it missed
+            self._announce(key, wait)
+        wait.count += 1
+        try:
+            yield
+        finally:
+            wait.count -= 1
+            if not wait.count:
+                wait.left_at = self._clock()
+
+    def changed(self, pool: str, replica: str, *, freed: bool) -> None:
+        """This gateway's held set on the replica changed (``freed``: a slot freed, an adapter's last request here
+        ended or it was unloaded). A dict lookup unless another gateway waits there; then one publish."""
+        if not self._remote_waits or not self.remote_waiting(pool, replica):
+            return
+        self._send({"t": "held", "p": pool, "r": replica, "a": self._held(pool, replica), "freed": freed}, None)
+        if freed:
+            self.metrics.slot_releases.labels(pool, "published").inc()
+
+    def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
+        """The adapters other gateways hold on the replica, once this gateway waits there and every listening
+        gateway has had time to say; None otherwise (judge by the in-use window instead)."""
+        wait = self._waits.get((pool, replica))
+        now = self._clock()
+        if not self.listening or wait is None or wait.announced_at is None or now < wait.announced_at + SETTLE_S:
+            return None
+        if wait.sent_at < now - 2 * RENEW_S:
+            return None  # not renewed lately (kept after its loads left): the others may have stopped saying
+        fresh = [held for held, heard_at in wait.holds.values() if heard_at > now - REMOTE_TTL_S]
+        return frozenset().union(*fresh)
+
+    # --- the transport's side -------------------------------------------------------------------------------------
+
+    def heard(self, raw: str) -> None:
+        """One message from the channel."""
+        try:
+            message = json.loads(raw)
+            kind, sender, key = message["t"], message["g"], (str(message["p"]), str(message["r"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("slot signal: unreadable message %.200r", raw)
+            return
+        if sender == self.gateway_id:
+            return
+        if kind == "wait":
+            self._remote_waits[key] = self._clock() + REMOTE_TTL_S
+            held = self._held(*key)
+            if held:
+                self._send({"t": "held", "p": key[0], "r": key[1], "a": held, "freed": False}, None)
+        elif kind == "held":
+            wait = self._waits.get(key)
+            number = message.get("n")
+            if wait is None or not isinstance(number, int) or number <= wait.last.get(sender, -1):
+                return  # not waiting there (any more), or older than what that gateway said since
+            wait.last[sender] = number
+            adapters = message.get("a")
+            wait.holds[sender] = (frozenset(map(str, adapters)) if isinstance(adapters, list) else frozenset(),
+                                  self._clock())  # fmt: skip
+            if message.get("freed"):
+                self.metrics.slot_releases.labels(key[0], "received").inc()
+                self._wake(key)
+
+    def subscribed(self, up: bool) -> None:
+        """The transport's subscription came up (announce every wait again: what was said while down is lost) or
+        went down (held sets may be missing: fall back on the in-use window until announced again)."""
+        if up == self.listening:
+            return
+        self.listening = up
+        self.metrics.slot_signal_up.set(1 if up else 0)
+        for key, wait in self._waits.items():
+            wait.announced_at, wait.holds, wait.last = None, {}, {}
+            if up:
+                self._announce(key, wait)
+        if up:
+            log.info("slot signal: listening to other gateways' slot releases")
+        else:
+            log.warning("slot signal: not listening; slots other gateways free are seen once their uses age out")
+
+    def renew(self) -> None:
+        """Announce every wait again (the transport calls this every ``RENEW_S``); forget the waits left for that
+        long and the remote waits expired."""
+        now = self._clock()
+        self._remote_waits = {key: until for key, until in self._remote_waits.items() if until > now}
+        self._waits = {key: w for key, w in self._waits.items() if w.count or w.left_at > now - RENEW_S}
+        for key, wait in self._waits.items():
+            if wait.count:
+                self._announce(key, wait)
+
+    async def close(self) -> None:
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
+
+    # --- inside -------------------------------------------------------------------------------------------------
+
+    def remote_waiting(self, pool: str, replica: str) -> bool:
+        """Whether another gateway waits for a slot on the replica (as last announced, within ``REMOTE_TTL_S``)."""
+        until = self._remote_waits.get((pool, replica))
+        return until is not None and until > self._clock()
+
+    def _held(self, pool: str, replica: str) -> list[str]:
+        held: set[str] = set()
+        for listener in self._listeners.get(pool, ()):
+            held |= listener.held_here(replica)
+        return sorted(held)
+
+    def _announce(self, key: Key, wait: _Wait) -> None:
+        wait.sent_at = self._clock()
+        self._send({"t": "wait", "p": key[0], "r": key[1]}, key)
+
+    def _wake(self, key: Key) -> None:
+        for listener in self._listeners.get(key[0], ()):
+            listener.remote_release(key[1])
+
+    def _send(self, message: dict[str, object], announcing: Key | None) -> None:
+        """Publish in the background (never awaited on the request path). ``announcing``: a wait announcement;
+        once it reached Redis while listening, the held sets are complete after ``SETTLE_S`` (waits look again)."""
+        self._sent_count += 1
+        body = json.dumps({**message, "g": self.gateway_id, "n": self._sent_count})
+        task = asyncio.get_running_loop().create_task(self._sent(body, announcing), name="slot signal publish")
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _sent(self, body: str, announcing: Key | None) -> None:
+        listening = self.listening
+        try:
+            await self._publish(body)
+        except Exception as exc:  # the store's own calls report Redis away; a lost message costs a fallback
+            log.debug("slot signal: publish failed: %r", exc)
+            return
+        if announcing is None or not listening or not self.listening:
+            return
+        wait = self._waits.get(announcing)
+        if wait is not None and wait.announced_at is None:
+            wait.announced_at = self._clock()
+            asyncio.get_running_loop().call_later(SETTLE_S, self._wake, announcing)
+
+
+class NoSignal:
+    """The in-process store's signal: one gateway, which sees its own releases at once."""
+
+    def attach(self, pool: str, listener: SlotListener) -> Callable[[], None]:
+        return lambda: None
+
+    @contextlib.contextmanager
+    def waiting(self, pool: str, replica: str) -> Iterator[None]:
+        yield
+
+    def changed(self, pool: str, replica: str, *, freed: bool) -> None:
+        return None
+
+    def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
+        return None
+
+
+class Signal(Protocol):
+    """What the lifecycle uses: ``SlotSignal`` or ``NoSignal``."""
+
+    def attach(self, pool: str, listener: SlotListener) -> Callable[[], None]: ...
+
+    def waiting(self, pool: str, replica: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def changed(self, pool: str, replica: str, *, freed: bool) -> None: ...
+
+    def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None: ...
+
+
+NO_SIGNAL = NoSignal()

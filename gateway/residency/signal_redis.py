@@ -1,0 +1,84 @@
+"""The slot signal's transport (gateway/residency/signal.py): Redis pub/sub on ``{prefix}:slots``.
+
+Every gateway sharing the Redis subscribes to the one channel and publishes there; a Redis Cluster forwards a
+PUBLISH to every node's subscribers, so the same works there (one channel: sharded pub/sub would buy nothing at a
+message per wait and release). The subscriber reconnects after ``RECONNECT_S`` when its connection drops; while it
+is down the signal says so (``SlotSignal.listening``) and waits fall back on the in-use window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from redis.asyncio.cluster import RedisCluster
+
+from gateway.observe.metrics import GatewayMetrics
+from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.residency.signal import RENEW_S, SlotSignal
+
+log = logging.getLogger(__name__)
+
+RECONNECT_S = 0.5
+
+
+class RedisSlotChannel:
+    def __init__(
+        self,
+        url: str,
+        metrics: GatewayMetrics,
+        *,
+        operation_timeout_s: float,
+        prefix: str = "tg",
+        cluster: bool = False,
+        access: RedisAccess = NO_ACCESS,
+    ) -> None:
+        self._timeout_s = operation_timeout_s
+        self._client = make_client(url, operation_timeout_s, cluster=cluster, access=access)
+        self._subscriber = make_client(url, operation_timeout_s, subscriber=True, cluster=cluster, access=access)
+        self._channel = f"{prefix}:slots"
+        self.signal = SlotSignal(self._publish, metrics)
+
+    async def _publish(self, body: str) -> None:
+        async with redis_call("slot signal publish", self._timeout_s):
+            await self._client.publish(self._channel, body)
+
+    async def run(self) -> None:
+        """Follow the channel and renew this gateway's waits until cancelled."""
+        renewing = asyncio.create_task(self._renew(), name="slot signal renewal")
+        try:
+            await self._follow()
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+
+    async def close(self) -> None:
+        await self.signal.close()
+        await self._client.aclose()
+        await self._subscriber.aclose()
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                if isinstance(self._subscriber, RedisCluster):
+                    await self._subscriber.initialize()
+                async with self._subscriber.pubsub() as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    async for message in pubsub.listen():
+                        if message.get("type") == "subscribe":
+                            self.signal.subscribed(True)  # Redis confirmed: from now on every message reaches us
+                        elif message.get("type") == "message":
+                            self.signal.heard(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away, or the connection dropped: subscribe again shortly
+                log.debug("slot signal: subscription lost: %r", exc)
+            self.signal.subscribed(False)
+            await asyncio.sleep(RECONNECT_S)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_S)
+            self.signal.renew()

@@ -1,0 +1,211 @@
+"""Slot releases across gateways (gateway/residency/signal.py): gateways' lifecycles sharing a store (in-process, a
+real redis-server, a real Redis Cluster), their signals joined by an in-memory bus that delivers as pub/sub does
+(to every subscribed signal, the sender's own included, a loop turn later). The Redis transport has its own tests
+(test_slot_signal_redis.py).
+
+The in-use window is 10 s (a flush every 2.5 s) and the slot wait 3 s: without the signal, a slot another gateway
+frees is seen only when its use mark leaves the window, long after the wait has given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from backends.errors import AdapterCacheFull
+from gateway.config import ResidencyConfig
+from gateway.observe.metrics import GatewayMetrics
+from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.signal import REMOTE_TTL_S, RENEW_S, SlotSignal
+from gateway.residency.store import ResidencyStore
+from tests.clock import Clock
+from tests.gateway.residency.fakes import FakeEngine, ref
+from tests.gateway.residency.test_lifecycle import lifecycle, until_a_load_waits
+
+LONG_WINDOW = ResidencyConfig(use_flush_interval_s=2.5, slot_wait_timeout_s=3.0)
+
+
+class Bus:
+    """What Redis pub/sub does for the signals of the gateways in a test; counts what was published."""
+
+    def __init__(self) -> None:
+        self.signals: list[SlotSignal] = []
+        self.published: list[dict[str, Any]] = []
+
+    def signal(self, clock: Clock | None = None, metrics: GatewayMetrics | None = None) -> SlotSignal:
+        signal = SlotSignal(self._publish, metrics or GatewayMetrics(), clock=clock or time.monotonic)
+        self.signals.append(signal)
+        signal.subscribed(True)
+        return signal
+
+    async def _publish(self, body: str) -> None:
+        self.published.append(json.loads(body))
+        loop = asyncio.get_running_loop()
+        for signal in self.signals:
+            if signal.listening:
+                loop.call_soon(signal.heard, body)
+
+
+def releases(life: PoolResidency, direction: str) -> float:
+    value = life.metrics.registry.get_sample_value(
+        "tenantgate_adapter_slot_releases_total", {"pool": "llama", "direction": direction}
+    )
+    return value or 0.0
+
+
+def gateway(store: ResidencyStore, engine: FakeEngine, bus: Bus, config: ResidencyConfig = LONG_WINDOW, *,
+            max_adapters: int = 1) -> PoolResidency:  # fmt: skip
+    """A gateway's lifecycle sharing ``store`` and ``engine``, with its own signal on ``bus`` (and its metrics)."""
+    metrics = GatewayMetrics()
+    signal = bus.signal(metrics=metrics)
+    return lifecycle(store, engine, time.time, shared=True, config=config, max_adapters=max_adapters, signal=signal,
+                     metrics=metrics)  # fmt: skip
+
+
+async def until_it_hears_the_wait(life: PoolResidency) -> None:
+    signal = life.signal
+    assert isinstance(signal, SlotSignal)
+    for _ in range(5_000):  # a bounded poll
+        if signal.remote_waiting("llama", "r0"):
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the wait on r0 was not heard")
+
+
+async def until_held(bus: Bus, adapters: list[str]) -> None:
+    for _ in range(5_000):  # a bounded poll: the answer is published from a task of its own
+        if [m["a"] for m in bus.published if m["t"] == "held"] == [adapters]:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"no held set {adapters} was published: {bus.published}")
+
+
+async def test_a_slot_another_gateway_frees_ends_the_wait_long_before_the_in_use_window(
+    store: ResidencyStore,
+) -> None:
+    """Gateway A's request holds r0's one slot; B's load waits for it. When A's request ends, A says so (B waits
+    there) and B loads at once: without the release B would give up at 3 s, the mark still in its 10 s window."""
+    engine, bus = FakeEngine(), Bus()
+    a, b = gateway(store, engine, bus), gateway(store, engine, bus)
+    await a.ensure("r0", ref("x"))
+    a.begin_use("r0", "x")
+    await a.flush_uses()
+    waiting = asyncio.create_task(b.ensure("r0", ref("y")))
+    await until_a_load_waits(b)
+    await until_it_hears_the_wait(a)
+    await until_held(bus, ["x"])  # A answered the announcement
+    a.end_use("r0", "x")
+    await waiting  # AdapterCacheFull at 3 s without the release
+    assert engine.loaded["r0"] == {"y"} and b.slot_waiters["r0"] == 0
+    assert releases(a, "published") == 1 and releases(b, "received") == 1
+
+
+async def test_an_adapter_a_third_gateway_holds_stays_though_it_is_the_least_recently_used(
+    store: ResidencyStore,
+) -> None:
+    """r0 holds old (C's request in flight, loaded first) and x (A's). A's release frees x, not old: the held sets
+    say C still uses old, though its mark is the oldest and neither is past the window."""
+    engine, bus = FakeEngine(), Bus()
+    a, b, c = (gateway(store, engine, bus, max_adapters=2) for _ in "abc")
+    await c.ensure("r0", ref("old"))
+    c.begin_use("r0", "old")
+    await a.ensure("r0", ref("x"))
+    a.begin_use("r0", "x")
+    waiting = asyncio.create_task(b.ensure("r0", ref("y")))
+    await until_a_load_waits(b)
+    await until_it_hears_the_wait(a)
+    await until_it_hears_the_wait(c)
+    a.end_use("r0", "x")
+    await waiting
+    assert engine.loaded["r0"] == {"old", "y"} and engine.unloads == [("r0", "x")]
+    assert c.views["r0"].in_flight == {"old": 1}
+
+
+async def test_with_the_subscription_down_a_wait_falls_back_on_the_in_use_window(store: ResidencyStore) -> None:
+    """B does not hear A's release: it is served once A's mark leaves the window (1 s here) if its wait lasts that
+    long, and answered Retry-After at its timeout if not; nothing else fails."""
+    engine, bus = FakeEngine(), Bus()
+    short = ResidencyConfig(use_flush_interval_s=0.05, slot_wait_timeout_s=3.0)
+    a, b = gateway(store, engine, bus, short), gateway(store, engine, bus, short)
+    assert isinstance(b.signal, SlotSignal)
+    b.signal.subscribed(False)
+    assert b.metrics.registry.get_sample_value("tenantgate_adapter_slot_signal_up") == 0
+    await a.ensure("r0", ref("x"))
+    a.begin_use("r0", "x")
+    waiting = asyncio.create_task(b.ensure("r0", ref("y")))
+    await until_a_load_waits(b)
+    await until_it_hears_the_wait(a)  # A hears B's announcement and says when it frees x: B does not hear it
+    a.end_use("r0", "x")
+    await waiting  # after the window, within the timeout
+    assert engine.loaded["r0"] == {"y"} and releases(a, "published") == 1 and releases(b, "received") == 0
+
+    c, d = gateway(store, engine, bus), gateway(store, engine, bus)  # the long window, the 3 s wait
+    assert isinstance(d.signal, SlotSignal)
+    d.signal.subscribed(False)
+    await c.ensure("r1", ref("x"))
+    c.begin_use("r1", "x")
+    c.end_use("r1", "x")  # idle, but within the window
+    with pytest.raises(AdapterCacheFull):
+        await d.ensure("r1", ref("y"))
+    assert engine.loaded["r1"] == {"x"} and d.slot_waiters["r1"] == 0
+
+
+async def test_no_gateway_publishes_anything_while_none_waits() -> None:
+    """Uses on a replica no gateway waits for publish nothing; a remote wait that is not renewed is forgotten."""
+    bus, clock = Bus(), Clock(100.0)
+    signal = bus.signal(clock)
+    for _ in range(3):
+        signal.changed("llama", "r0", freed=False)
+        signal.changed("llama", "r0", freed=True)
+    await asyncio.sleep(0)
+    assert bus.published == []
+    signal.heard(json.dumps({"t": "wait", "g": "other", "p": "llama", "r": "r0", "n": 1}))
+    assert signal.remote_waiting("llama", "r0") and not signal.remote_waiting("llama", "r1")
+    signal.changed("llama", "r0", freed=True)
+    clock.advance(REMOTE_TTL_S + 0.1)  # the other gateway stopped waiting and said nothing more
+    signal.renew()
+    signal.changed("llama", "r0", freed=True)
+    await asyncio.sleep(0)
+    assert [m["t"] for m in bus.published] == ["held"]
+
+
+async def test_held_sets_count_only_the_newest_message_of_each_gateway() -> None:
+    """Publishes run concurrently and may reach Redis out of order: an older held set never replaces a newer one.
+    Until the announcement has settled the waiter does not judge by held sets at all."""
+    bus = Bus()
+    signal = bus.signal()
+    with signal.waiting("llama", "r0"):
+        assert signal.remote_holds("llama", "r0") is None  # not settled: judge by the window
+        for _ in range(1_000):  # a bounded poll: announced, then settled
+            if signal.remote_holds("llama", "r0") is not None:
+                break
+            await asyncio.sleep(0.005)
+        assert signal.remote_holds("llama", "r0") == frozenset()
+        newer = {"t": "held", "g": "other", "p": "llama", "r": "r0", "a": ["x"], "freed": False, "n": 2}
+        older = {**newer, "a": ["x", "z"], "n": 1}
+        signal.heard(json.dumps(newer))
+        signal.heard(json.dumps(older))
+        signal.heard("not json")
+        assert signal.remote_holds("llama", "r0") == frozenset({"x"})
+        signal.subscribed(False)
+        assert signal.remote_holds("llama", "r0") is None
+
+
+async def test_a_wait_left_and_taken_again_is_announced_again_once_its_announcement_is_old() -> None:
+    """A load leaves its wait to look again under the lock and comes back: within RENEW_S that is the same wait
+    (announced once); after, the others may have forgotten it, so it is announced again (found by the benchmark:
+    short waits in a row, each between two renewals, were never renewed and the others stopped answering)."""
+    bus, clock = Bus(), Clock(100.0)
+    signal = bus.signal(clock)
+    for _ in range(3):
+        with signal.waiting("llama", "r0"):
+            clock.advance(RENEW_S / 4)
+    clock.advance(RENEW_S)
+    with signal.waiting("llama", "r0"):
+        pass
+    await asyncio.sleep(0)
+    assert [m["t"] for m in bus.published] == ["wait", "wait"]

@@ -1,0 +1,104 @@
+"""The slot signal over Redis pub/sub (gateway/residency/signal_redis.py): two gateways' channels on a real
+redis-server and a real Redis Cluster; the subscription dropping when Redis dies, and coming back with it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from gateway.observe.metrics import GatewayMetrics
+from gateway.residency.signal_redis import RedisSlotChannel
+from tests.redis_cluster import RedisCluster
+from tests.redis_server import RedisServer
+
+
+class Listener:
+    """A pool's lifecycle as the signal sees it: what it holds, and the releases it was told of."""
+
+    def __init__(self, held: frozenset[str] = frozenset()) -> None:
+        self.held = held
+        self.released: list[str] = []
+
+    def held_here(self, replica_id: str) -> frozenset[str]:
+        return self.held
+
+    def remote_release(self, replica_id: str) -> None:
+        self.released.append(replica_id)
+
+
+@contextlib.asynccontextmanager
+async def channel(url: str, prefix: str, *, cluster: bool = False) -> AsyncIterator[RedisSlotChannel]:
+    slots = RedisSlotChannel(url, GatewayMetrics(), operation_timeout_s=2.0, prefix=prefix, cluster=cluster)
+    following = asyncio.create_task(slots.run())
+    try:
+        yield slots
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        await slots.close()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(2_000):  # a bounded poll, up to 10 s
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never: {what}")
+
+
+def signal_up(slots: RedisSlotChannel) -> float | None:
+    return slots.signal.metrics.registry.get_sample_value("tenantgate_adapter_slot_signal_up")
+
+
+def received(slots: RedisSlotChannel) -> float | None:
+    labels = {"pool": "llama", "direction": "received"}
+    return slots.signal.metrics.registry.get_sample_value("tenantgate_adapter_slot_releases_total", labels)
+
+
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+async def test_a_wait_and_a_release_reach_the_other_gateway(kind: str, request: pytest.FixtureRequest) -> None:
+    cluster = kind == "cluster"
+    server: RedisServer | RedisCluster = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
+    prefix = f"test-{uuid.uuid4().hex}"
+    async with channel(server.url, prefix, cluster=cluster) as a, channel(server.url, prefix, cluster=cluster) as b:
+        holder, waiter = Listener(frozenset({"x"})), Listener()
+        a.signal.attach("llama", holder)
+        b.signal.attach("llama", waiter)
+        await until(lambda: a.signal.listening and b.signal.listening, "both subscribed")
+        assert signal_up(a) == 1
+        with b.signal.waiting("llama", "r0"):
+            await until(lambda: a.signal.remote_waiting("llama", "r0"), "A hears B's wait")
+            await until(lambda: b.signal.remote_holds("llama", "r0") == frozenset({"x"}), "B knows A holds x")
+            holder.held = frozenset()
+            a.signal.changed("llama", "r0", freed=True)
+            await until(lambda: received(b) == 1, "B hears A's release")
+            assert b.signal.remote_holds("llama", "r0") == frozenset()
+            assert waiter.released == ["r0", "r0"]  # woken when its wait settled, then by the release
+        assert holder.released == []  # A waits nowhere: nothing to wake
+
+
+async def test_the_subscription_drops_with_redis_and_comes_back_with_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While Redis is away the signal says it does not listen (metric 0; waits judge by the in-use window); back,
+    it subscribes again and announces the waits it has, so the others hear of them."""
+    with RedisServer(log_path=tmp_path / "redis.log") as server:
+        async with channel(server.url, "tg") as a, channel(server.url, "tg") as b:
+            await until(lambda: a.signal.listening and b.signal.listening, "both subscribed")
+            server.stop()
+            await until(lambda: not a.signal.listening, "A notices the subscription dropped")
+            assert signal_up(a) == 0
+            assert "slot signal: not listening" in caplog.text
+            with a.signal.waiting("llama", "r0"):
+                assert a.signal.remote_holds("llama", "r0") is None
+                server.start()  # same port, empty
+                await until(lambda: a.signal.listening and b.signal.listening, "both subscribed again")
+                await until(lambda: b.signal.remote_waiting("llama", "r0"), "B hears A's wait, announced again")
+                await until(lambda: a.signal.remote_holds("llama", "r0") is not None, "A's wait settles")
+            assert signal_up(a) == 1
