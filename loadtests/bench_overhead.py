@@ -169,11 +169,11 @@ def _header_target(url: str) -> Callable[[str, str], Target]:
 
 
 @contextlib.contextmanager
-def bare_proxy(replicas: list[str], root: Path) -> Iterator[Running]:
+def bare_proxy(replicas: list[str], root: Path, client: str = "aiohttp") -> Iterator[Running]:
     port = free_port()
-    cmd = [sys.executable, "-m", "loadtests.bare_proxy", "--port", str(port), *replicas]
+    cmd = [sys.executable, "-m", "loadtests.bare_proxy", "--port", str(port), "--client", client, *replicas]
     url = f"http://127.0.0.1:{port}"
-    with running(cmd, url, root / "bare-proxy.log", start_timeout_s=30) as process:
+    with running(cmd, url, root / f"bare-proxy-{client}.log", start_timeout_s=30) as process:
         yield Running(_header_target(url), [process.pid])
 
 
@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=6000, help="per setup at concurrency 64 (16 for light)")
     parser.add_argument("--requests-c1", type=int, default=600, help="per setup at concurrency 1")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--only", help="comma-separated setup names (default: all)")
+    parser.add_argument("--only", help="comma-separated setup names (default: all), e.g. tenantgate,bare-http1")
+    parser.add_argument("--profile", default="tenantgate", help="the setup py-spy profiles (default: tenantgate)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(",")) if args.only else None
@@ -309,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         setups: list[tuple[str, Callable[[], contextlib.AbstractContextManager[Running]]]] = [
             ("direct", lambda: direct(replicas)),
             ("bare-aiohttp", lambda: bare_proxy(replicas, root)),
+            ("bare-http1", lambda: bare_proxy(replicas, root, "http1")),
             ("tenantgate", lambda: tenantgate(root, "tenantgate", config())),
             ("tenantgate-nolog", lambda: tenantgate(root, "tenantgate-nolog", config(telemetry_off))),
             ("tenantgate-w2", lambda: _with_redis(root, config)),
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 for concurrency, requests in ((64, args.requests), (1, args.requests_c1)):
                     results.append(_measure(name, "realistic", serving, TENANTS, requests, concurrency))
                     print(_row(results[-1]), flush=True)
-                if name == "tenantgate" and PY_SPY.exists():
+                if name == args.profile and PY_SPY.exists():
                     profile = _profile(serving, TENANTS, args.requests, args.out)
         light = gateway_config(
             {"r0": replicas[0]}, LIGHT_TENANTS, {"bench-lora": adapters["bench-lora"]}, port=free_port(),
@@ -347,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         print(_row(result))
     if profile:
-        print("\ntenantgate (default config, realistic load) under py-spy, by own samples:")
+        print(f"\n{args.profile} (realistic load) under py-spy, by own samples:")
         print("\n".join(profile))
     elif not PY_SPY.exists():
         print("\npy-spy: not installed (make peers): no profile")

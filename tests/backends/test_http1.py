@@ -1,0 +1,403 @@
+"""backends/http1.py, the engine calls' HTTP/1.1 client, against a real TCP server on the loopback whose answers
+each test scripts byte by byte: framing, keep-alive reuse, timeouts, cancellation, early release, connection
+errors, the per-origin connection limit and flow control."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+from yarl import URL
+
+from backends import http1
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+@dataclass
+class Server:
+    """A loopback server running ``script`` on each connection; counts connections and sees them close."""
+
+    port: int = 0
+    connections: int = 0
+    closed: int = 0
+    requests: list[bytes] = field(default_factory=list)
+    closed_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def origin(self, limit: int = 8, connect_timeout_s: float = 2.0) -> http1.Origin:
+        return http1.Origin(URL(f"http://127.0.0.1:{self.port}"), limit=limit, connect_timeout_s=connect_timeout_s)
+
+
+async def read_request(reader: asyncio.StreamReader, server: Server) -> bool:
+    """One request (head and Content-Length body) into ``server.requests``; False at the connection's end."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return False
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+    )
+    server.requests.append(head + await reader.readexactly(length))
+    return True
+
+
+@contextlib.asynccontextmanager
+async def serving(script: Script) -> AsyncIterator[Server]:
+    server = Server()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server.connections += 1
+        try:
+            await script(reader, writer)
+            await reader.read()  # until the client closes
+        except ConnectionError:
+            pass
+        finally:
+            server.closed += 1
+            server.closed_event.set()
+            writer.close()
+
+    listening = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server.port = listening.sockets[0].getsockname()[1]
+    async with listening:
+        yield server
+
+
+def answering(*answers: bytes, server_box: list[Server]) -> Script:
+    """Per connection: read a request, write the next answer, as long as there are answers."""
+    pending = list(answers)
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while pending and await read_request(reader, server_box[0]):
+            writer.write(pending.pop(0))
+            await writer.drain()
+
+    return script
+
+
+@contextlib.asynccontextmanager
+async def answers(*scripted: bytes) -> AsyncIterator[Server]:
+    box: list[Server] = []
+    async with serving(answering(*scripted, server_box=box)) as server:
+        box.append(server)
+        yield server
+
+
+async def post(origin: http1.Origin, body: bytes = b"{}", timeout_s: float = 5.0) -> http1.Response:
+    head = origin.request_head("POST", "/v1/completions", "application/json", {}, len(body))
+    return await origin.request(head, body, timeout_s)
+
+
+async def within(awaitable: Awaitable[http1.Response], seconds: float = 5) -> http1.Response:
+    """The awaitable's outcome, which must come within ``seconds`` (a bound that is not a TimeoutError of its own,
+    so a test of the client's timeout cannot pass on it)."""
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        raise AssertionError(f"no outcome within {seconds} s")
+    return task.result()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(500):  # bounded poll: up to 5 s
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(what)
+
+
+async def test_a_content_length_answer_is_read_and_its_connection_reused() -> None:
+    async with answers(OK, OK) as server:
+        origin = server.origin()
+        for _ in range(2):
+            response = await post(origin, b'{"a":1}')
+            assert (response.status, response.headers["content-type"]) == (200, "application/json")
+            assert await response.read() == b"{}"
+            response.release()
+        assert server.connections == 1
+        assert server.requests[0].startswith(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:")
+        assert b'\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{"a":1}' in server.requests[0]
+        origin.close()
+
+
+async def test_the_request_carries_its_extra_headers_and_refuses_a_line_break_in_one() -> None:
+    async with answers(OK) as server:
+        origin = server.origin()
+        head = origin.request_head("POST", "/v1/x", "application/json", {"traceparent": "00-ab-cd-01"}, 2)
+        (await origin.request(head, b"{}", 5)).release()
+        assert b"\r\ntraceparent: 00-ab-cd-01\r\n" in server.requests[0]
+        with pytest.raises(ValueError, match="line break"):
+            origin.request_head("POST", "/v1/x", "application/json", {"x": "a\r\nEvil: 1"}, 2)
+        origin.close()
+
+
+async def test_a_chunked_stream_arrives_chunk_by_chunk_and_its_connection_is_reused() -> None:
+    """Each chunk reaches the reader before the server sends the next; extensions, trailers and a chunk split
+    over many reads are read right; the connection then serves the next request."""
+    sent = asyncio.Event()
+    box: list[Server] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, box[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6;ext=1\r\ndata:1\r\n")
+        await writer.drain()
+        await sent.wait()
+        for byte in b"6\r\ndata:2\r\n0\r\nX-Trailer: t\r\n\r\n":  # one byte per write
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0)
+        await read_request(reader, box[0])
+        writer.write(OK)
+
+    async with serving(script) as server:
+        box.append(server)
+        origin = server.origin()
+        response = await post(origin)
+        got = []
+        async for chunk in response.chunks():
+            got.append(chunk)
+            sent.set()
+        assert b"".join(got) == b"data:1data:2" and got[0] == b"data:1"
+        response.release()
+        response = await post(origin)
+        assert await response.read() == b"{}"
+        response.release()
+        assert server.connections == 1
+        origin.close()
+
+
+async def test_interim_answers_are_skipped_and_no_content_has_no_body() -> None:
+    async with answers(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", OK) as server:
+        origin = server.origin()
+        response = await post(origin)
+        assert (response.status, await response.read()) == (204, b"")
+        response.release()
+        response = await post(origin)
+        assert await response.read() == b"{}"
+        response.release()
+        assert server.connections == 1
+        origin.close()
+
+
+async def test_a_body_until_close_and_connection_close_are_not_reused() -> None:
+    until_close = b"HTTP/1.1 200 OK\r\n\r\nall of it"
+    closing = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+    box: list[Server] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, box[0])
+        writer.write(until_close if box[0].connections == 1 else closing)
+        writer.close()
+
+    async with serving(script) as server:
+        box.append(server)
+        origin = server.origin()
+        response = await post(origin)
+        assert await response.read() == b"all of it"
+        response.release()
+        response = await post(origin)
+        assert await response.read() == b"{}"
+        response.release()
+        response = await post(origin)
+        response.release()
+        assert server.connections == 3
+        origin.close()
+
+
+async def test_an_idle_connection_the_engine_closed_is_not_reused() -> None:
+    box: list[Server] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, box[0])
+        writer.write(OK)
+        await writer.drain()
+        writer.close()  # the engine's keep-alive timeout, after the answer
+
+    async with serving(script) as server:
+        box.append(server)
+        origin = server.origin()
+        (await post(origin)).release()  # the body arrived with the head: the connection went back idle
+        await until(lambda: server.closed == 1, "the server closed its side")
+        await asyncio.sleep(0.05)  # let the client's loop see the close
+        response = await post(origin)
+        assert await response.read() == b"{}"
+        response.release()
+        assert server.connections == 2
+        origin.close()
+
+
+async def test_no_answer_within_the_timeout_raises_timeout_and_drops_the_connection() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # never answers; sees the client close
+
+    async with serving(silent) as server:
+        origin = server.origin()
+        with pytest.raises(TimeoutError):
+            await within(post(origin, timeout_s=0.3))
+        await asyncio.wait_for(server.closed_event.wait(), 5)
+        origin.close()
+
+
+async def test_a_body_that_stalls_past_the_timeout_raises_timeout_after_what_arrived() -> None:
+    box: list[Server] = []
+
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, box[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await reader.read()  # never answers; sees the client close
+
+    async with serving(stalls) as server:
+        box.append(server)
+        origin = server.origin()
+        response = await post(origin, timeout_s=0.5)
+        got = []
+
+        async def read_all() -> http1.Response:
+            async for chunk in response.chunks():
+                got.append(chunk)
+            return response
+
+        with pytest.raises(TimeoutError):
+            await within(read_all())
+        assert got == [b"first"]
+        response.release()
+        await asyncio.wait_for(server.closed_event.wait(), 5)
+        origin.close()
+
+
+async def test_a_cancelled_request_closes_its_connection_so_the_engine_sees_it() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # never answers; sees the client close
+
+    async with serving(silent) as server:
+        origin = server.origin(limit=1)
+        task = asyncio.create_task(post(origin))
+        await until(lambda: server.connections == 1, "the request reached the server")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(server.closed_event.wait(), 5)
+        # Its place is free again (limit 1): the next request opens a new connection instead of waiting.
+        task = asyncio.create_task(post(origin))
+        await until(lambda: server.connections == 2, "the next request got a connection")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        origin.close()
+
+
+async def test_an_answer_released_before_its_end_drops_its_connection() -> None:
+    box: list[Server] = []
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, box[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await reader.read()  # never answers; sees the client close
+
+    async with serving(endless) as server:
+        box.append(server)
+        origin = server.origin()
+        response = await post(origin)
+        async for _ in response.chunks():
+            break
+        response.release()
+        response.release()  # twice is harmless
+        await asyncio.wait_for(server.closed_event.wait(), 5)
+        origin.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "at"),
+    [
+        pytest.param(b"", "head", id="closed before answering"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf", "body", id="closed mid-body"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf", "body", id="closed mid-chunk"),
+        pytest.param(b"garbage\r\n\r\n", "head", id="not HTTP"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "head", id="bad length"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "body", id="bad chunk size"),
+    ],
+)
+async def test_an_answer_that_breaks_off_or_cannot_be_read_raises_response_error(answer: bytes, at: str) -> None:
+    box: list[Server] = []
+
+    async def breaks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, box[0])
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    async with serving(breaks) as server:
+        box.append(server)
+        origin = server.origin()
+        if at == "head":
+            with pytest.raises(http1.ResponseError):
+                await post(origin)
+        else:
+            response = await post(origin)
+            with pytest.raises(http1.ResponseError):
+                await response.read()
+            response.release()
+        origin.close()
+
+
+async def test_a_refused_connection_raises_os_error() -> None:
+    async with serving(answering(server_box=[])) as server:
+        port = server.port
+    origin = http1.Origin(URL(f"http://127.0.0.1:{port}"), limit=1, connect_timeout_s=2)
+    with pytest.raises(OSError):
+        await post(origin)
+    with pytest.raises(OSError):  # and its place in the limit was given back
+        await post(origin)
+    origin.close()
+
+
+async def test_at_the_limit_a_request_waits_for_a_connection_and_a_cancelled_waiter_passes_its_turn() -> None:
+    async with answers(OK, OK, OK) as server:
+        origin = server.origin(limit=1)
+        first = await post(origin)
+        waiting = asyncio.create_task(post(origin))
+        gives_up = asyncio.create_task(post(origin))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and server.connections == 1
+        gives_up.cancel()
+        await first.read()
+        first.release()
+        second = await asyncio.wait_for(waiting, 5)
+        assert await second.read() == b"{}"
+        second.release()
+        assert server.connections == 1
+        with pytest.raises(asyncio.CancelledError):
+            await gives_up
+        with pytest.raises(TimeoutError):  # waiting for a connection counts against the timeout too
+            held = await post(origin)
+            try:
+                await within(post(origin, timeout_s=0.2))
+            finally:
+                held.release()
+        origin.close()
+
+
+async def test_reading_pauses_while_the_reader_is_behind() -> None:
+    size = 4 * 1024 * 1024
+    box: list[Server] = []
+
+    async def large(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, box[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)
+        await writer.drain()
+
+    async with serving(large) as server:
+        box.append(server)
+        origin = server.origin()
+        response = await post(origin)
+        transport = response._connection.transport if response._connection else None
+        assert transport is not None
+        await until(lambda: not transport.is_reading(), "reading paused with the reader behind")
+        assert len(await response.read()) == size
+        response.release()
+        origin.close()
