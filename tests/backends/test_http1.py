@@ -14,7 +14,7 @@ from yarl import URL
 
 from backends import http1
 
-Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+Script = Callable[["Server", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 
@@ -52,7 +52,7 @@ async def serving(script: Script) -> AsyncIterator[Server]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         server.connections += 1
         try:
-            await script(reader, writer)
+            await script(server, reader, writer)
             await reader.read()  # until the client closes
         except ConnectionError:
             pass
@@ -67,29 +67,44 @@ async def serving(script: Script) -> AsyncIterator[Server]:
         yield server
 
 
-def answering(*answers: bytes, server_box: list[Server]) -> Script:
+def answering(*answers: bytes) -> Script:
     """Per connection: read a request, write the next answer, as long as there are answers."""
     pending = list(answers)
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while pending and await read_request(reader, server_box[0]):
+    async def script(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while pending and await read_request(reader, server):
             writer.write(pending.pop(0))
             await writer.drain()
 
     return script
 
 
-@contextlib.asynccontextmanager
-async def answers(*scripted: bytes) -> AsyncIterator[Server]:
-    box: list[Server] = []
-    async with serving(answering(*scripted, server_box=box)) as server:
-        box.append(server)
-        yield server
+def answers(*scripted: bytes) -> contextlib.AbstractAsyncContextManager[Server]:
+    return serving(answering(*scripted))
+
+
+async def silent(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.read()  # never answers; sees the client close
+
+
+async def one_chunk_then_holds(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader, server)
+    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+    await reader.read()  # the rest never comes; sees the client close
 
 
 async def post(origin: http1.Origin, body: bytes = b"{}", timeout_s: float = 5.0) -> http1.Response:
     head = origin.request_head("POST", "/v1/completions", "application/json", {}, len(body))
     return await origin.request(head, body, timeout_s)
+
+
+async def whole(origin: http1.Origin) -> bytes:
+    """One request's whole answer, its connection handed back."""
+    response = await post(origin)
+    try:
+        return await response.read()
+    finally:
+        response.release()
 
 
 async def within(awaitable: Awaitable[http1.Response], seconds: float = 5) -> http1.Response:
@@ -140,10 +155,9 @@ async def test_a_chunked_stream_arrives_chunk_by_chunk_and_its_connection_is_reu
     """Each chunk reaches the reader before the server sends the next; extensions, trailers and a chunk split
     over many reads are read right; the connection then serves the next request."""
     sent = asyncio.Event()
-    box: list[Server] = []
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader, box[0])
+    async def script(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6;ext=1\r\ndata:1\r\n")
         await writer.drain()
         await sent.wait()
@@ -151,11 +165,10 @@ async def test_a_chunked_stream_arrives_chunk_by_chunk_and_its_connection_is_reu
             writer.write(bytes([byte]))
             await writer.drain()
             await asyncio.sleep(0)
-        await read_request(reader, box[0])
+        await read_request(reader, server)
         writer.write(OK)
 
     async with serving(script) as server:
-        box.append(server)
         origin = server.origin()
         response = await post(origin)
         got = []
@@ -164,9 +177,7 @@ async def test_a_chunked_stream_arrives_chunk_by_chunk_and_its_connection_is_reu
             sent.set()
         assert b"".join(got) == b"data:1data:2" and got[0] == b"data:1"
         response.release()
-        response = await post(origin)
-        assert await response.read() == b"{}"
-        response.release()
+        assert await whole(origin) == b"{}"
         assert server.connections == 1
         origin.close()
 
@@ -177,9 +188,7 @@ async def test_interim_answers_are_skipped_and_no_content_has_no_body() -> None:
         response = await post(origin)
         assert (response.status, await response.read()) == (204, b"")
         response.release()
-        response = await post(origin)
-        assert await response.read() == b"{}"
-        response.release()
+        assert await whole(origin) == b"{}"
         assert server.connections == 1
         origin.close()
 
@@ -187,22 +196,18 @@ async def test_interim_answers_are_skipped_and_no_content_has_no_body() -> None:
 async def test_a_body_until_close_and_connection_close_are_not_reused() -> None:
     until_close = b"HTTP/1.1 200 OK\r\n\r\nall of it"
     closing = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
-    box: list[Server] = []
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader, box[0])
-        writer.write(until_close if box[0].connections == 1 else closing)
+    async def script(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
+        writer.write(until_close if server.connections == 1 else closing)
         writer.close()
 
     async with serving(script) as server:
-        box.append(server)
         origin = server.origin()
         response = await post(origin)
         assert await response.read() == b"all of it"
         response.release()
-        response = await post(origin)
-        assert await response.read() == b"{}"
-        response.release()
+        assert await whole(origin) == b"{}"
         response = await post(origin)
         response.release()
         assert server.connections == 3
@@ -210,31 +215,24 @@ async def test_a_body_until_close_and_connection_close_are_not_reused() -> None:
 
 
 async def test_an_idle_connection_the_engine_closed_is_not_reused() -> None:
-    box: list[Server] = []
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader, box[0])
+    async def script(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
         writer.write(OK)
         await writer.drain()
         writer.close()  # the engine's keep-alive timeout, after the answer
 
     async with serving(script) as server:
-        box.append(server)
         origin = server.origin()
         (await post(origin)).release()  # the body arrived with the head: the connection went back idle
         await until(lambda: server.closed == 1, "the server closed its side")
         await asyncio.sleep(0.05)  # let the client's loop see the close
-        response = await post(origin)
-        assert await response.read() == b"{}"
-        response.release()
+        assert await whole(origin) == b"{}"
         assert server.connections == 2
         origin.close()
 
 
 async def test_no_answer_within_the_timeout_raises_timeout_and_drops_the_connection() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # never answers; sees the client close
-
     async with serving(silent) as server:
         origin = server.origin()
         with pytest.raises(TimeoutError):
@@ -244,15 +242,7 @@ async def test_no_answer_within_the_timeout_raises_timeout_and_drops_the_connect
 
 
 async def test_a_body_that_stalls_past_the_timeout_raises_timeout_after_what_arrived() -> None:
-    box: list[Server] = []
-
-    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader, box[0])
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-        await reader.read()  # never answers; sees the client close
-
-    async with serving(stalls) as server:
-        box.append(server)
+    async with serving(one_chunk_then_holds) as server:
         origin = server.origin()
         response = await post(origin, timeout_s=0.5)
         got = []
@@ -271,9 +261,6 @@ async def test_a_body_that_stalls_past_the_timeout_raises_timeout_after_what_arr
 
 
 async def test_a_cancelled_request_closes_its_connection_so_the_engine_sees_it() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # never answers; sees the client close
-
     async with serving(silent) as server:
         origin = server.origin(limit=1)
         task = asyncio.create_task(post(origin))
@@ -292,15 +279,7 @@ async def test_a_cancelled_request_closes_its_connection_so_the_engine_sees_it()
 
 
 async def test_an_answer_released_before_its_end_drops_its_connection() -> None:
-    box: list[Server] = []
-
-    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader, box[0])
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-        await reader.read()  # never answers; sees the client close
-
-    async with serving(endless) as server:
-        box.append(server)
+    async with serving(one_chunk_then_holds) as server:
         origin = server.origin()
         response = await post(origin)
         async for _ in response.chunks():
@@ -323,16 +302,14 @@ async def test_an_answer_released_before_its_end_drops_its_connection() -> None:
     ],
 )
 async def test_an_answer_that_breaks_off_or_cannot_be_read_raises_response_error(answer: bytes, at: str) -> None:
-    box: list[Server] = []
 
-    async def breaks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader, box[0])
+    async def breaks(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
         writer.write(answer)
         await writer.drain()
         writer.close()
 
     async with serving(breaks) as server:
-        box.append(server)
         origin = server.origin()
         if at == "head":
             with pytest.raises(http1.ResponseError):
@@ -346,7 +323,7 @@ async def test_an_answer_that_breaks_off_or_cannot_be_read_raises_response_error
 
 
 async def test_a_refused_connection_raises_os_error() -> None:
-    async with serving(answering(server_box=[])) as server:
+    async with serving(answering()) as server:
         port = server.port
     origin = http1.Origin(URL(f"http://127.0.0.1:{port}"), limit=1, connect_timeout_s=2)
     with pytest.raises(OSError):
@@ -384,15 +361,13 @@ async def test_at_the_limit_a_request_waits_for_a_connection_and_a_cancelled_wai
 
 async def test_reading_pauses_while_the_reader_is_behind() -> None:
     size = 4 * 1024 * 1024
-    box: list[Server] = []
 
-    async def large(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader, box[0])
+    async def large(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)
         await writer.drain()
 
     async with serving(large) as server:
-        box.append(server)
         origin = server.origin()
         response = await post(origin)
         transport = response._connection.transport if response._connection else None
