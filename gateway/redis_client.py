@@ -102,6 +102,18 @@ def make_client(
     )
 
 
+async def channel_messages(subscriber: Client, channel: str) -> AsyncIterator[dict[str, Any]]:
+    """Subscribe to ``channel`` and yield what arrives, Redis' confirmation of the subscription (type
+    ``subscribe``: from then on every message published reaches us) included, until the connection drops (the
+    error is raised: the caller subscribes again). ``subscriber``: a ``make_client(..., subscriber=True)`` client."""
+    if isinstance(subscriber, RedisCluster):
+        await subscriber.initialize()  # its pub/sub needs the slot map first
+    async with subscriber.pubsub() as pubsub:
+        await pubsub.subscribe(channel)
+        async for message in pubsub.listen():
+            yield message
+
+
 @asynccontextmanager
 async def redis_call(what: str, timeout_s: float) -> AsyncIterator[None]:
     # asyncio.TimeoutError is TimeoutError (Python >= 3.11); redis' own TimeoutError is a RedisError.

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -108,13 +108,9 @@ class Fanout:
     async def _follow(self) -> None:
         while True:
             try:
-                if isinstance(self._subscriber, RedisCluster):
-                    await self._subscriber.initialize()
-                async with self._subscriber.pubsub() as pubsub:
-                    await pubsub.subscribe(self._channel)
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            await self._answer(json.loads(message["data"]))
+                async for message in channel_messages(self._subscriber, self._channel):
+                    if message.get("type") == "message":
+                        await self._answer(json.loads(message["data"]))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: follow again shortly (a reload meanwhile reaches this one later)

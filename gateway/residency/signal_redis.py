@@ -12,10 +12,8 @@ import asyncio
 import contextlib
 import logging
 
-from redis.asyncio.cluster import RedisCluster
-
 from gateway.observe.metrics import GatewayMetrics
-from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
 from gateway.residency.signal import RENEW_S, SlotSignal
 
 log = logging.getLogger(__name__)
@@ -62,15 +60,11 @@ class RedisSlotChannel:
     async def _follow(self) -> None:
         while True:
             try:
-                if isinstance(self._subscriber, RedisCluster):
-                    await self._subscriber.initialize()
-                async with self._subscriber.pubsub() as pubsub:
-                    await pubsub.subscribe(self._channel)
-                    async for message in pubsub.listen():
-                        if message.get("type") == "subscribe":
-                            self.signal.subscribed(True)  # Redis confirmed: from now on every message reaches us
-                        elif message.get("type") == "message":
-                            self.signal.heard(message["data"])
+                async for message in channel_messages(self._subscriber, self._channel):
+                    if message.get("type") == "subscribe":
+                        self.signal.subscribed(True)
+                    elif message.get("type") == "message":
+                        self.signal.heard(message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away, or the connection dropped: subscribe again shortly

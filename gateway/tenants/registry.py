@@ -34,11 +34,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from pydantic import ValidationError
-from redis.asyncio.cluster import RedisCluster
 
 from gateway.config import AdapterConfig, ConfigError, GatewayConfig, SplitConfig, TenantConfig, describe_errors
 from gateway.observe.metrics import GatewayMetrics
-from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 from gateway.tenants.signing import Refused, Signer, digest, entity
 
@@ -345,14 +344,11 @@ class Registry:
         assert self._subscriber is not None
         while True:
             try:
-                if isinstance(self._subscriber, RedisCluster):
-                    await self._subscriber.initialize()  # its pub/sub needs the slot map first
-                async with self._subscriber.pubsub() as pubsub:
-                    await pubsub.subscribe(self._channel)
-                    await self._resync()  # whatever changed while we were not listening
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            self._message(message["data"])
+                async for message in channel_messages(self._subscriber, self._channel):
+                    if message.get("type") == "subscribe":
+                        await self._resync()  # whatever changed while we were not listening
+                    elif message.get("type") == "message":
+                        self._message(message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: try again shortly; the resync loop repairs the rest
