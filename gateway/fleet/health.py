@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from gateway.config import HealthConfig, OutlierConfig
 from gateway.fleet.outlier import EngineProgress, Failure, Reason, SuspectLedger, judge
 
+# routing_state's two common answers, built once.
+_OUT = (False, 0.0)
+_IN_FULL = (True, 1.0)
+
 
 @dataclass
 class ReplicaHealth:
@@ -66,11 +70,12 @@ class ReplicaHealth:
     def routing_state(self, now: float) -> tuple[bool, float]:
         """``available(now)`` and ``weight(now)`` in one call (read per candidate per routing decision)."""
         if not self.up or self.returning or self.drained or now < self.ejected_until:
-            return False, 0.0
-        if self.slow_start_s <= 0:
-            return True, 1.0
-        elapsed = now - max(self.serving_since, self.ejected_until)
-        return True, 1.0 if elapsed >= self.slow_start_s else max(0.1, elapsed / self.slow_start_s)
+            return _OUT
+        since = self.serving_since if self.serving_since > self.ejected_until else self.ejected_until
+        elapsed = now - since
+        if elapsed >= self.slow_start_s:
+            return _IN_FULL
+        return True, max(0.1, elapsed / self.slow_start_s)
 
     def probed(self, ok: bool) -> str | None:
         """Take one probe result; returns "down" or "up" when the state flips, else None. The first probe (before

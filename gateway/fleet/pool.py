@@ -86,6 +86,8 @@ class Pool:
         # gateway routes on its own count again.
         self.engine_view_max_age_s = 3 * routing.load_scrape_interval_s if routing.load_view == "engine" else None
         self.scrape_interval_s = routing.load_scrape_interval_s
+        # A scrape this recent still says which adapters are running on the GPU.
+        self.scrape_fresh_s = 3 * routing.load_scrape_interval_s
         self.replicas = {
             replica_id: Replica(endpoint, ReplicaHealth(config.health, config.outlier, config.slow_start_s))
             for replica_id, endpoint in residency.endpoints.items()
@@ -230,11 +232,11 @@ class Pool:
         scrape listed it running (any gateway's request), or the record says it is in use or among the replica's
         most recently used (as many as the engine has GPU slots, 1 until a scrape says)."""
         load = replica.engine_load
-        fresh = load is not None and now - replica.scraped_at <= 3 * self.scrape_interval_s
-        if fresh and load is not None and engine_model in load.running_adapters:
+        if load is None:
+            return self.residency.likely_on_gpu(replica_id, engine_model, 1)
+        if engine_model in load.running_adapters and now - replica.scraped_at <= self.scrape_fresh_s:
             return True
-        slots = load.gpu_slots if load is not None and load.gpu_slots else 1
-        return self.residency.likely_on_gpu(replica_id, engine_model, slots)
+        return self.residency.likely_on_gpu(replica_id, engine_model, load.gpu_slots or 1)
 
     def _candidates(self, key: str, resident: frozenset[str]) -> tuple[str, ...]:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at
