@@ -148,3 +148,10 @@ async def test_an_adapter_the_engine_refuses_is_a_502_and_the_replica_serves_on(
     assert "not found in cache" in engine_error(await _ask_engine(lane.engine, engine_client, direct))
     assert "Invalid low_rank (16)" in lane.log.read_text()
     assert lane.client().completions.create(model=ADAPTER, prompt=PROMPT, max_tokens=4).choices[0].text
+
+
+def test_a_prompt_the_engine_refuses_is_a_400_in_its_words(lane: Lane) -> None:
+    long_prompt = " ".join(["word"] * 600)  # over the engine's max_input_len of 511
+    with pytest.raises(openai.BadRequestError) as caught:
+        lane.client().completions.create(model=BASE, prompt=long_prompt, max_tokens=4)
+    assert "Prompt length (600) exceeds maximum input length (511)" in caught.value.response.json()["error"]["message"]
