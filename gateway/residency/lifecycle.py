@@ -214,6 +214,8 @@ class PoolResidency:
         name, in_line = adapter.engine_name, self._slot_line[replica_id]
         try:
             while True:
+                # Counted before looking: a release heard while this load looks under the lock is not missed.
+                news = self._remote_news[replica_id]
                 async with self._locked(replica_id, name) as record:
                     if name in record.resident:
                         await self._load_locked(replica_id, adapter, pinned, record)
@@ -230,7 +232,7 @@ class PoolResidency:
                     self._adapter_idle[replica_id].set()
                 # Wait with the lock released: the holders of the slots may need it to finish (another gateway's
                 # request for an adapter this one loaded, say), and other adapters' loads may find room meanwhile.
-                await self._wait_for_room(replica_id, record, give_up_at)
+                await self._wait_for_room(replica_id, record, give_up_at, news)
         finally:
             if name in in_line:
                 in_line.remove(name)
@@ -319,13 +321,14 @@ class PoolResidency:
         queue = self.slot_waiters[replica_id] < self.config.slot_wait_queue
         return evictable and queue and time.monotonic() < give_up_at
 
-    async def _wait_for_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> None:
+    async def _wait_for_room(self, replica_id: str, record: ReplicaRecord, give_up_at: float, news: int) -> None:
         """Wait, without the replica's lock, until an adapter may be evicted: one of ours finishes its requests
         (woken at once), another gateway frees a slot (woken at once by the slot signal), or another gateway's use
         mark ages out of the in-use window (woken then), or the wait is over. Only for an engine that refuses a full
         cache (one that queues loads over the bound in ``_made_room`` instead). When the wait is over or hopeless
         raise ``AdapterCacheFull``: the engine's own answer to a full cache, which dispatch tries on another replica
-        and otherwise answers 503 with Retry-After."""
+        and otherwise answers 503 with Retry-After. ``news``: the count of other gateways' releases when the load
+        last looked; if it moved since, look again at once."""
         if not self._may_wait(replica_id, record, give_up_at):
             self.metrics.slot_waits.labels(self.pool, replica_id, "refused").inc()
             log.warning("%s/%s: working set full, all pinned or in use", self.pool, replica_id)
@@ -336,14 +339,13 @@ class PoolResidency:
         try:
             with self.signal.waiting(self.pool, replica_id):
                 while (timeout := self._slot_wait_timeout(replica_id, record, give_up_at)) > 0:
-                    news = self._remote_news[replica_id]
+                    if self._remote_news[replica_id] != news:
+                        return  # another gateway freed a slot (the record says which), or said what it holds
                     idle.clear()
                     try:
                         await asyncio.wait_for(idle.wait(), timeout)
                     except TimeoutError:
                         return  # a mark may have aged out, or the wait is over: look again under the lock
-                    if self._remote_news[replica_id] != news:
-                        return  # another gateway freed a slot (the record says which), or said what it holds
                     # One of ours went idle: look again under the lock only if that made an adapter evictable here
                     # (every waiter wakes; most find nothing and wait on without touching the store).
                     if self._victim(replica_id, dict(view.resident), view.pinned) is not None:

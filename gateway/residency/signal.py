@@ -6,10 +6,13 @@ frees is seen only when its mark ages out. Nothing here is written on the reques
 
 - a gateway with loads waiting for a slot on replica R announces it (``wait``), and again every ``RENEW_S`` while
   they wait; every gateway keeps the replicas with a remote waiter in a local set whose entries expire;
-- a gateway that hears of a wait on R answers with the adapters it has requests in flight for there (``held``),
-  and says so again whenever that set changes while the wait lasts; one that frees a slot on R (its last request
-  with an adapter there ends, or it unloads one) says so with ``freed``: a release;
-- the waiting gateway keeps each other gateway's held set; a release wakes its waits on R, which look again.
+- a gateway that hears of a wait on R answers with the adapters it has requests in flight for there (``held``,
+  empty or not, at every announcement), and says so again whenever that set changes while the wait lasts; one
+  that frees a slot on R (its last request with an adapter there ends, or it unloads one) says so with ``freed``:
+  a release;
+- the waiting gateway keeps each other gateway's held set; a release wakes its waits on R, which look again, and
+  so does a held set that lost an adapter (a release that went missing, made good by the answer to the next
+  renewal) or one not renewed for ``REMOTE_TTL_S`` (its gateway is gone).
 
 Why held sets and not only releases: a use mark says an adapter was used recently, not that it is in use now. Once
 every listening gateway has had ``SETTLE_S`` to answer the announcement, the waiter knows which of R's adapters are
@@ -158,11 +161,9 @@ class SlotSignal:
             return
         if sender == self.gateway_id:
             return
-        if kind == "wait":
+        if kind == "wait":  # answered every time, empty or not: a lost release is made good at the next renewal
             self._remote_waits[key] = self._clock() + REMOTE_TTL_S
-            held = self._held(*key)
-            if held:
-                self._send({"t": "held", "p": key[0], "r": key[1], "a": held, "freed": False}, None)
+            self._send({"t": "held", "p": key[0], "r": key[1], "a": self._held(*key), "freed": False}, None)
         elif kind == "held":
             wait = self._waits.get(key)
             number = message.get("n")
@@ -170,10 +171,12 @@ class SlotSignal:
                 return  # not waiting there (any more), or older than what that gateway said since
             wait.last[sender] = number
             adapters = message.get("a")
-            wait.holds[sender] = (frozenset(map(str, adapters)) if isinstance(adapters, list) else frozenset(),
-                                  self._clock())  # fmt: skip
+            held = frozenset(map(str, adapters)) if isinstance(adapters, list) else frozenset()
+            before = wait.holds.get(sender, (frozenset(), 0.0))[0]
+            wait.holds[sender] = (held, self._clock())
             if message.get("freed"):
                 self.metrics.slot_releases.labels(key[0], "received").inc()
+            if message.get("freed") or before - held:  # a slot freed, or a release this gateway missed
                 self._wake(key)
 
     def subscribed(self, up: bool) -> None:
@@ -194,11 +197,15 @@ class SlotSignal:
 
     def renew(self) -> None:
         """Announce every wait again (the transport calls this every ``RENEW_S``); forget the waits left for that
-        long and the remote waits expired."""
+        long, the remote waits expired, and the held sets of gateways that stopped answering (gone: what they held
+        is free, so the waits look again)."""
         now = self._clock()
         self._remote_waits = {key: until for key, until in self._remote_waits.items() if until > now}
         self._waits = {key: w for key, w in self._waits.items() if w.count or w.left_at > now - RENEW_S}
         for key, wait in self._waits.items():
+            gone = [sender for sender, (_, heard_at) in wait.holds.items() if heard_at <= now - REMOTE_TTL_S]
+            if any(wait.holds.pop(sender)[0] for sender in gone):
+                self._wake(key)
             if wait.count:
                 self._announce(key, wait)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,8 +21,9 @@ from backends.errors import AdapterCacheFull
 from gateway.config import ResidencyConfig
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency
-from gateway.residency.signal import REMOTE_TTL_S, RENEW_S, SlotSignal
-from gateway.residency.store import ResidencyStore
+from gateway.residency.memory import MemoryStore
+from gateway.residency.signal import REMOTE_TTL_S, RENEW_S, SETTLE_S, SlotSignal
+from gateway.residency.store import ReplicaRecord, ResidencyStore
 from tests.clock import Clock
 from tests.gateway.residency.fakes import FakeEngine, ref
 from tests.gateway.residency.test_lifecycle import lifecycle, until_a_load_waits
@@ -35,6 +37,7 @@ class Bus:
     def __init__(self) -> None:
         self.signals: list[SlotSignal] = []
         self.published: list[dict[str, Any]] = []
+        self.lose: Callable[[dict[str, Any]], bool] = lambda message: False  # messages that never arrive
 
     def signal(self, clock: Clock | None = None, metrics: GatewayMetrics | None = None) -> SlotSignal:
         signal = SlotSignal(self._publish, metrics or GatewayMetrics(), clock=clock or time.monotonic)
@@ -43,7 +46,10 @@ class Bus:
         return signal
 
     async def _publish(self, body: str) -> None:
-        self.published.append(json.loads(body))
+        message = json.loads(body)
+        self.published.append(message)
+        if self.lose(message):
+            return
         loop = asyncio.get_running_loop()
         for signal in self.signals:
             if signal.listening:
@@ -55,6 +61,12 @@ def releases(life: PoolResidency, direction: str) -> float:
         "tenantgate_adapter_slot_releases_total", {"pool": "llama", "direction": direction}
     )
     return value or 0.0
+
+
+def waited(life: PoolResidency) -> float:
+    """How many times a load of the gateway's started (or went back to) waiting for a slot on r0."""
+    labels = {"pool": "llama", "replica": "r0", "outcome": "waited"}
+    return life.metrics.registry.get_sample_value("tenantgate_adapter_slot_waits_total", labels) or 0.0
 
 
 def gateway(store: ResidencyStore, engine: FakeEngine, bus: Bus, config: ResidencyConfig = LONG_WINDOW, *,
@@ -163,14 +175,14 @@ async def test_no_gateway_publishes_anything_while_none_waits() -> None:
         signal.changed("llama", "r0", freed=True)
     await asyncio.sleep(0)
     assert bus.published == []
-    signal.heard(json.dumps({"t": "wait", "g": "other", "p": "llama", "r": "r0", "n": 1}))
+    signal.heard(json.dumps({"t": "wait", "g": "other", "p": "llama", "r": "r0", "n": 1}))  # answered
     assert signal.remote_waiting("llama", "r0") and not signal.remote_waiting("llama", "r1")
-    signal.changed("llama", "r0", freed=True)
+    signal.changed("llama", "r0", freed=True)  # said
     clock.advance(REMOTE_TTL_S + 0.1)  # the other gateway stopped waiting and said nothing more
     signal.renew()
-    signal.changed("llama", "r0", freed=True)
+    signal.changed("llama", "r0", freed=True)  # not said
     await asyncio.sleep(0)
-    assert [m["t"] for m in bus.published] == ["held"]
+    assert [(m["t"], m["freed"]) for m in bus.published] == [("held", False), ("held", True)]
 
 
 async def test_held_sets_count_only_the_newest_message_of_each_gateway() -> None:
@@ -209,3 +221,103 @@ async def test_a_wait_left_and_taken_again_is_announced_again_once_its_announcem
         pass
     await asyncio.sleep(0)
     assert [m["t"] for m in bus.published] == ["wait", "wait"]
+
+
+async def test_a_lost_release_is_made_good_by_the_answer_to_the_next_renewal(store: ResidencyStore) -> None:
+    """Pub/sub delivers at most once: A's release never reaches B. At B's next renewal A answers with what it holds
+    now (nothing), and B, whose copy of A's held set loses x, looks again and loads."""
+    engine, bus = FakeEngine(), Bus()
+    a, b = gateway(store, engine, bus), gateway(store, engine, bus)
+    await a.ensure("r0", ref("x"))
+    a.begin_use("r0", "x")
+    waiting = asyncio.create_task(b.ensure("r0", ref("y")))
+    await until_a_load_waits(b)
+    await until_it_hears_the_wait(a)
+    await until_held(bus, ["x"])
+    for _ in range(5_000):  # a bounded poll: B's wait settled, looked again (A holds x) and waits on
+        if waited(b) >= 2:
+            break
+        await asyncio.sleep(0.001)
+    else:
+        raise AssertionError("B's wait did not settle")
+    bus.lose = lambda message: bool(message.get("freed"))
+    a.end_use("r0", "x")
+    for _ in range(5_000):  # a bounded poll: said (from a task of its own), and lost
+        if any(m.get("freed") for m in bus.published):
+            break
+        await asyncio.sleep(0.001)
+    else:
+        raise AssertionError("A did not say it freed x")
+    bus.lose = lambda message: False
+    assert isinstance(b.signal, SlotSignal)
+    b.signal.renew()  # the transport does this every RENEW_S
+    await waiting  # AdapterCacheFull at 3 s if B believed A's held set until it expired
+    assert engine.loaded["r0"] == {"y"} and releases(b, "received") == 0
+
+
+class Woken:
+    """A pool's lifecycle as the signal sees it: holds nothing, notes each wake."""
+
+    def __init__(self) -> None:
+        self.woken: list[str] = []
+
+    def held_here(self, replica_id: str) -> frozenset[str]:
+        return frozenset()
+
+    def remote_release(self, replica_id: str) -> None:
+        self.woken.append(replica_id)
+
+
+async def test_the_held_set_of_a_gateway_that_stopped_answering_is_dropped_and_the_wait_looks_again() -> None:
+    bus, clock, lifecycle_ = Bus(), Clock(100.0), Woken()
+    signal = bus.signal(clock)
+    signal.attach("llama", lifecycle_)
+    with signal.waiting("llama", "r0"):
+        for _ in range(5_000):  # a bounded poll: announced, and woken once settled (SETTLE_S on the loop's clock)
+            if lifecycle_.woken:
+                break
+            await asyncio.sleep(0.001)
+        clock.advance(SETTLE_S)
+        signal.heard(json.dumps({"t": "held", "g": "other", "p": "llama", "r": "r0", "a": ["x"], "n": 1}))
+        assert signal.remote_holds("llama", "r0") == frozenset({"x"}) and lifecycle_.woken == ["r0"]
+        clock.advance(REMOTE_TTL_S)  # "other" answered none of the renewals since
+        signal.renew()
+        assert signal.remote_holds("llama", "r0") == frozenset() and lifecycle_.woken == ["r0", "r0"]
+
+
+class LooksLate(MemoryStore):
+    """A shared store where, once armed, the next look under a replica's lock runs ``during_look`` after the
+    record is read, and giving the lock back takes a moment, as a Redis round trip does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.during_look: Callable[[], None] | None = None
+        self._slow_release = False
+
+    async def record(self, pool: str, replica: str) -> ReplicaRecord:
+        record = await super().record(pool, replica)
+        if self.during_look is not None:
+            self.during_look()
+            self.during_look, self._slow_release = None, True
+        return record
+
+    async def release(self, pool: str, replica: str, holder: str) -> None:
+        await super().release(pool, replica, holder)
+        if self._slow_release:
+            self._slow_release = False
+            await asyncio.sleep(0.05)
+
+
+async def test_a_release_heard_while_the_waiter_looks_under_the_lock_is_not_missed() -> None:
+    """B's wait settles and B looks again (A holds x); A's request ends while B looks, and the release reaches B
+    after B judged but before it waits again (found by the benchmark: such a wait ran to the in-use window)."""
+    engine, bus, store = FakeEngine(), Bus(), LooksLate()
+    a, b = gateway(store, engine, bus), gateway(store, engine, bus)
+    await a.ensure("r0", ref("x"))
+    a.begin_use("r0", "x")
+    waiting = asyncio.create_task(b.ensure("r0", ref("y")))
+    await until_a_load_waits(b)
+    await until_it_hears_the_wait(a)
+    store.during_look = lambda: a.end_use("r0", "x")  # B's next look: when its wait settles
+    await waiting  # AdapterCacheFull at 3 s when the release was missed
+    assert engine.loaded["r0"] == {"y"} and releases(b, "received") == 1
