@@ -697,6 +697,10 @@ class PlacementConfig(_Frozen):
     max_moves: int = Field(default=4, ge=0, le=10_000)
     # A move must lower its source replica's expected load (requests per second) by more than this share.
     min_gain: float = Field(default=0.1, ge=0, lt=1)
+    # ... and by more than this many standard deviations of the measured load (a moving average over
+    # traffic.window_s of Poisson counts: a rate r is known to about sqrt(r / (2 window_s))); the same margin holds
+    # for growing a replica set. Noise in a short window then moves nothing: each move costs a cold load.
+    sigmas: float = Field(default=3.0, ge=0, le=100)
     # A key gets one more replica while its requests per second per replica exceed grow_above x the pool's mean
     # per replica (the bounded-load cap's factor by default) ...
     grow_above: float = Field(default=1.25, gt=0, le=100)

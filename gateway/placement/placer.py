@@ -39,11 +39,13 @@ from gateway.residency.store import StoreUnavailable
 log = logging.getLogger(__name__)
 
 
-def plan_settings(config: PlacementConfig) -> PlanSettings:
+def plan_settings(config: GatewayConfig) -> PlanSettings:
+    placement = config.placement
     return PlanSettings(
-        max_moves=config.max_moves, min_gain=config.min_gain, grow_above=config.grow_above,
-        shrink_below=config.shrink_below, shrink_after_s=config.shrink_after_s,
-        replicate_min_rps=config.replicate_min_rps, max_replicas_per_key=config.max_replicas_per_key,
+        max_moves=placement.max_moves, min_gain=placement.min_gain, grow_above=placement.grow_above,
+        shrink_below=placement.shrink_below, shrink_after_s=placement.shrink_after_s,
+        replicate_min_rps=placement.replicate_min_rps, max_replicas_per_key=placement.max_replicas_per_key,
+        window_s=config.traffic.window_s, sigmas=placement.sigmas,
     )  # fmt: skip
 
 
@@ -127,7 +129,7 @@ class Placer:
     async def _lead(
         self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, version: int, plan_moves: bool
     ) -> None:
-        settings = config.placement
+        settings, planning = config.placement, plan_settings(config)
         now = self._clock()
         known = homed_keys(config)
         pools: dict[str, PoolTable] = {}
@@ -139,7 +141,7 @@ class Placer:
             loads = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
             before = self.table.pools.get(name, PoolTable())
             planned, changed = await self._plan_pool(
-                settings, pool, before, adapters, loads, known.get(name, set()), now, plan_moves
+                settings, planning, pool, before, adapters, loads, known.get(name, set()), now, plan_moves
             )
             pools[name] = planned
             moves += changed
@@ -161,6 +163,7 @@ class Placer:
     async def _plan_pool(
         self,
         settings: PlacementConfig,
+        planning: PlanSettings,
         pool: Pool,
         before: PoolTable,
         adapters: Mapping[str, list[AdapterRef]],
@@ -206,7 +209,7 @@ class Placer:
                 below_since=before.below_since,
                 now=now,
             ),
-            plan_settings(settings),
+            planning,
         )
         for change in result.changes:
             why[change.key] = change.why

@@ -6,15 +6,16 @@ set's replicas. One interval changes at most ``max_moves`` keys, in this order:
 1. pins: a pinned key's set is its pinned replica alone;
 2. evacuations: a replica that left the plan (drained, or gone from discovery) is replaced in every set that holds
    it, by the replica with the least expected load, heaviest key first;
-3. replica sets: a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica (and at
-   least ``replicate_min_rps``) gains the least loaded replica it lacks, up to ``max_replicas_per_key``; one that
-   would stay below ``shrink_below`` x that mean with one replica fewer loses its last after ``shrink_after_s``
-   (hysteresis: the two thresholds differ and shrinking waits);
+3. replica sets: a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica by more
+   than its rate's noise (and with at least ``replicate_min_rps``) gains the least loaded replica it lacks, up to
+   ``max_replicas_per_key``; one that would stay below ``shrink_below`` x that mean with one replica fewer loses
+   its last after ``shrink_after_s`` (hysteresis: the two thresholds differ and shrinking waits);
 4. balance: the most loaded replica gives a key away, to the replica whose pair then has the lowest peak (a plain
    move where that replica holds fewer than ``ceil(adapters / replicas)`` adapters, else a swap with its lightest
    key, which keeps adapter counts even: heavy keys spread, light keys pack where their adapters fit). A move is
-   made only when it lowers the source's load by more than ``min_gain`` (a share) and stops at the first that
-   does not: keys stay put unless moving them pays.
+   made only when it lowers the source's load by more than ``min_gain`` (a share) and by more than the noise of
+   the measured load (``sigmas`` standard deviations of a moving average over ``window_s``); the balancing stops
+   at the first move that does not: keys stay put unless moving them pays.
 
 Keys being warmed at a new home (make before break, gateway/placement/placer.py) and pinned keys are not moved
 again. Keys without a measured rate keep the ring's (balanced) home and count one adapter there. Pure: no I/O,
@@ -41,6 +42,15 @@ class PlanSettings:
     shrink_after_s: float = 60.0
     replicate_min_rps: float = 1.0
     max_replicas_per_key: int = 3
+    # The measured rates are moving averages of Poisson counts over ``window_s`` (traffic.window_s): a rate r is
+    # known to about sqrt(r / (2 window_s)). A move or a growth must clear its threshold by ``sigmas`` of that, so
+    # noise in a short window does not move keys back and forth (each move costs a cold load).
+    window_s: float = 60.0
+    sigmas: float = 3.0
+
+    def noise(self, rate: float) -> float:
+        """``sigmas`` standard deviations of a measured rate of ``rate`` requests per second."""
+        return self.sigmas * math.sqrt(max(rate, 0.0) / (2 * self.window_s))
 
 
 @dataclass(frozen=True)
@@ -127,7 +137,8 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         rate, members = loads.get(key, 0.0), homes[key]
         size = len(members)
         limit = min(settings.max_replicas_per_key, len(replicas))
-        if rate >= settings.replicate_min_rps and size < limit and rate / size > settings.grow_above * mean:
+        threshold = settings.grow_above * mean + settings.noise(rate) / size
+        if rate >= settings.replicate_min_rps and size < limit and rate / size > threshold:
             load, _ = _tally(homes, loads, replicas)
             extra = min((r for r in replicas if r not in members), key=lambda r: (load[r], r))
             below_since.pop(key, None)
@@ -144,7 +155,7 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
     # 4. balance load, heaviest gain first, while it pays
     while budget > 0:
         move = _best_move(homes, loads, replicas, fixed, allow_swap=budget >= 2)
-        if move is None or move.gain <= settings.min_gain:
+        if move is None or move.gain <= settings.min_gain or move.gain * move.peak <= settings.noise(move.peak):
             break
         for key, after in move.sets:
             change(key, after, move.why)
@@ -155,7 +166,8 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
 
 @dataclass(frozen=True)
 class _Move:
-    gain: float
+    gain: float  # the share of ``peak`` (the source's load) the move takes off the pair's peak
+    peak: float
     sets: tuple[tuple[str, Homes], ...]
     why: str
 
@@ -197,7 +209,7 @@ def _best_move(
                 gain = (peak - max(peak - share, load[target] + share)) / peak
                 why = f"balance: {share:.3g} req/s from {source} ({peak:.3g}) to {target} ({load[target]:.3g})"
                 if best is None or gain > best.gain:
-                    best = _Move(gain, ((key, after),), why)
+                    best = _Move(gain, peak, ((key, after),), why)
                 continue
             partner = lightest[target]
             if not allow_swap or partner is None or source in homes[partner]:
@@ -209,7 +221,7 @@ def _best_move(
             why = f"balance: {share:.3g} req/s from {source} ({peak:.3g}) swapped with {back:.3g} on {target}"
             swapped = tuple(source if r == target else r for r in homes[partner])
             if best is None or gain > best.gain:
-                best = _Move(gain, ((key, after), (partner, swapped)), why)
+                best = _Move(gain, peak, ((key, after), (partner, swapped)), why)
     return best
 
 

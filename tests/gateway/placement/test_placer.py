@@ -228,3 +228,23 @@ async def test_a_move_not_warm_in_time_is_given_up(adapters: dict[str, str]) -> 
     finally:
         await placer.close()
         await fleet.close()
+
+
+async def test_a_drained_replica_leaves_the_plan_and_its_keys_move_within_the_bound(adapters: dict[str, str]) -> None:
+    settings = config(REPLICAS, adapters, max_moves=2, grow_above=100.0, shrink_below=50.0)
+    fleet = Fleet(settings)
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    llama = fleet.pools["llama"]
+    try:
+        drained = "r1"
+        homed = sorted(t for t, members in homes(fleet).items() if drained in members)
+        assert 1 <= len(homed) <= 2  # 8 tenants balanced over 4 replicas: at most 2 each
+        llama.replicas[drained].health.drained = True
+        await placer.tick(settings, fleet, {})  # no traffic: only the evacuation moves anything
+        table = placer.table.pools["llama"]
+        assert sorted(table.homes) == homed and not table.warming  # the old home takes no traffic: no warm-up
+        assert all(drained not in homes(fleet)[t] for t in homed)
+        assert all(table.why[t] == f"left {drained}" for t in homed)
+    finally:
+        await placer.close()
+        await fleet.close()
