@@ -157,6 +157,9 @@ class _Connection(asyncio.Protocol):
         """Back to idle in the pool after a complete answer."""
         self._state = _IDLE
         self._cancel_timer()
+        if self._paused and self.transport is not None:  # its last bytes passed the mark before read() took them all
+            self._paused = False
+            self.transport.resume_reading()
 
     async def _wait(self) -> None:
         waiter = self._waiter = self._loop.create_future()

@@ -376,3 +376,33 @@ async def test_reading_pauses_while_the_reader_is_behind() -> None:
         assert len(await response.read()) == size
         response.release()
         origin.close()
+
+
+async def test_an_answer_that_arrived_whole_while_reading_was_paused_leaves_its_connection_reading() -> None:
+    """A whole answer whose last bytes take it past the pause mark before the reader asks for it (a busy loop;
+    uvloop delivers many reads per turn) pauses reading as they land: read() takes it at once, and the connection
+    that goes back to the pool must read again, or the next request on it never sees its answer."""
+    first, last = http1._HIGH_WATER - 1024, 16 * 1024
+    buffered = asyncio.Event()
+
+    async def script(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (first + last) + b"x" * first)
+        await buffered.wait()
+        writer.write(b"y" * last)  # one write the client reads whole: it ends the answer and passes the mark
+        await read_request(reader, server)
+        writer.write(OK)
+
+    async with serving(script) as server:
+        origin = server.origin()
+        response = await post(origin)
+        connection = response._connection
+        assert connection is not None
+        await until(lambda: connection._buffered == first, "the first part waits for the reader")
+        buffered.set()
+        await until(lambda: connection._state == http1._DONE, "the whole answer arrived before the reader asked")
+        assert len(await response.read()) == first + last
+        response.release()
+        assert await within(post(origin, timeout_s=3)) is not None
+        assert server.connections == 1
+        origin.close()
