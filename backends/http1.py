@@ -427,7 +427,7 @@ class Origin:
             except BaseException:
                 if waiter.done() and not waiter.cancelled():  # woken, then gave up: pass the turn on
                     self._wake_one()
-                else:
+                elif waiter in self._waiters:  # a wake may have taken the cancelled waiter off already
                     self._waiters.remove(waiter)
                 raise
             connection = self._idle_connection(loop)

@@ -406,3 +406,26 @@ async def test_an_answer_that_arrived_whole_while_reading_was_paused_leaves_its_
         assert await within(post(origin, timeout_s=3)) is not None
         assert server.connections == 1
         origin.close()
+
+
+async def test_a_waiter_cancelled_just_before_its_turn_raises_its_cancellation_not_a_value_error() -> None:
+    """A request waiting at the limit is cancelled (its client left, or its deadline passed: a timeout cancels it
+    the same way) and, before its task runs again, a connection comes back: the wake skips the cancelled waiter and
+    hands the turn to the next. The cancelled request must end as cancelled, not as a ValueError from removing a
+    waiter the wake already took off the queue (a 500 for the client, and a cancellation lost)."""
+    async with answers(OK, OK) as server:
+        origin = server.origin(limit=1)
+        held = await post(origin)
+        cancelled = asyncio.create_task(post(origin))
+        waiting = asyncio.create_task(post(origin))
+        await until(lambda: len(origin._waiters) == 2, "two requests wait for the one connection")
+        await held.read()
+        cancelled.cancel()  # its waiter is cancelled now; its task runs later
+        held.release()  # the wake takes the cancelled waiter off the queue and wakes the next
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        next_one = await within(waiting)
+        assert await next_one.read() == b"{}"
+        next_one.release()
+        assert server.connections == 1 and origin._open == 1
+        origin.close()
