@@ -91,7 +91,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.keep_alive = False
-        if self._state == _UNTIL_CLOSE:
+        if self._state == _UNTIL_CLOSE and exc is None:  # a reset is no end of the body: it broke off
             self._finish()
         elif self._state not in (_IDLE, _DONE) and self._exc is None:
             reason = f": {exc!r}" if exc is not None else ""
@@ -266,9 +266,9 @@ class _Connection(asyncio.Protocol):
         if version not in (b"HTTP/1.1", b"HTTP/1.0"):
             raise ValueError(f"not an HTTP/1.x answer: {lines[0][:40]!r}")
         code = rest[:3]
-        if len(code) != 3 or not code.isdigit():
+        status = int(code) if len(code) == 3 and code.isdigit() else 0
+        if status < 100:  # not a status ("000" would pass for a success below 400)
             raise ValueError(f"bad status line {lines[0][:40]!r}")
-        status = int(code)
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, colon, value = line.partition(b":")

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 from yarl import URL
@@ -15,6 +18,7 @@ from yarl import URL
 from backends import http1
 
 Script = Callable[["Server", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+T = TypeVar("T")
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
 
@@ -107,7 +111,7 @@ async def whole(origin: http1.Origin) -> bytes:
         response.release()
 
 
-async def within(awaitable: Awaitable[http1.Response], seconds: float = 5) -> http1.Response:
+async def within(awaitable: Awaitable[T], seconds: float = 5) -> T:
     """The awaitable's outcome, which must come within ``seconds`` (a bound that is not a TimeoutError of its own,
     so a test of the client's timeout cannot pass on it)."""
     task = asyncio.ensure_future(awaitable)
@@ -297,6 +301,7 @@ async def test_an_answer_released_before_its_end_drops_its_connection() -> None:
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf", "body", id="closed mid-body"),
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nhalf", "body", id="closed mid-chunk"),
         pytest.param(b"garbage\r\n\r\n", "head", id="not HTTP"),
+        pytest.param(b"HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n", "head", id="status below 100"),
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "head", id="bad length"),
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "body", id="bad chunk size"),
     ],
@@ -428,4 +433,23 @@ async def test_a_waiter_cancelled_just_before_its_turn_raises_its_cancellation_n
         assert await next_one.read() == b"{}"
         next_one.release()
         assert server.connections == 1 and origin._open == 1
+        origin.close()
+
+
+async def test_a_body_until_close_cut_by_a_reset_is_broken_not_complete() -> None:
+    """An answer without a length ends when the engine closes; a reset (the engine crashed) mid-way is no end."""
+
+    async def resets(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npart of it")
+        await writer.drain()
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # linger 0: the close is a reset
+
+    async with serving(resets) as server:
+        origin = server.origin()
+        response = await post(origin)
+        with pytest.raises(http1.ResponseError):
+            await within(response.read())
+        response.release()
         origin.close()
