@@ -704,7 +704,11 @@ class PlacementConfig(_Frozen):
     # A key gets one more replica while its requests per second per replica exceed grow_above x the pool's mean
     # per replica (the bounded-load cap's factor by default) ...
     grow_above: float = Field(default=1.25, gt=0, le=100)
-    # ... and loses one after shrink_after_s with one fewer replica below shrink_below x that mean (hysteresis).
+    # ... or while more than spill_share of its requests leave its set for demand (the scheduler found its homes
+    # over the bound, or another replica predicted faster: the spills a second warm replica would serve) ...
+    spill_share: float = Field(default=0.2, gt=0, le=1)
+    # ... and loses one after shrink_after_s with one fewer replica below shrink_below x that mean,
+    # spilling less than half spill_share (hysteresis).
     shrink_below: float = Field(default=0.75, gt=0, le=100)
     shrink_after_s: float = Field(default=60.0, ge=0, le=86_400)
     # A key is replicated only with at least this many requests per second (below it one replica serves it).

@@ -31,9 +31,16 @@ _FORGET = 1 / 3600
 class Rate:
     requests_per_s: float
     tokens_per_s: float
+    # Requests the scheduler sent off the key's replica set for demand (over its home's bound, or predicted faster
+    # elsewhere): what a replica set grows on (gateway/placement/plan.py).
+    spills_per_s: float = 0.0
 
     def __add__(self, other: Rate) -> Rate:
-        return Rate(self.requests_per_s + other.requests_per_s, self.tokens_per_s + other.tokens_per_s)
+        return Rate(
+            self.requests_per_s + other.requests_per_s,
+            self.tokens_per_s + other.tokens_per_s,
+            self.spills_per_s + other.spills_per_s,
+        )
 
 
 ZERO = Rate(0.0, 0.0)
@@ -64,14 +71,15 @@ class TrafficMeter:
         self.max_keys_per_interval = max_keys_per_interval
         self._clock = clock
         self._folded_at = clock()
-        self._counts: dict[tuple[str, str], list[float]] = {}  # (pool, key) -> [requests, tokens] this interval
+        self._counts: dict[tuple[str, str], list[float]] = {}  # (pool, key) -> [requests, tokens, spills] now
         self._totals: dict[str, list[float]] = {}  # pool -> [requests, tokens] this interval, every key
         self._keys: dict[tuple[str, str], Rate] = {}  # the average, the busiest max_keys
         self._pool_totals: dict[str, Rate] = {}
         self.dropped_keys = 0  # newcomers past max_keys_per_interval, counted only in their pool's total
 
-    def record(self, pool: str, key: str, tokens: float) -> None:
-        """One request of ``key`` in ``pool`` that used ``tokens`` (prompt and completion): the request path."""
+    def record(self, pool: str, key: str, tokens: float, spilled: bool = False) -> None:
+        """One request of ``key`` in ``pool`` that used ``tokens`` (prompt and completion), ``spilled`` off the
+        key's replica set for demand: the request path."""
         total = self._totals.get(pool)
         if total is None:
             total = self._totals[pool] = [0.0, 0.0]
@@ -82,9 +90,11 @@ class TrafficMeter:
             if len(self._counts) >= self.max_keys_per_interval:
                 self.dropped_keys += 1
                 return
-            counts = self._counts[(pool, key)] = [0.0, 0.0]
+            counts = self._counts[(pool, key)] = [0.0, 0.0, 0.0]
         counts[0] += 1
         counts[1] += tokens
+        if spilled:
+            counts[2] += 1
 
     def fold(self) -> Traffic:
         """Mix the counts since the last fold into the average and start counting afresh; returns the average."""
@@ -120,10 +130,12 @@ def _mixed(
     mixed: dict[K, Rate] = {}
     for item in average.keys() | counts.keys():
         old = average.get(item, ZERO)
-        requests, tokens = counts.get(item, (0.0, 0.0))
+        requests, tokens, *spills = counts.get(item, (0.0, 0.0))
+        spilled = spills[0] if spills else 0.0
         rate = Rate(
             old.requests_per_s + weight * (requests / elapsed - old.requests_per_s),
             old.tokens_per_s + weight * (tokens / elapsed - old.tokens_per_s),
+            old.spills_per_s + weight * (spilled / elapsed - old.spills_per_s),
         )
         if rate.requests_per_s >= forget:
             mixed[item] = rate

@@ -41,6 +41,11 @@ class TrafficCollector(Collector):
             "tenantgate_traffic_key_tokens_per_second", "Tokens per second of the pool's busiest affinity keys, "
             "fleet-wide", labels=["pool", "key"],
         )  # fmt: skip
+        key_spills = GaugeMetricFamily(
+            "tenantgate_traffic_key_spills_per_second", "Requests per second of the pool's busiest affinity keys "
+            "that the scheduler sent off the key's replica set for demand (its homes over the bound, or another "
+            "replica predicted faster), fleet-wide", labels=["pool", "key"],
+        )  # fmt: skip
         keys = GaugeMetricFamily(
             "tenantgate_traffic_keys", "Affinity keys with a measured rate, fleet-wide (at most traffic.max_keys)",
             labels=["pool"],
@@ -52,7 +57,8 @@ class TrafficCollector(Collector):
             for key, rate in busiest(measured.keys.items(), self._metric_keys):
                 key_requests.add_metric([pool, key], rate.requests_per_s)
                 key_tokens.add_metric([pool, key], rate.tokens_per_s)
-        yield from (pool_requests, pool_tokens, key_requests, key_tokens, keys)
+                key_spills.add_metric([pool, key], rate.spills_per_s)
+        yield from (pool_requests, pool_tokens, key_requests, key_tokens, key_spills, keys)
         gateways = GaugeMetricFamily(
             "tenantgate_traffic_gateways", "Gateways whose figures the last merge summed (1: this one's alone, as "
             "without Redis or while it does not answer)",

@@ -48,12 +48,17 @@ return fresh
 
 
 def encode(traffic: Traffic) -> str:
-    """A gateway's figures as compact JSON: {pool: [requests/s, tokens/s, {key: [requests/s, tokens/s]}]}."""
+    """A gateway's figures as compact JSON: {pool: [requests/s, tokens/s, {key: [requests/s, tokens/s(, spills/s)]}]}
+    (a key's spills only when it has some)."""
 
     def pair(rate: Rate) -> list[float]:
-        return [float(f"{rate.requests_per_s:.4g}"), float(f"{rate.tokens_per_s:.4g}")]
+        figures = [float(f"{rate.requests_per_s:.4g}"), float(f"{rate.tokens_per_s:.4g}")]
+        spills = float(f"{rate.spills_per_s:.4g}")
+        return [*figures, spills] if spills else figures
 
-    body = {pool: [*pair(t.total), {key: pair(rate) for key, rate in t.keys.items()}] for pool, t in traffic.items()}
+    body = {
+        pool: [*pair(t.total)[:2], {key: pair(rate) for key, rate in t.keys.items()}] for pool, t in traffic.items()
+    }
     return json.dumps(body, separators=(",", ":"))
 
 
@@ -66,9 +71,16 @@ def decode(text: str) -> Traffic:
     for pool, (requests, tokens, keys) in body.items():
         if not isinstance(keys, dict):
             raise ValueError(f"pool {pool!r}: its keys are not an object")
-        rates = {str(key): Rate(float(r), float(t)) for key, (r, t) in cast(dict[str, Any], keys).items()}
+        rates = {str(key): _rate(figures) for key, figures in cast(dict[str, Any], keys).items()}
         traffic[str(pool)] = PoolTraffic(Rate(float(requests), float(tokens)), rates)
     return traffic
+
+
+def _rate(figures: Any) -> Rate:
+    """[requests/s, tokens/s] or [requests/s, tokens/s, spills/s] (a gateway of the version before spills: two)."""
+    if not isinstance(figures, list) or len(figures) not in (2, 3):
+        raise ValueError(f"a key's figures are not 2 or 3 numbers: {figures!r}")
+    return Rate(*(float(figure) for figure in figures))
 
 
 class TrafficExchange:

@@ -30,7 +30,7 @@ from gateway.errors import GatewayError
 from gateway.fleet.fill import FillEntry, keyed_adapters
 from gateway.fleet.fleet import Fleet, InstalledHomes, homed_keys
 from gateway.fleet.pool import Pool
-from gateway.observe.traffic import Traffic
+from gateway.observe.traffic import Rate, Traffic
 from gateway.placement.plan import Homes, PlanInput, PlanSettings, plan
 from gateway.placement.store import HomesStore, Operator
 from gateway.placement.table import EMPTY, HomesTable, PoolTable
@@ -45,7 +45,7 @@ def plan_settings(config: GatewayConfig) -> PlanSettings:
         max_moves=placement.max_moves, min_gain=placement.min_gain, grow_above=placement.grow_above,
         shrink_below=placement.shrink_below, shrink_after_s=placement.shrink_after_s,
         replicate_min_rps=placement.replicate_min_rps, max_replicas_per_key=placement.max_replicas_per_key,
-        window_s=config.traffic.window_s, sigmas=placement.sigmas,
+        window_s=config.traffic.window_s, sigmas=placement.sigmas, spill_share=placement.spill_share,
     )  # fmt: skip
 
 
@@ -138,10 +138,10 @@ class Placer:
         for name, pool in fleet.pools.items():
             adapters = _adapters_by_key(entries[name])
             measured = traffic.get(name)
-            loads = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
+            rates = measured.keys if measured else {}
             before = self.table.pools.get(name, PoolTable())
             planned, changed = await self._plan_pool(
-                settings, planning, pool, before, adapters, loads, known.get(name, set()), now, plan_moves
+                settings, planning, pool, before, adapters, rates, known.get(name, set()), now, plan_moves
             )
             pools[name] = planned
             moves += changed
@@ -167,7 +167,7 @@ class Placer:
         pool: Pool,
         before: PoolTable,
         adapters: Mapping[str, list[AdapterRef]],
-        loads: Mapping[str, float],
+        rates: Mapping[str, Rate],
         known: set[str],
         now: float,
         plan_moves: bool,
@@ -200,11 +200,12 @@ class Placer:
             plan,
             PlanInput(
                 replicas,
-                loads,
+                {key: rate.requests_per_s for key, rate in rates.items()},
                 homes,
                 pool.ring.balanced_home,
                 known=known,
                 pinned=pins,
+                spills={key: rate.spills_per_s for key, rate in rates.items() if rate.spills_per_s},
                 frozen_keys=set(warming) | settled,
                 below_since=before.below_since,
                 now=now,

@@ -6,10 +6,12 @@ set's replicas. One interval changes at most ``max_moves`` keys, in this order:
 1. pins: a pinned key's set is its pinned replica alone;
 2. evacuations: a replica that left the plan (drained, or gone from discovery) is replaced in every set that holds
    it, by the replica with the least expected load, heaviest key first;
-3. replica sets: a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica by more
-   than its rate's noise (and with at least ``replicate_min_rps``) gains the least loaded replica it lacks, up to
-   ``max_replicas_per_key``; one that would stay below ``shrink_below`` x that mean with one replica fewer loses
-   its last after ``shrink_after_s`` (hysteresis: the two thresholds differ and shrinking waits);
+3. replica sets: a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica, or
+   more than ``spill_share`` of whose requests the scheduler sent off its set for demand (its homes over the
+   bound, or another replica predicted faster), each by more than the noise (and with at least
+   ``replicate_min_rps``), gains the least loaded replica it lacks, up to ``max_replicas_per_key``; one that would
+   stay below ``shrink_below`` x that mean with one replica fewer, and spills less than half that share, loses its
+   last after ``shrink_after_s`` (hysteresis: the thresholds differ and shrinking waits);
 4. balance: the most loaded replica gives a key away, to the replica whose pair then has the lowest peak (a plain
    move where that replica holds fewer than ``ceil(adapters / replicas)`` adapters, else a swap with its lightest
    key, which keeps adapter counts even: heavy keys spread, light keys pack where their adapters fit). A move is
@@ -47,6 +49,9 @@ class PlanSettings:
     # noise in a short window does not move keys back and forth (each move costs a cold load).
     window_s: float = 60.0
     sigmas: float = 3.0
+    # A key also gains a replica while more than this share of its requests leave its set for demand (the scheduler
+    # found its homes over the bound, or another replica faster), and loses one only below half that share.
+    spill_share: float = 0.2
 
     def noise(self, rate: float) -> float:
         """``sigmas`` standard deviations of a measured rate of ``rate`` requests per second."""
@@ -71,6 +76,8 @@ class PlanInput:
     ring_home: Callable[[str], str]  # the ring's (balanced) home of a key without a set
     known: Collection[str] = ()  # keys the gateway knows without traffic (tenants): they count one adapter each
     pinned: Mapping[str, str] = field(default_factory=dict)
+    # Of the measured requests per second, those the scheduler sent off the key's set for demand.
+    spills: Mapping[str, float] = field(default_factory=dict)
     frozen_keys: Collection[str] = ()  # keys not to move this interval (being warmed)
     below_since: Mapping[str, float] = field(default_factory=dict)  # when a key's set first could shrink
     now: float = 0.0
@@ -137,14 +144,25 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         rate, members = loads.get(key, 0.0), homes[key]
         size = len(members)
         limit = min(settings.max_replicas_per_key, len(replicas))
-        threshold = settings.grow_above * mean + settings.noise(rate) / size
-        if rate >= settings.replicate_min_rps and size < limit and rate / size > threshold:
+        spilled = given.spills.get(key, 0.0)
+        hot = rate / size > settings.grow_above * mean + settings.noise(rate) / size
+        spilling = spilled > settings.spill_share * rate + settings.noise(spilled)
+        if rate >= settings.replicate_min_rps and size < limit and (hot or spilling):
             load, _ = _tally(homes, loads, replicas)
             extra = min((r for r in replicas if r not in members), key=lambda r: (load[r], r))
             below_since.pop(key, None)
-            change(key, (*members, extra), f"hot: {rate:.3g} req/s over {size} replica(s), mean {mean:.3g}")
+            why = (
+                f"hot: {rate:.3g} req/s over {size} replica(s), mean {mean:.3g}"
+                if hot
+                else f"spilling: {spilled:.3g} of {rate:.3g} req/s left its {size} replica(s) for demand"
+            )
+            change(key, (*members, extra), why)
             fixed.add(key)
-        elif size > 1 and (rate < settings.replicate_min_rps or rate / (size - 1) < settings.shrink_below * mean):
+        elif (
+            size > 1
+            and spilled <= settings.spill_share / 2 * rate
+            and (rate < settings.replicate_min_rps or rate / (size - 1) < settings.shrink_below * mean)
+        ):
             since = below_since.setdefault(key, given.now)
             if given.now - since >= settings.shrink_after_s:
                 del below_since[key]

@@ -103,8 +103,16 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord) -> web
         prompt, completion = record.prompt_tokens, record.completion_tokens
         used = prompt + completion if prompt is not None and completion is not None else None
         ticket.settle(used)
-        # The key's traffic (gateway/placement/): what the engine reported, else what admission estimated.
-        request.app[TRAFFIC].meter.record(target.pool, routed.key, used if used is not None else estimate)
+        # The key's traffic (gateway/placement/): what the engine reported, else what admission estimated, and
+        # whether the scheduler sent it off the key's replica set for demand (what a replica set grows on).
+        spilled = not _DEMAND_SPILLS.isdisjoint(record.reasons) and record.replica not in (
+            serving.fleet.pools[target.pool].ring.replica_set(routed.key)
+        )
+        request.app[TRAFFIC].meter.record(target.pool, routed.key, used if used is not None else estimate, spilled)
+
+
+# A decision left the key's home because the home was over its bound, or another replica was predicted faster.
+_DEMAND_SPILLS = frozenset({"spill:over_capacity", "spill:faster"})
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

@@ -29,6 +29,17 @@ def test_one_interval_moves_the_average_by_its_weight() -> None:
     assert m.view()["llama"].total == acme  # one key: the pool's total is its rate
 
 
+def test_spills_are_averaged_beside_the_requests_they_are_part_of() -> None:
+    clock = Clock(0.0)
+    m = meter(clock)
+    for index in range(20):
+        m.record("llama", "acme", 50, spilled=index % 4 == 0)  # 5 of 20 left the key's set for demand
+    clock.advance(10)
+    acme = m.fold()["llama"].keys["acme"]
+    assert acme.spills_per_s == pytest.approx(0.5 * (1 - math.exp(-1)))
+    assert acme.spills_per_s / acme.requests_per_s == pytest.approx(0.25)
+
+
 def test_a_steady_rate_is_what_the_average_converges_to_and_a_silent_key_is_forgotten() -> None:
     clock = Clock(0.0)
     m = meter(clock, window_s=30.0)
@@ -75,6 +86,10 @@ def test_figures_survive_their_wire_form_to_four_significant_digits() -> None:
     assert back["llama"].total.requests_per_s == pytest.approx(1 / 3, rel=1e-3)
     assert back["llama"].keys["acme"].tokens_per_s == pytest.approx(1234.5678, rel=1e-3)
     assert back["llama"].keys["a/b c"] == Rate(0, 0)
+    spilling = decode(encode({"llama": PoolTraffic(Rate(4, 40), {"acme": Rate(4, 40, 1.5)})}))
+    assert spilling["llama"].keys["acme"] == Rate(4, 40, 1.5)
+    # A gateway of the version before spills writes two figures per key: read as no spills.
+    assert decode('{"llama": [4, 40, {"acme": [4, 40]}]}')["llama"].keys["acme"] == Rate(4, 40, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -87,8 +102,9 @@ def test_figures_survive_their_wire_form_to_four_significant_digits() -> None:
         '{"llama": [1, 2, {"k": [1]}]}',
         '{"llama": [1, "x", {}]}',
         '{"llama": [1, 2, []]}',
+        '{"llama": [1, 2, {"k": [1, 2, 3, 4]}]}',
     ],
-    ids=["list", "junk", "number", "short", "short-key", "not-a-number", "keys-not-an-object"],
+    ids=["list", "junk", "number", "short", "short-key", "not-a-number", "keys-not-an-object", "long-key"],
 )
 def test_unreadable_figures_raise_value_or_type_errors(text: str) -> None:
     with pytest.raises((ValueError, TypeError)):

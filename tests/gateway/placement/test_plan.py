@@ -66,6 +66,22 @@ def test_a_hot_key_gains_a_replica_and_loses_it_only_after_it_stayed_cool() -> N
     assert later.homes.get("t5", ("r1",)) == ("r1",)
 
 
+def test_a_key_whose_requests_spill_off_its_set_gains_a_replica_and_keeps_it_while_it_spills() -> None:
+    # t5 is not hot by the mean (3 req/s against 1.25 x 1.125), but a third of its requests leave its set for demand:
+    # the scheduler found its home over the bound or another replica faster.
+    loads = {key: 0.5 for key in RING} | {"t5": 3.0}
+    settings_ = PlanSettings(grow_above=100.0, shrink_below=50.0, shrink_after_s=0.0)
+    quiet = plan(given_input(loads), settings_)
+    assert quiet.changes == []
+    grown = plan(given_input(loads, spills={"t5": 1.0}), settings_)
+    assert [(c.key, c.why.split(":")[0]) for c in grown.changes] == [("t5", "spilling")]
+    assert len(grown.homes["t5"]) == 2
+    still = plan(given_input(loads, grown.homes, spills={"t5": 0.5}, now=100.0), settings_)  # 17%: above half
+    assert still.homes["t5"] == grown.homes["t5"]
+    calm = plan(given_input(loads, grown.homes, spills={"t5": 0.1}, now=200.0), settings_)
+    assert calm.homes.get("t5", ("r1",)) == ("r1",)
+
+
 def test_a_pinned_key_goes_to_its_pin_and_never_moves() -> None:
     loads = {key: 0.2 for key in RING} | {"t0": 10.0, "t1": 10.0}
     result = plan(given_input(loads, pinned={"t0": "r0", "t1": "r0"}), PlanSettings(grow_above=100.0))

@@ -3,6 +3,7 @@ Each gateway serves one tenant; after an interval or two both export the fleet's
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -59,3 +60,43 @@ def test_two_gateways_export_the_fleets_traffic_per_key(tmp_path: Path, redis_se
                 time.sleep(0.1)
     for rates in seen.values():  # each gateway served one tenant, and each sees both: the fleet's figure
         assert rates.get("gateways") == 2 and rates.get("acme", 0) > 0 and rates.get("globex", 0) > 0, seen
+
+
+def spill_rates(gateway_url: str) -> dict[str, float]:
+    text = httpx.get(gateway_url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).text
+    return {
+        sample.labels["key"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tenantgate_traffic_key_spills_per_second"
+    }
+
+
+def test_requests_sent_off_a_keys_set_for_demand_are_counted_as_its_spills(tmp_path: Path) -> None:
+    """Bounded loads with no slack (balance_factor 1, capacity_floor 1): acme's concurrent requests overflow its
+    home (spill:over_capacity) onto the other replica, outside its set; globex, one request at a time, never does."""
+    adapters = write_adapters(tmp_path, ["support-acme", "sql-globex"])
+    extra = {"traffic": {"interval_s": 0.2, "window_s": 2.0}}
+    with simulated_replicas(tmp_path, 2, "--time-scale", "0.2") as urls:
+        config = gateway_config(urls, TENANTS, adapters, port=free_port(), policy="bounded_consistent_hash",
+                                balance_factor=1.0, extra=extra)  # fmt: skip
+        config["routing"]["capacity_floor"] = 1
+        with gateway_process(tmp_path, config, "gw") as (url, _):
+            acme = openai.AsyncOpenAI(base_url=url + "/v1", api_key=api_key("acme"), max_retries=0, timeout=30)
+            globex = openai.OpenAI(base_url=url + "/v1", api_key=api_key("globex"), max_retries=0, timeout=30)
+
+            async def burst() -> None:
+                calls = [acme.completions.create(model="support-acme", prompt=f"b{i}", max_tokens=8) for i in range(8)]
+                await asyncio.gather(*calls)
+                await acme.close()
+
+            asyncio.run(burst())
+            for i in range(4):
+                globex.completions.create(model="sql-globex", prompt=f"q{i}", max_tokens=2)
+            spills: dict[str, float] = {}
+            for _ in range(100):  # bounded: a few intervals of 0.2 s to fold
+                spills = spill_rates(url)
+                if spills.get("acme", 0) > 0 and "globex" in spills:
+                    break
+                time.sleep(0.1)
+    assert spills.get("acme", 0) > 0 and spills.get("globex") == 0, spills
