@@ -4,7 +4,8 @@ Why not aiohttp's ``ClientSession`` there: its per-request machinery (request an
 multidicts, URL handling, timers, traces, payload registry) was about a fifth of the gateway's CPU per request
 at the realistic load (make bench-overhead's profile), for a call that is always the same shape: a POST of a JSON
 body to a known origin, its answer read whole or streamed. This client builds the request head from a prefix made
-once per (origin, path), writes head and body in one call, and reads the answer on a plain asyncio protocol.
+once per (origin, path), writes head and body in one call, and reads the answer on a plain asyncio protocol whose
+bytes go through httptools' response parser (llhttp, Node.js's parser: the framing rules are not hand-written here).
 
 What it does, as aiohttp did for the driver:
 - keep-alive: a connection whose answer was read to the end (and that the engine did not ask to close) goes back
@@ -31,14 +32,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import cast
 
+import httptools
 from yarl import URL
 
-_MAX_HEAD = 64 * 1024  # an answer head (status line and headers) larger than this is refused
+# Bytes read without the parser making progress (a head or trailers that never end, which it would keep buffering)
+# before the answer is refused; checked per slice of at most _SLICE bytes fed at a time.
+_MAX_HEAD = 64 * 1024
+_SLICE = 16 * 1024
 _HIGH_WATER = 256 * 1024
 _LOW_WATER = 64 * 1024
 
-# Reading states.
-_IDLE, _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(9)
+# Reading states: no request out; waiting for the answer's head; reading its body; the answer read to its end.
+_IDLE, _HEAD, _BODY, _DONE = range(4)
 
 
 class ResponseError(ConnectionError):
@@ -46,7 +51,8 @@ class ResponseError(ConnectionError):
 
 
 class _Connection(asyncio.Protocol):
-    """One connection: writes a request, parses its answer into a head and a queue of body chunks."""
+    """One connection: writes a request, parses its answer into a head and a queue of body chunks. The parser calls
+    the ``on_*`` methods below as it reads (httptools' callback protocol)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -54,8 +60,11 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.keep_alive = False
         self._state = _IDLE
-        self._buf = bytearray()
-        self._remaining = 0
+        self._parser = httptools.HttpResponseParser(self)
+        # Bytes fed in slices where the parser made no progress (no header, chunk or body byte came out), in a row.
+        self._unparsed = 0
+        self._progress = False
+        self._interim = False  # the answer being read is a 1xx (100 Continue, 103 Early Hints): the real one follows
         self.status = 0
         self.headers: dict[str, str] = {}
         self._chunks: deque[bytes] = deque()
@@ -73,17 +82,29 @@ class _Connection(asyncio.Protocol):
         if self._state == _IDLE or self._state == _DONE:  # bytes nobody asked for: this connection is not reusable
             self.keep_alive = False
             return
-        buf = self._buf
-        buf += data
         try:
-            self._parse(buf)
-        except (ValueError, IndexError) as exc:
-            self._fail(ResponseError(f"unreadable answer from the engine: {exc}"))
+            if len(data) <= _SLICE:
+                self._feed(data)
+            else:
+                view = memoryview(data)
+                for start in range(0, len(data), _SLICE):
+                    self._feed(view[start : start + _SLICE])
+        except httptools.HttpParserError as exc:  # malformed, an upgrade never asked for, or refused by a callback
+            reason = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
+            self._fail(ResponseError(f"unreadable answer from the engine: {reason}"))
+            return
+        if self._unparsed > _MAX_HEAD:
+            self._fail(ResponseError("unreadable answer from the engine: head or trailers too large"))
             return
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
         self._wake()
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        self._progress = False
+        self._parser.feed_data(data)
+        self._unparsed = 0 if self._progress or self._state == _DONE else self._unparsed + len(data)
 
     def eof_received(self) -> bool | None:
         return None  # close the transport: connection_lost says what the end means
@@ -91,12 +112,59 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.keep_alive = False
-        if self._state == _UNTIL_CLOSE and exc is None:  # a reset is no end of the body: it broke off
-            self._finish()
+        if self._state == _BODY and exc is None and self._until_close():
+            self._finish()  # a body without Content-Length or chunked framing ends when the engine closes
         elif self._state not in (_IDLE, _DONE) and self._exc is None:
             reason = f": {exc!r}" if exc is not None else ""
             self._exc = ResponseError(f"the engine closed the connection before the answer's end{reason}")
         self._wake()
+
+    # The parser's side (httptools calls these).
+    def on_message_begin(self) -> None:
+        if self._state == _DONE:  # an engine that answered more than asked: do not reuse the connection
+            self.keep_alive = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._progress = True
+        if self._state != _HEAD:
+            return  # a chunked body's trailers: skipped
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        if key in self.headers:
+            text = f"{self.headers[key]}, {text}"
+        self.headers[key] = text
+
+    def on_headers_complete(self) -> None:
+        self._progress = True
+        if self._state != _HEAD:
+            return
+        status = self._parser.get_status_code()
+        if status < 100:  # llhttp reads any three digits: 'HTTP/1.1 000' is no answer (the driver would relay it)
+            raise ValueError(f"status {status:03d} is not an HTTP status")
+        if 100 <= status < 200:
+            self._interim, self.headers = True, {}
+            return
+        self.status = status
+        self.keep_alive = self._parser.should_keep_alive()
+        self._state = _BODY
+
+    def on_chunk_header(self) -> None:
+        self._progress = True
+
+    def on_chunk_complete(self) -> None:
+        self._progress = True
+
+    def on_body(self, body: bytes) -> None:
+        self._progress = True
+        if self._state == _BODY and body:
+            self._chunks.append(body)
+            self._buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        self._progress = True
+        if self._interim:
+            self._interim = False
+        elif self._state == _BODY:
+            self._finish()
 
     # The request's side.
     @property
@@ -106,7 +174,7 @@ class _Connection(asyncio.Protocol):
     def send(self, data: bytes, deadline: float) -> None:
         if self.transport is None:
             raise ResponseError("the connection closed before the request was sent")
-        self._state, self.status, self.headers, self._exc = _HEAD, 0, {}, None
+        self._state, self.status, self.headers, self._exc, self._unparsed = _HEAD, 0, {}, None, 0
         self.keep_alive = False  # until the answer's head says otherwise
         self._timer = self._loop.call_at(deadline, self._timed_out)
         self.transport.write(data)
@@ -193,117 +261,9 @@ class _Connection(asyncio.Protocol):
         self._state = _DONE
         self._cancel_timer()
 
-    def _push(self, chunk: bytes) -> None:
-        if chunk:
-            self._chunks.append(chunk)
-            self._buffered += len(chunk)
-
-    def _parse(self, buf: bytearray) -> None:
-        """Consume what ``buf`` holds: the head, then body framing, as far as it goes."""
-        while buf:
-            state = self._state
-            if state == _HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > _MAX_HEAD:
-                        raise ValueError("answer head too large")
-                    return
-                head = bytes(buf[:end])
-                del buf[: end + 4]
-                self._read_head(head)
-            elif state == _LENGTH:
-                size = min(self._remaining, len(buf))
-                self._push(bytes(buf[:size]))
-                del buf[:size]
-                self._remaining -= size
-                if self._remaining == 0:
-                    self._finish()
-            elif state == _CHUNK_SIZE:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > _MAX_HEAD:
-                        raise ValueError("chunk size line too long")
-                    return
-                size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
-                del buf[: end + 2]
-                if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
-                    raise ValueError(f"bad chunk size {size_text!r}")
-                self._remaining = int(size_text, 16)
-                self._state = _CHUNK_DATA if self._remaining else _TRAILERS
-            elif state == _CHUNK_DATA:
-                size = min(self._remaining, len(buf))
-                self._push(bytes(buf[:size]))
-                del buf[:size]
-                self._remaining -= size
-                if self._remaining == 0:
-                    self._state = _CHUNK_END
-            elif state == _CHUNK_END:
-                if len(buf) < 2:
-                    return
-                if buf[:2] != b"\r\n":
-                    raise ValueError("chunk not followed by CRLF")
-                del buf[:2]
-                self._state = _CHUNK_SIZE
-            elif state == _TRAILERS:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > _MAX_HEAD:
-                        raise ValueError("trailer too long")
-                    return
-                del buf[: end + 2]
-                if end == 0:
-                    self._finish()
-            elif state == _UNTIL_CLOSE:
-                self._push(bytes(buf))
-                buf.clear()
-            else:  # _DONE with bytes left over: an engine that answered more than asked; do not reuse
-                self.keep_alive = False
-                buf.clear()
-
-    def _read_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        if version not in (b"HTTP/1.1", b"HTTP/1.0"):
-            raise ValueError(f"not an HTTP/1.x answer: {lines[0][:40]!r}")
-        code = rest[:3]
-        status = int(code) if len(code) == 3 and code.isdigit() else 0
-        if status < 100:  # not a status ("000" would pass for a success below 400)
-            raise ValueError(f"bad status line {lines[0][:40]!r}")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip():
-                raise ValueError(f"bad header line {line[:40]!r}")
-            key, text = name.decode("latin-1").lower(), value.strip().decode("latin-1")
-            if key in headers:
-                if key == "content-length" and headers[key] != text:
-                    raise ValueError("conflicting Content-Length headers")
-                text = headers[key] if key == "content-length" else f"{headers[key]}, {text}"
-            headers[key] = text
-        if 100 <= status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
-            return
-        self.status, self.headers = status, headers
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in connection if version == b"HTTP/1.1" else "keep-alive" in connection
-        encoding = headers.get("transfer-encoding")
-        length = headers.get("content-length")
-        if encoding is not None:
-            if encoding.lower().rsplit(",", 1)[-1].strip() != "chunked":
-                raise ValueError(f"unsupported Transfer-Encoding {encoding!r}")
-            self._state = _CHUNK_SIZE
-        elif status in (204, 304):
-            self._finish()
-        elif length is not None:
-            if not length.isdigit():
-                raise ValueError(f"bad Content-Length {length!r}")
-            self._remaining = int(length)
-            if self._remaining:
-                self._state = _LENGTH
-            else:
-                self._finish()
-        else:
-            self._state = _UNTIL_CLOSE
-            self.keep_alive = False
+    def _until_close(self) -> bool:
+        """The answer's body has no framing but the connection's end (neither Content-Length nor chunked)."""
+        return "content-length" not in self.headers and "transfer-encoding" not in self.headers
 
 
 class Response:

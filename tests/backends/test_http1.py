@@ -304,6 +304,13 @@ async def test_an_answer_released_before_its_end_drops_its_connection() -> None:
         pytest.param(b"HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n", "head", id="status below 100"),
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "head", id="bad length"),
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "body", id="bad chunk size"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", "head", id="two lengths"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+            "head",
+            id="length and chunked",
+        ),
+        pytest.param(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", "head", id="an upgrade"),
     ],
 )
 async def test_an_answer_that_breaks_off_or_cannot_be_read_raises_response_error(answer: bytes, at: str) -> None:
@@ -433,6 +440,39 @@ async def test_a_waiter_cancelled_just_before_its_turn_raises_its_cancellation_n
         assert await next_one.read() == b"{}"
         next_one.release()
         assert server.connections == 1 and origin._open == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(b"HTTP/1.1 200 OK\r\nX-Endless: " + b"a" * 100_000, id="head"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-T: " + b"a" * 100_000,
+            id="trailers",
+        ),
+    ],
+)
+async def test_a_head_or_trailers_that_never_end_are_refused_while_the_engine_holds_the_connection(
+    answer: bytes,
+) -> None:
+    """The parser would buffer a header line that never ends: past 64 KiB without a parsed header the answer is
+    refused at once (not at the request's timeout), and the connection dropped."""
+
+    async def endless(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
+        writer.write(answer)
+        await writer.drain()
+        await reader.read()  # holds the connection open; sees the client close
+
+    async with serving(endless) as server:
+        origin = server.origin()
+        with pytest.raises(http1.ResponseError, match="too large"):
+            response = await post(origin, timeout_s=60)
+            try:
+                await asyncio.wait_for(response.read(), 5)
+            finally:
+                response.release()
+        await until(lambda: server.closed == 1, "the connection was not dropped")
         origin.close()
 
 
