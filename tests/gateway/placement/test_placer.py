@@ -248,3 +248,30 @@ async def test_a_drained_replica_leaves_the_plan_and_its_keys_move_within_the_bo
     finally:
         await placer.close()
         await fleet.close()
+
+
+async def test_a_tenant_added_at_run_time_is_placed_like_one_of_the_file(adapters: dict[str, str]) -> None:
+    """The file names t0-t6; t7 joins at run time (the served config has it; balanced homes do not: its home is the
+    ring's). When t7 and a tenant of the file are the heavy pair on one replica and the file's is pinned there, t7
+    moves, its adapter (known from the served config) warmed at its new home first."""
+    base = config(REPLICAS, adapters, grow_above=100.0, shrink_below=50.0)
+    file = base.model_copy(update={"tenants": [t for t in base.tenants if t.id != "t7"]})
+    probe = Fleet(base, homes_from=file)
+    ring = probe.pools["llama"].ring
+    home = ring.home("t7")
+    assert home == ring.ring_home("t7")  # not balanced: it is not in the file
+    partner = next(t for t in sorted(TENANTS) if t != "t7" and ring.home(t) == home)
+    await probe.close()
+    served = base.model_copy(update={"placement": base.placement.model_copy(update={"pins": {partner: home}})})
+    fleet = Fleet(served, homes_from=file)
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    try:
+        keys = {t: Rate(10.0 if t in ("t7", partner) else 0.5, 0.0) for t in TENANTS}
+        traffic = {"llama": PoolTraffic(Rate(sum(r.requests_per_s for r in keys.values()), 0.0), keys)}
+        await placer.tick(served, fleet, traffic)
+        table = placer.table.pools["llama"]
+        assert table.homes["t7"][0] != home and table.warming["t7"] == (home,)
+        assert [slot for slot in placer._warming if slot[2] == "a7"] == [("llama", table.homes["t7"][0], "a7")]
+    finally:
+        await placer.close()
+        await fleet.close()
