@@ -24,6 +24,7 @@ from gateway.fleet.fleet import Fleet
 from gateway.observe.traffic import PoolTraffic, Rate, Traffic
 from gateway.placement.placer import Placer
 from gateway.placement.store import LocalHomesStore, RedisHomesStore
+from gateway.placement.table import PoolTable
 from gateway.redis_client import make_client
 from loadtests.fleet import gateway_config, simulated_replicas, write_adapters
 from loadtests.processes import free_port
@@ -239,6 +240,10 @@ async def test_a_drained_replica_leaves_the_plan_and_its_keys_move_within_the_bo
         drained = "r1"
         homed = sorted(t for t, members in homes(fleet).items() if drained in members)
         assert 1 <= len(homed) <= 2  # 8 tenants balanced over 4 replicas: at most 2 each
+        llama.replicas[drained].health.up = False  # only down: its keys stay (their requests spill meanwhile)
+        await placer.tick(settings, fleet, {})
+        assert not placer.table.pools.get("llama", PoolTable()).homes
+        llama.replicas[drained].health.up = True
         llama.replicas[drained].health.drained = True
         await placer.tick(settings, fleet, {})  # no traffic: only the evacuation moves anything
         table = placer.table.pools["llama"]
