@@ -94,6 +94,29 @@ def test_lines_beyond_the_queue_are_dropped_and_counted_never_waited_for(root_lo
     assert written == ["first", *(f"line {n}" for n in range(5))]
 
 
+def test_lines_queued_together_are_written_with_one_write(root_logging: None) -> None:
+    """The writer takes every line queued while it was busy and writes them at once (one write, one flush), not
+    one write per line."""
+    stream = _Blocked()
+    writes: list[str] = []
+    record_write = stream.write
+
+    def counting(text: str) -> int:
+        writes.append(text)
+        return record_write(text)
+
+    stream.write = counting  # type: ignore[method-assign]
+    logs.configure(stream=stream)
+    log = logging.getLogger("tenantgate.test")
+    log.info("first")
+    _wait(stream.entered)  # the writer is in its first write: the next lines queue behind it
+    for number in range(5):
+        log.info("line %d", number)
+    stream.release.set()
+    logs.shutdown()
+    assert [len(text.splitlines()) for text in writes] == [1, 5]
+
+
 def test_a_line_logged_after_shutdown_is_written_by_its_caller(root_logging: None) -> None:
     stream = io.StringIO()
     logs.configure(stream=stream)
