@@ -8,6 +8,7 @@ converter (examples/hf_lora_convert.py), whose module mapping differs from the s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -57,6 +58,7 @@ class TrtLoraWeights:
         return int(self.weights.nbytes + self.config.nbytes)
 
 
+@functools.lru_cache(maxsize=4096)  # asked on every request through an adapter
 def task_id(engine_name: str, source: str) -> int:
     """The adapter's ``lora_task_id``: stable across gateways and restarts, from its engine name and source (a new
     version or a name reused for other weights gets a new id, so the engine can never serve old weights under it).

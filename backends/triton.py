@@ -4,10 +4,16 @@ HTTP endpoints.
 
 Every call is one request on its own ``ModelStreamInfer`` stream, streaming or not: decoupled models (the only
 ones that stream) refuse unary calls, and the end of the stream is the end of the answer whether or not the
-model sends an empty final response. The messages are tritonclient's generated protobufs, built and read by
-``backends/triton_wire.py``. docs/triton.md has the model contract and how adapters are handled. The pool's
-``triton:`` section, its replicas' ``grpc`` and ``metrics_url`` and the checks on its adapters are in
-``backends/triton_config.py``; this module registers them with the driver as engine ``triton``.
+model sends an empty final response. Several requests are never carried on one stream: cancelling a gRPC stream
+cancels every request on it, and Triton has no message that cancels one request of a stream, so a client that
+leaves could not stop its own generation without stopping the others'. The call is made as gRPC unary-stream
+(``_STREAM_INFER``): on the wire that is the same stream (the request's message, the half-close, then the
+responses), sent by grpc.aio as one batch of operations where a stream-stream call awaits three (start, write,
+half-close; the write and the half-close were 13% of the gateway's profile in make bench-gateway's Triton pool).
+The messages are tritonclient's generated protobufs, built and read by ``backends/triton_wire.py``.
+docs/triton.md has the model contract and how adapters are handled. The pool's ``triton:`` section, its
+replicas' ``grpc`` and ``metrics_url`` and the checks on its adapters are in ``backends/triton_config.py``; this
+module registers them with the driver as engine ``triton``.
 """
 
 from __future__ import annotations
@@ -63,7 +69,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-Call = Any  # grpc.aio.StreamStreamCall[ModelInferRequest, ModelStreamInferResponse]
+Call = Any  # grpc.aio.UnaryStreamCall[ModelInferRequest, ModelStreamInferResponse]
+_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 class TritonResponse:
@@ -146,9 +153,9 @@ class TritonDriver:
         self._request_timeout_s = request_timeout_s
         self._load_timeout_s = adapter_load_timeout_s
         self._on_event = on_event or (lambda replica, adapter, event: None)
-        self._channels: dict[str, tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]] = {}
+        self._channels: dict[str, _Channel] = {}
         self._inputs: dict[str, dict[str, str]] = {}  # replica id -> the model's inputs (name -> datatype)
-        self._outputs: dict[str, set[str]] = {}
+        self._outputs: dict[str, tuple[str, ...]] = {}  # replica id -> the outputs asked for (those it has)
         # Converted adapters, least recently used first, within a byte budget (an 8B model's rank-16 adapter is
         # ~130 MB in this layout): (engine name, source) -> weights.
         self._weights: OrderedDict[tuple[str, str], TrtLoraWeights] = OrderedDict()
@@ -257,13 +264,13 @@ class TritonDriver:
     ) -> tuple[Call, service_pb2.ModelInferResponse, str | None]:
         """Open the call's stream and wait for its first response: (stream, first result, in-stream error)."""
         model_inputs = await self._model_inputs(replica)
-        outputs = [name for name in _OUTPUTS if name in self._outputs.get(replica.id, ())]
+        outputs = self._outputs.get(replica.id, ())
         message = wire_request(self._model, _inputs(call, model_inputs, adapter, weights), outputs)
-        _, stub = self._channel(replica)
-        stream = stub.ModelStreamInfer(metadata=tuple(headers.items()) or None, timeout=timeout_s)
+        # One request per stream, sent with its half-close: the end of the stream is the end of the answer.
+        stream = self._channel(replica).stream_infer(
+            message, metadata=tuple(headers.items()) or None, timeout=timeout_s
+        )
         try:
-            await stream.write(message)
-            await stream.done_writing()  # one request per stream: the end of the stream is the end of the answer
             first = await stream.read()
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error(replica, exc) from exc
@@ -294,9 +301,8 @@ class TritonDriver:
         known = self._inputs.get(replica.id)
         if known is not None:
             return known
-        _, stub = self._channel(replica)
         try:
-            metadata = await stub.ModelMetadata(
+            metadata = await self._channel(replica).stub.ModelMetadata(
                 service_pb2.ModelMetadataRequest(name=self._model), timeout=self._probe_timeout_s
             )
         except grpc.aio.AioRpcError as exc:
@@ -305,14 +311,14 @@ class TritonDriver:
             raise EngineRejected(502, f"{replica.id} does not serve model {self._model!r}: {exc.details()}") from exc
         inputs = {tensor.name: tensor.datatype for tensor in metadata.inputs}
         self._inputs[replica.id] = inputs
-        self._outputs[replica.id] = {tensor.name for tensor in metadata.outputs}
+        declared = {tensor.name for tensor in metadata.outputs}
+        self._outputs[replica.id] = tuple(name for name in _OUTPUTS if name in declared)
         return inputs
 
-    def _channel(self, replica: Endpoint) -> tuple[grpc.aio.Channel, service_pb2_grpc.GRPCInferenceServiceStub]:
+    def _channel(self, replica: Endpoint) -> _Channel:
         known = self._channels.get(replica.id)
         if known is None:
-            channel = grpc.aio.insecure_channel(_triton(replica).grpc_address, options=_CHANNEL_OPTIONS)
-            known = self._channels[replica.id] = (channel, service_pb2_grpc.GRPCInferenceServiceStub(channel))
+            known = self._channels[replica.id] = _Channel(_triton(replica).grpc_address)
         return known
 
     # --- health and load -----------------------------------------------------------------------------------
@@ -381,9 +387,22 @@ class TritonDriver:
         )
 
     async def close(self) -> None:
-        await asyncio.gather(*(channel.close() for channel, _ in self._channels.values()))
+        await asyncio.gather(*(known.channel.close() for known in self._channels.values()))
         self._channels.clear()
         await self._http.close()
+
+
+class _Channel:
+    """One replica's channel, made once, with tritonclient's stub (metadata calls) and the inference call."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        self.stream_infer = self.channel.unary_stream(
+            _STREAM_INFER,
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
 
 
 def _inputs(

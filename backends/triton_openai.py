@@ -7,12 +7,12 @@ A tenant must not be able to tell which engine served it: answers have the same 
 
 from __future__ import annotations
 
-import json
+import secrets
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -80,7 +80,7 @@ def parse_request(chat: bool, body: bytes, template: ChatTemplate, default_max_t
     """The request body (an OpenAI completion or chat request) as a model call; ``EngineRejected(400)`` if not.
     ``default_max_tokens`` applies to chat; completions default to 16, as OpenAI's API does."""
     try:
-        request = json.loads(body)
+        request = orjson.loads(body)
     except ValueError as exc:
         raise EngineRejected(400, f"the request body is not JSON: {exc}") from exc
     if not isinstance(request, dict):
@@ -186,7 +186,7 @@ class AnswerWriter:
 
     def __init__(self, call: TritonCall) -> None:
         self.call = call
-        self.id = f"{'chatcmpl' if call.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = f"{'chatcmpl' if call.chat else 'cmpl'}-{secrets.token_hex(16)}"  # as uuid4().hex, for less
         self.created = int(time.time())
         self._object = "chat.completion" if call.chat else "text_completion"
 
@@ -205,7 +205,7 @@ class AnswerWriter:
         answer["choices"] = [choice]
         if usage is not None:
             answer["usage"] = usage
-        return json.dumps(answer).encode()
+        return orjson.dumps(answer)
 
     def opening(self) -> bytes:
         """Chat streams open with the assistant's role, as vLLM's do; completions need no opening."""
@@ -233,7 +233,7 @@ class AnswerWriter:
     def _event(self, payload: dict[str, Any]) -> bytes:
         head = {"id": self.id, "object": f"{self._object}.chunk" if self.call.chat else self._object}
         body = {**head, "created": self.created, "model": self.call.model, **payload}
-        return b"data: " + json.dumps(body).encode() + b"\n\n"
+        return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
 def usage(prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, int] | None:

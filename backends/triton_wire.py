@@ -44,10 +44,18 @@ def array(name: str, datatype: str, values: np.ndarray[Any, Any]) -> Input:
     return _tensor(name, datatype, values.shape), values.tobytes()
 
 
-def request(model: str, inputs: list[Input], outputs: Iterable[str]) -> service_pb2.ModelInferRequest:
-    message = service_pb2.ModelInferRequest(model_name=model)
+def request(model: str, inputs: list[Input], outputs: tuple[str, ...]) -> service_pb2.ModelInferRequest:
+    message = service_pb2.ModelInferRequest()
+    message.CopyFrom(_request_head(model, outputs))  # one copy in C of what every request to the model repeats
     message.inputs.extend(tensor for tensor, _ in inputs)
     message.raw_input_contents.extend(raw for _, raw in inputs)
+    return message
+
+
+@functools.lru_cache(maxsize=256)
+def _request_head(model: str, outputs: tuple[str, ...]) -> service_pb2.ModelInferRequest:
+    """The model's name and the outputs asked for, built once per (model, outputs)."""
+    message = service_pb2.ModelInferRequest(model_name=model)
     message.outputs.extend(service_pb2.ModelInferRequest.InferRequestedOutputTensor(name=name) for name in outputs)
     return message
 
