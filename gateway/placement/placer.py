@@ -91,21 +91,20 @@ class Placer:
             self.store_up, self.leads = False, False
             self.install(fleet)
             return
-        except (ValueError, TypeError, KeyError) as exc:  # a table another version wrote: keep ours, plan anew
-            log.warning("placement table unreadable, keeping version %d: %s", self.table.version, exc)
-            polled = None
         if not self.store_up:
             log.warning("placement table reachable again")
         self.store_up = True
-        if polled is not None:
-            self.bytes_read = polled.bytes_read
-            self.leads = polled.leads
-            self.operator = polled.operator
-            if polled.table is not None:
-                self.table = polled.table
+        self.bytes_read = polled.bytes_read
+        self.leads = polled.leads
+        self.operator = polled.operator
+        if polled.table is not None:
+            self.table = polled.table
         if self.leads:
-            stored = polled.version if polled is not None else self.table.version
-            await self._lead(config, fleet, traffic, max(stored, self.table.version) + 1, plan_moves)
+            # A stored version above ours that did not come back as a table did not decode: publish over it even
+            # with nothing changed, or no gateway could read the table again.
+            unreadable = polled.version > self.table.version
+            version = max(polled.version, self.table.version) + 1
+            await self._lead(config, fleet, traffic, version, plan_moves, republish=unreadable)
         self.install(fleet)
 
     def install(self, fleet: Fleet) -> None:
@@ -127,7 +126,7 @@ class Placer:
         self._installed = (fleet, self.table.version)
 
     async def _lead(
-        self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, version: int, plan_moves: bool
+        self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, version: int, plan_moves: bool, *, republish: bool
     ) -> None:
         settings, planning = config.placement, plan_settings(config)
         now = self._clock()
@@ -146,7 +145,7 @@ class Placer:
             pools[name] = planned
             moves += changed
             self._warm(pool, planned, adapters)
-        if pools == dict(self.table.pools):
+        if pools == dict(self.table.pools) and not republish:
             return
         table = HomesTable(version, self.gateway_id, pools, moves)
         try:

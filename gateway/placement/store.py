@@ -16,6 +16,7 @@ its table and operator settings live in the process.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -23,6 +24,8 @@ from typing import Any, Protocol, cast
 from gateway.placement.table import HomesTable, decode, encode
 from gateway.redis_client import Client, redis_call
 from gateway.residency.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 # KEYS: the lease, the table, the operator's settings. ARGV: this gateway's id, the version it has, the lease's
 # ttl (ms). Returns {1 if this gateway leads else 0, the table's version, the operator's settings (the leader only:
@@ -154,8 +157,9 @@ class RedisHomesStore:
         self._publish = self._client.register_script(_PUBLISH)
 
     async def poll(self, gateway_id: str, known_version: int) -> Polled:
-        """Take or renew the lease; the table when newer than ``known_version`` (StoreUnavailable on failure;
-        ValueError when the stored table does not decode)."""
+        """Take or renew the lease; the table when newer than ``known_version`` (StoreUnavailable on failure). A
+        stored table that does not decode (another format's, or written by hand) comes back as None with its
+        version: the leader publishes its own above it."""
         async with redis_call("placement poll", self._timeout_s):
             reply = await cast(
                 Awaitable[list[Any]],
@@ -164,7 +168,12 @@ class RedisHomesStore:
         leads, version, flat = bool(int(reply[0])), int(reply[1]), [str(item) for item in reply[2]]
         text = str(reply[3]) if len(reply) > 3 else None
         operator = _operator(dict(zip(flat[::2], flat[1::2], strict=True)))
-        table = decode(text) if text is not None else None
+        table = None
+        if text is not None:
+            try:
+                table = decode(text)
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("placement table version %d unreadable, not installed: %s", version, exc)
         return Polled(leads, version, table, operator, len(text or "") + sum(map(len, flat)) + 16)
 
     async def set_frozen(self, frozen: bool) -> None:

@@ -280,3 +280,34 @@ async def test_a_tenant_added_at_run_time_is_placed_like_one_of_the_file(adapter
     finally:
         await placer.close()
         await fleet.close()
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param("7 {not json", id="malformed"),
+        pytest.param('7 {"version":7,"leader":"gw-next","format":2,"tables":{}}', id="another format"),
+    ],
+)
+async def test_a_stored_table_this_gateway_cannot_read_is_replaced_by_its_leader(
+    redis_server: RedisServer, adapters: dict[str, str], stored: str
+) -> None:
+    """A homes table in Redis that does not decode (written by hand, or by a gateway of another format, with a
+    higher version) must not stop placement: the gateway that takes the lease leads, and publishes its own table
+    above the stored version (which every gateway can read again)."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    settings = config(REPLICAS, adapters)
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    await client.set(f"{prefix}:{{placement}}:homes", stored)
+    store = RedisHomesStore(make_client(redis_server.url, 2.0), operation_timeout_s=2.0, lease_s=30.0, prefix=prefix)
+    fleet = Fleet(settings)
+    placer = Placer(store, "gw-a", clock=Clock(1000.0))
+    try:
+        await placer.tick(settings, fleet, {})  # no traffic: nothing to move, but the table must be readable again
+        assert placer.leads and placer.table.version == 8
+        polled = await store.poll("gw-b", 0)
+        assert polled.version == 8 and polled.table is not None and polled.table.leader == "gw-a"
+    finally:
+        await client.aclose()
+        await placer.close()
+        await fleet.close()
