@@ -156,6 +156,8 @@ class SlotSignal:
         try:
             message = json.loads(raw)
             kind, sender, key = message["t"], message["g"], (str(message["p"]), str(message["r"]))
+            if not isinstance(sender, str):  # it keys dicts below: a list there would raise, and end the subscription
+                raise TypeError("the sender is not a string")
         except (ValueError, KeyError, TypeError):
             log.warning("slot signal: unreadable message %.200r", raw)
             return

@@ -202,6 +202,8 @@ async def test_held_sets_count_only_the_newest_message_of_each_gateway() -> None
         signal.heard(json.dumps(newer))
         signal.heard(json.dumps(older))
         signal.heard("not json")
+        for sender in (["x"], {"x": 1}, None):  # another's or an attacker's message: dropped, never raised (the
+            signal.heard(json.dumps({**newer, "g": sender, "n": 3}))  # subscription would be dropped and redone)
         assert signal.remote_holds("llama", "r0") == frozenset({"x"})
         signal.subscribed(False)
         assert signal.remote_holds("llama", "r0") is None
