@@ -96,9 +96,8 @@ class Fanout:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._answer_wait_s):
                         async for message in pubsub.listen():
-                            if message.get("type") != "message":
+                            if message.get("type") != "message" or (answer := _request(message["data"])) is None:
                                 continue
-                            answer = json.loads(message["data"])
                             answers.append(answer)
                             waiting.discard(answer.get("gateway"))
                             if not waiting:
@@ -109,8 +108,8 @@ class Fanout:
         while True:
             try:
                 async for message in channel_messages(self._subscriber, self._channel):
-                    if message.get("type") == "message":
-                        await self._answer(json.loads(message["data"]))
+                    if message.get("type") == "message" and (request := _request(message["data"])) is not None:
+                        await self._answer(request)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: follow again shortly (a reload meanwhile reaches this one later)
@@ -135,6 +134,19 @@ class Fanout:
             except StoreUnavailable as exc:
                 log.debug("gateway heartbeat skipped: %s", exc)
             await asyncio.sleep(HEARTBEAT_S)
+
+
+def _request(data: str) -> dict[str, Any] | None:
+    """A message off a channel (a request, or an answer) as an object; None (logged) for anything else, which must
+    not end the subscription or the reload (another version's message, or anyone's with Redis access)."""
+    try:
+        request = json.loads(data)
+    except ValueError:
+        request = None
+    if not isinstance(request, dict):
+        log.warning("reload fan-out: unreadable message %.200r", data)
+        return None
+    return request
 
 
 FANOUT = web.AppKey("fanout", Fanout)

@@ -4,9 +4,12 @@ the test's own (no other test's gateways in its heartbeat set), a simulated repl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import json
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,9 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio
 
+from gateway.reload_fanout import Fanout
 from loadtests.faultkit import GatewayUnderTest
 from loadtests.fleet import api_key, gateway_config
 from loadtests.processes import free_port
@@ -88,3 +93,79 @@ def test_a_peer_that_refuses_says_so_and_scope_local_reloads_one(sim_engine: Eng
         assert "not valid YAML" in refused["error"]
         local = first.admin("POST", "/admin/reload?scope=local").json()
         assert local["status"] == "reloaded" and "gateways" not in local
+
+
+async def test_an_unreadable_message_on_the_channel_is_skipped_and_the_next_request_answered(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anything on the reload channel that is not a request (another version's message, or anyone's with Redis
+    access) is logged and skipped; the subscription stays, so a request right behind it is answered. (It used to
+    raise out of the follower: unsubscribed for a second, and the request published meanwhile lost.)"""
+    prefix = f"test-{uuid.uuid4().hex}"
+
+    async def reload_here() -> dict[str, Any]:
+        return {"gateway": "here", "status": "reloaded"}
+
+    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix)
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    follower = asyncio.create_task(fanout._follow())
+    try:
+        for _ in range(500):  # bounded poll: the follower has subscribed
+            if (await client.pubsub_numsub(f"{prefix}:reload"))[0][1] == 1:
+                break
+            await asyncio.sleep(0.01)
+        async with client.pubsub() as pubsub:
+            await pubsub.subscribe("answers")
+            for junk in ("not json", "[1]", '"text"'):
+                await client.publish(f"{prefix}:reload", junk)
+            await client.publish(f"{prefix}:reload", json.dumps({"from": "another", "reply": "answers"}))
+            async with asyncio.timeout(5):
+                answer = None
+                while answer is None:
+                    answer = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        assert json.loads(answer["data"]) == {"gateway": "here", "status": "reloaded"}
+        assert "unreadable message" in caplog.text and "not following" not in caplog.text
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        await client.aclose()
+        await fanout._client.aclose()
+        await fanout._subscriber.aclose()
+
+
+async def test_an_unreadable_answer_is_skipped_and_the_reload_still_answers(redis_server: RedisServer) -> None:
+    """An answer on the reply channel that is not an object is skipped (it raised out of the reload before)."""
+    prefix = f"test-{uuid.uuid4().hex}"
+
+    async def reload_here() -> dict[str, Any]:
+        return {"gateway": "here", "status": "reloaded"}
+
+    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=5.0)
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    await client.zadd(f"{prefix}:gateways", {"another": time.time()})
+
+    async def another() -> None:  # a peer that answers junk first, then its answer
+        async with client.pubsub() as pubsub:
+            await pubsub.subscribe(f"{prefix}:reload")
+            subscribed.set()
+            async with asyncio.timeout(10):
+                message = None
+                while message is None:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            reply = json.loads(message["data"])["reply"]
+            for body in ("not json", "[1]", json.dumps({"gateway": "another", "status": "reloaded"})):
+                await client.publish(reply, body)
+
+    subscribed = asyncio.Event()
+    peer = asyncio.create_task(another())
+    try:
+        await asyncio.wait_for(subscribed.wait(), 10)
+        answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
+        assert answer["missing"] == [] and [a["gateway"] for a in answer["gateways"]] == ["another", "here"]
+        await peer
+    finally:
+        peer.cancel()
+        await client.aclose()
+        await fanout._client.aclose()
+        await fanout._subscriber.aclose()
