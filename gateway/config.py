@@ -442,7 +442,8 @@ class ResidencyConfig(_Frozen):
         for a use in flight to have been flushed (4 flushes), and at least a second."""
         return max(1.0, 4 * self.use_flush_interval_s)
 
-    # How often the local view of the record is refreshed from the store (other gateways' loads).
+    # How often the local view of the record is refreshed from the store (other gateways' use times; their loads
+    # and unloads reach it at once through the slot signal's news, gateway/residency/signal.py).
     sync_interval_s: float = Field(default=2.0, gt=0, le=600)
     # How often the record is compared with what each engine lists, and corrected.
     reconcile_interval_s: float = Field(default=10.0, gt=0, le=3600)

@@ -115,7 +115,9 @@ class PoolResidency:
         # replica: a waiter that sees the count move looks again under the lock.
         self._remote_news = dict.fromkeys(self.endpoints, 0)
         self.signal = signal
-        self.detach = signal.attach(pool, self)
+        # Replicas whose record is being read again after another gateway's news (``remote_set_changed``).
+        self._rereads: dict[str, asyncio.Task[None]] = {}
+        self._detach_signal = signal.attach(pool, self)
 
     # --- the request path -------------------------------------------------------------------------------------
 
@@ -205,6 +207,7 @@ class PoolResidency:
         self.views[replica_id].pinned.discard(engine_name)
         self._sets_changed()
         await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
+        self.signal.set_changed(self.pool, replica_id)
 
     # --- loads and evictions, under the replica's lock ---------------------------------------------------------
 
@@ -250,10 +253,13 @@ class PoolResidency:
         now = self._now()
         await self._store_call(self.store.add(self.pool, replica_id, adapter.engine_name, now, pinned=pinned))
         view = self.views[replica_id]
+        news = adapter.engine_name not in view.resident or (pinned and adapter.engine_name not in view.pinned)
         view.resident[adapter.engine_name] = now
         self._sets_changed()
         if pinned:
             view.pinned.add(adapter.engine_name)
+        if news:
+            self.signal.set_changed(self.pool, replica_id)
 
     async def _made_room(self, replica_id: str, record: ReplicaRecord) -> bool:
         """Whether one more adapter fits now: there is a free slot, or evicting the least recently used idle adapter
@@ -286,6 +292,7 @@ class PoolResidency:
         await self.driver.unload_adapter(self.endpoints[replica_id], engine_name)
         await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
         self.signal.changed(self.pool, replica_id, freed=True)
+        self.signal.set_changed(self.pool, replica_id)
         log.info("unloaded adapter %s from %s/%s", engine_name, self.pool, replica_id)
 
     def _victim(self, replica_id: str, resident: dict[str, float], pinned: Iterable[str]) -> str | None:
@@ -310,6 +317,30 @@ class PoolResidency:
         if replica_id in self._remote_news:
             self._remote_news[replica_id] += 1
             self._adapter_idle[replica_id].set()
+
+    def detach(self) -> None:
+        """Stop hearing the other gateways (a retired or closed fleet's lifecycle)."""
+        self._detach_signal()
+        for task in self._rereads.values():
+            task.cancel()
+        self._rereads.clear()
+
+    def remote_set_changed(self, replica_id: str) -> None:
+        """Read the replica's record again now (one read however many changes arrive while it runs)."""
+        if replica_id not in self.views or replica_id in self._rereads:
+            return
+        task = asyncio.get_running_loop().create_task(self._reread(replica_id), name=f"reread {self.pool}/{replica_id}")
+        self._rereads[replica_id] = task
+
+    async def _reread(self, replica_id: str) -> None:
+        try:
+            await asyncio.sleep(0)  # news that arrive in the same turn share this read
+            self._rereads.pop(replica_id, None)  # news from here on start another read: this one may miss them
+            if self.store_up:
+                self._adopt(replica_id, await self.store.record(self.pool, replica_id))
+                self._store_answered()
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
 
     def _may_wait(self, replica_id: str, record: ReplicaRecord, give_up_at: float) -> bool:
         """Whether a load may still wait for a slot: the engine refuses requests for a full set (one that queues
@@ -472,6 +503,8 @@ class PoolResidency:
         view.resident = {name: view.resident.get(name, before.resident.get(name, now)) for name in on_engine}
         self._sets_changed()
         view.pinned &= on_engine
+        if gone or appeared:
+            self.signal.set_changed(self.pool, replica_id)
 
     async def evict_idle(self, healthy: Callable[[str], bool]) -> None:
         """The eviction timer. Where a slot is wanted (``slot_wanted``), or with ``fill_free_slots`` off: unload

@@ -1,4 +1,5 @@
-"""Slot releases across gateways: a load waiting for a slot on a replica hears at once when another gateway frees one.
+"""Slot releases across gateways: a load waiting for a slot on a replica hears at once when another gateway frees one
+(and every gateway hears when another changes a replica's resident set: see below).
 
 Gateways sharing Redis see each other's uses only as use marks, and an adapter counts as in use while its mark is
 within the in-use window (``ResidencyConfig.shared_in_use_window_s``): without this module a slot another gateway
@@ -22,6 +23,13 @@ warning in the log), ``remote_holds`` says None and the lifecycle falls back on 
 subscription is down does not hear the announcement and cannot answer it: a waiter may then evict an adapter that
 gateway still uses. On an engine that refuses loads when full (TensorRT-LLM: the only kind that waits) unloading
 is the gateway forgetting the adapter; the engine keeps it while in flight and the next request sends it again.
+
+The same channel carries the news that a replica's resident set changed (``set``: this gateway loaded or unloaded an
+adapter there, or the engine's listing corrected the record): every other gateway reads that replica's record again
+at once, rather than at its next residency sync (``residency.sync_interval_s``, 2 s). One message per load or
+unload, never per request: routing by a record seconds old sends a key where its adapter was just evicted, or away
+from where it was just loaded, and each such miss costs a cold load (several gateways then load one adapter on
+several replicas).
 
 The transport is a callable that publishes one message (gateway/residency/signal_redis.py: Redis pub/sub); the
 in-process store has ``NO_SIGNAL``, which does nothing: one gateway sees its own releases at once.
@@ -63,6 +71,10 @@ class SlotListener(Protocol):
 
     def remote_release(self, replica_id: str) -> None:
         """Another gateway freed a slot on the replica (or held sets may now be complete): waits look again."""
+        ...
+
+    def remote_set_changed(self, replica_id: str) -> None:
+        """Another gateway changed the replica's resident set: read its record again."""
         ...
 
 
@@ -137,6 +149,11 @@ class SlotSignal:
         if freed:
             self.metrics.slot_releases.labels(pool, "published").inc()
 
+    def set_changed(self, pool: str, replica: str) -> None:
+        """This gateway changed the replica's resident set (and wrote it to the store): the others read it again.
+        One publish per load or unload."""
+        self._send({"t": "set", "p": pool, "r": replica}, None)
+
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
         """The adapters other gateways hold on the replica, once this gateway waits there and every listening
         gateway has had time to say; None otherwise (judge by the in-use window instead)."""
@@ -163,7 +180,10 @@ class SlotSignal:
             return
         if sender == self.gateway_id:
             return
-        if kind == "wait":  # answered every time, empty or not: a lost release is made good at the next renewal
+        if kind == "set":
+            for listener in self._listeners.get(key[0], ()):
+                listener.remote_set_changed(key[1])
+        elif kind == "wait":  # answered every time, empty or not: a lost release is made good at the next renewal
             self._remote_waits[key] = self._clock() + REMOTE_TTL_S
             self._send({"t": "held", "p": key[0], "r": key[1], "a": self._held(*key), "freed": False}, None)
         elif kind == "held":
@@ -274,6 +294,9 @@ class NoSignal:
     def changed(self, pool: str, replica: str, *, freed: bool) -> None:
         return None
 
+    def set_changed(self, pool: str, replica: str) -> None:
+        return None
+
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
         return None
 
@@ -286,6 +309,8 @@ class Signal(Protocol):
     def waiting(self, pool: str, replica: str) -> contextlib.AbstractContextManager[None]: ...
 
     def changed(self, pool: str, replica: str, *, freed: bool) -> None: ...
+
+    def set_changed(self, pool: str, replica: str) -> None: ...
 
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None: ...
 

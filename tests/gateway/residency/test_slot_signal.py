@@ -269,6 +269,9 @@ class Woken:
     def remote_release(self, replica_id: str) -> None:
         self.woken.append(replica_id)
 
+    def remote_set_changed(self, replica_id: str) -> None:
+        pass
+
 
 async def test_the_held_set_of_a_gateway_that_stopped_answering_is_dropped_and_the_wait_looks_again() -> None:
     bus, clock, lifecycle_ = Bus(), Clock(100.0), Woken()
@@ -323,3 +326,48 @@ async def test_a_release_heard_while_the_waiter_looks_under_the_lock_is_not_miss
     store.during_look = lambda: a.end_use("r0", "x")  # B's next look: when its wait settles
     await waiting  # AdapterCacheFull at 3 s when the release was missed
     assert engine.loaded["r0"] == {"y"} and releases(b, "received") == 1
+
+
+async def until_resident(life: PoolResidency, replica: str, adapters: set[str]) -> None:
+    for _ in range(5_000):  # a bounded poll: the news is published from a task, and read back in another
+        if set(life.views[replica].resident) == adapters:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"{replica}'s view is {sorted(life.views[replica].resident)}, not {sorted(adapters)}")
+
+
+async def test_another_gateways_load_and_unload_reach_this_gateways_view_without_a_sync(
+    store: ResidencyStore,
+) -> None:
+    """A loads x on r0, then unloads it: B's view (the one its routing reads) follows each change at once, where
+    without the news it would wait for its next residency sync (2 s by default; never, in this test)."""
+    engine, bus = FakeEngine(), Bus()
+    a, b = gateway(store, engine, bus, max_adapters=2), gateway(store, engine, bus, max_adapters=2)
+    await a.ensure("r0", ref("x"))
+    await until_resident(b, "r0", {"x"})
+    assert b.resident_on("x") == frozenset({"r0"})  # routing's memo is refreshed too
+    assert [m["t"] for m in bus.published] == ["set"]
+    await a.unload_everywhere("x")
+    await until_resident(b, "r0", set())
+    assert b.resident_on("x") == frozenset()
+    assert engine.loaded["r0"] == set()
+
+
+async def test_a_gateway_reads_a_replica_once_for_news_that_arrive_together(store: ResidencyStore) -> None:
+    engine, bus = FakeEngine(), Bus()
+    reads: list[str] = []
+    b = gateway(store, engine, bus)
+    real_record = b.store.record
+
+    async def counted(pool: str, replica: str) -> ReplicaRecord:
+        reads.append(replica)
+        return await real_record(pool, replica)
+
+    b.store.record = counted  # type: ignore[method-assign]
+    for _ in range(5):
+        b.remote_set_changed("r0")
+    b.remote_set_changed("nowhere")  # a replica this gateway does not have: ignored
+    pending = list(b._rereads.values())
+    assert len(pending) == 1
+    await pending[0]
+    assert reads == ["r0"]

@@ -23,12 +23,16 @@ class Listener:
     def __init__(self, held: frozenset[str] = frozenset()) -> None:
         self.held = held
         self.released: list[str] = []
+        self.changed: list[str] = []
 
     def held_here(self, replica_id: str) -> frozenset[str]:
         return self.held
 
     def remote_release(self, replica_id: str) -> None:
         self.released.append(replica_id)
+
+    def remote_set_changed(self, replica_id: str) -> None:
+        self.changed.append(replica_id)
 
 
 @contextlib.asynccontextmanager
@@ -81,6 +85,9 @@ async def test_a_wait_and_a_release_reach_the_other_gateway(kind: str, request: 
             assert b.signal.remote_holds("llama", "r0") == frozenset()
             assert waiter.released == ["r0", "r0"]  # woken when its wait settled, then by the release
         assert holder.released == []  # A waits nowhere: nothing to wake
+        a.signal.set_changed("llama", "r1")  # A loaded or unloaded an adapter there: B reads r1 again
+        await until(lambda: waiter.changed == ["r1"], "B hears that r1's resident set changed")
+        assert holder.changed == []  # a gateway's own news is not news to it
 
 
 async def test_the_subscription_drops_with_redis_and_comes_back_with_it(
