@@ -10,6 +10,7 @@ honoured and the upstream span's context is sent on to the engine.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.config import TelemetryConfig, TracingConfig
+from gateway.observe import logs
 from gateway.observe.metrics import UNRESOLVED, GatewayMetrics
 
 access_log = logging.getLogger("tenantgate.access")
@@ -168,13 +170,9 @@ class Telemetry:
                     record.tenant, record.adapter, record.replica, record.reasons, record.status, ttft
                 )
             if self.access_log and access_log.isEnabledFor(logging.INFO):
-                # The fields as the record's own: the JSON formatter (gateway/observe/logs.py) writes them, on the
-                # log's writer thread. The record is made here without Logger.info's walk up the stack for the
-                # caller's file and line (findCaller), which the line does not print.
-                line = access_log.makeRecord(
-                    access_log.name, logging.INFO, "", 0, "request", (), None, extra=_log_line(record)
-                )
-                access_log.handle(line)
+                # The line's fields are made on the log's writer thread (gateway/observe/logs.py), from the record
+                # as it is now (it is finished) and the duration taken here.
+                logs.access_line(access_log, "request", functools.partial(_log_line, record, time.perf_counter()))
         except Exception:  # telemetry must never fail a request
             log.exception("recording a request's telemetry failed")
 
@@ -241,8 +239,7 @@ def _span_attributes(record: RequestRecord) -> dict[str, Any]:
     }
 
 
-def _log_line(record: RequestRecord) -> dict[str, Any]:
-    now = time.perf_counter()
+def _log_line(record: RequestRecord, now: float) -> dict[str, Any]:
     return {
         "event": "request",
         "path": record.path,

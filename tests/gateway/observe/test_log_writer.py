@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -115,6 +116,38 @@ def test_lines_queued_together_are_written_with_one_write(root_logging: None) ->
     stream.release.set()
     logs.shutdown()
     assert [len(text.splitlines()) for text in writes] == [1, 5]
+
+
+def test_an_access_line_on_its_own_path_is_the_object_a_record_of_its_fields_would_be(root_logging: None) -> None:
+    """logs.access_line skips the LogRecord when the writer is the log's only way out: the same JSON object, keys
+    in the same order, its fields made on the writer's thread; with another handler on the way (here pytest's
+    caplog would be one) it is a record as before, which that handler sees."""
+    made_on: list[int] = []
+    fields = {"event": "request", "path": "/v1/completions", "reasons": ["home"], "status": 200, "ttft_ms": None}
+
+    def made() -> dict[str, object]:
+        made_on.append(threading.get_ident())
+        return fields
+
+    stream = io.StringIO()
+    logs.configure(stream=stream, worker=2)
+    access = logging.getLogger("tenantgate.access")
+    logs.access_line(access, "request", made)
+    access.info("request", extra=fields)
+    seen: list[logging.LogRecord] = []
+    other = logging.Handler()
+    other.emit = seen.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(other)
+    logs.access_line(access, "request", made)
+    logs.shutdown()
+    own, as_record, with_other = [json.loads(text) for text in stream.getvalue().splitlines()]
+    for line in (own, as_record, with_other):
+        assert datetime.fromisoformat(line.pop("time")).tzinfo is not None
+    assert list(own.items()) == list(as_record.items()) == list(with_other.items())
+    assert list(own)[:4] == ["level", "logger", "message", "worker"] and own["status"] == 200
+    # The fields were made twice: on the writer thread for the first line, here for the record.
+    assert len(made_on) == 2 and made_on.count(threading.get_ident()) == 1
+    assert [record.getMessage() for record in seen] == ["request"] and seen[0].__dict__["status"] == 200
 
 
 def test_a_line_logged_after_shutdown_is_written_by_its_caller(root_logging: None) -> None:
