@@ -178,17 +178,20 @@ class Placer:
         settled: set[str] = set()  # keys whose move ends this interval: not moved again in it
         for key, old in before.warming.items():  # switch the moves that are warm, give up the ones that stall
             new = [r for r in homes.get(key, ()) if r not in old]
-            up = any(r in pool.replicas and pool.is_healthy(r) for r in old)
-            warm = all(pool.residency.is_resident(r, a.engine_name) for r in new for a in adapters.get(key, ()))
             settled.add(key)
-            if warm or not up:
-                del warming[key], warming_since[key]
-            elif now - before.warming_since.get(key, now) > settings.warm_timeout_s:
-                log.warning("placement: %s/%s not warm at %s in time; it stays put", pool.name, key, ", ".join(new))
+            gone = [r for r in new if r not in pool.replicas]  # a rebuild's fleet (discovery) no longer has it
+            stalled = now - before.warming_since.get(key, now) > settings.warm_timeout_s
+            if gone or stalled:
+                why[key] = f"move to {', '.join(new)} given up: " + ("left the pool" if gone else "not warm in time")
+                log.warning("placement: %s/%s: %s; it stays put", pool.name, key, why[key])
                 homes[key] = old
-                why[key] = f"move to {', '.join(new)} given up: not warm in time"
                 del warming[key], warming_since[key]
                 self.given_up += 1
+                continue
+            up = any(r in pool.replicas and pool.is_healthy(r) for r in old)
+            warm = all(pool.residency.is_resident(r, a.engine_name) for r in new for a in adapters.get(key, ()))
+            if warm or not up:
+                del warming[key], warming_since[key]
         if self.frozen(settings) or not plan_moves:
             return replace(before, homes=homes, warming=warming, warming_since=warming_since, why=why), 0
         replicas = [r for r, replica in pool.replicas.items() if not replica.health.drained]

@@ -311,3 +311,38 @@ async def test_a_stored_table_this_gateway_cannot_read_is_replaced_by_its_leader
         await client.aclose()
         await placer.close()
         await fleet.close()
+
+
+async def test_a_replica_discovery_removes_leaves_the_table_at_the_next_interval(adapters: dict[str, str]) -> None:
+    """A rebuild's fleet without r3 (DNS no longer lists it), installed before it serves: a key whose set was r3
+    routes by its ring order meanwhile, and the next interval moves it off r3 within the bound; a move to r3 still
+    warming is given up."""
+    settings = config(REPLICAS, adapters, grow_above=100.0, shrink_below=50.0)
+    old = Fleet(settings)
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    fewer = config({r: url for r, url in REPLICAS.items() if r != "r3"}, adapters, grow_above=100.0, shrink_below=50.0)
+    new = Fleet(fewer)
+    try:
+        settled, warming = [t for t in sorted(TENANTS) if homes(old)[t] != ("r3",)][:2]
+        # An operator pins one key to r3 while its home is down (the move switches at once), then another while
+        # every replica is up (its move waits for its adapter, which these replicas never load).
+        await placer.store.set_pin("llama", settled, "r3")
+        down = homes(old)[settled][0]
+        old.pools["llama"].replicas[down].health.up = False
+        await placer.tick(settings, old, {})
+        old.pools["llama"].replicas[down].health.up = True
+        await placer.store.set_pin("llama", warming, "r3")
+        await placer.tick(settings, old, {})
+        assert homes(old)[settled] == ("r3",) and placer.table.pools["llama"].warming.keys() == {warming}
+        for key in (settled, warming):
+            await placer.store.set_pin("llama", key, None)
+        placer.install(new)  # as a rebuild does before the new fleet serves
+        assert all("r3" not in members for members in homes(new).values())
+        await placer.tick(fewer, new, {})
+        table = placer.table.pools["llama"]
+        assert all("r3" not in members for members in table.homes.values())
+        assert table.why[settled] == "left r3" and table.why[warming] == "move to r3 given up: left the pool"
+    finally:
+        await placer.close()
+        await old.close()
+        await new.close()
