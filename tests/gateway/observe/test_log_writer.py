@@ -56,6 +56,17 @@ class _Blocked(io.StringIO):
         return super().write(text)
 
 
+class _Seen(logging.Handler):
+    """Another handler on the root: keeps the records it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def _wait(condition: threading.Event) -> None:
     assert condition.wait(timeout=10)
 
@@ -134,9 +145,7 @@ def test_an_access_line_on_its_own_path_is_the_object_a_record_of_its_fields_wou
     access = logging.getLogger("tenantgate.access")
     logs.access_line(access, "request", made)
     access.info("request", extra=fields)
-    seen: list[logging.LogRecord] = []
-    other = logging.Handler()
-    other.emit = seen.append  # type: ignore[method-assign]
+    other = _Seen()
     logging.getLogger().addHandler(other)
     logs.access_line(access, "request", made)
     logs.shutdown()
@@ -147,7 +156,8 @@ def test_an_access_line_on_its_own_path_is_the_object_a_record_of_its_fields_wou
     assert list(own)[:4] == ["level", "logger", "message", "worker"] and own["status"] == 200
     # The fields were made twice: on the writer thread for the first line, here for the record.
     assert len(made_on) == 2 and made_on.count(threading.get_ident()) == 1
-    assert [record.getMessage() for record in seen] == ["request"] and seen[0].__dict__["status"] == 200
+    assert [record.getMessage() for record in other.records] == ["request"]
+    assert other.records[0].__dict__["status"] == 200
 
 
 def test_a_line_logged_after_shutdown_is_written_by_its_caller(root_logging: None) -> None:
