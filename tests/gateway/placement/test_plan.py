@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.observe.traffic import TrafficMeter
-from gateway.placement.plan import Homes, PlanInput, PlanSettings, plan
+from gateway.placement.plan import Change, Homes, PlanInput, PlanSettings, plan
 from gateway.routing.ring import Ring
 from loadtests.bench_routing import REPLICAS as BENCH_REPLICAS
 from loadtests.bench_routing import TRACES, colliding, make_trace
@@ -148,12 +148,11 @@ def test_a_move_or_growth_within_the_noise_of_a_short_window_is_not_made() -> No
     assert [c.key for c in plan(given_input(hot), PlanSettings(window_s=600.0)).changes] == ["t5"]
 
 
-@pytest.mark.parametrize("seed", [17, 18, 19])
-def test_the_collide_traces_measured_traffic_makes_one_swap_and_no_churn(seed: int) -> None:
-    """The routing benchmark's collide trace (its heavy tenants share a balanced home), measured as the gateway
-    measures it (folded every second into a 4 s moving average) and planned every 2 s for 20 s, as the benchmark's
-    traffic-homes setup does: the heavy tenants are split by one swap, and noise moves nothing else."""
-    spec = TRACES["collide"]
+def replayed(trace: str, seed: int) -> tuple[list[Change], dict[str, Homes], Ring]:
+    """The routing benchmark's trace, measured as the gateway measures it (folded every second into a 4 s moving
+    average) and planned every 2 s for 20 s, as the benchmark's traffic-homes setup does: every change, the sets
+    at the end, and the ring (balanced homes) it started from."""
+    spec = TRACES[trace]
     replicas = [f"r{i}" for i in range(BENCH_REPLICAS)]
     ring = Ring(replicas, vnodes=160)
     ring.balance(spec.tenant_ids)
@@ -162,7 +161,7 @@ def test_the_collide_traces_measured_traffic_makes_one_swap_and_no_churn(seed: i
     arrivals = iter(make_trace(20, spec.rate, seed, spec))
     current: dict[str, Homes] = {}
     below: dict[str, float] = {}
-    changes = []
+    changes: list[Change] = []
     arrival = next(arrivals, None)
     for second in range(1, 21):
         while arrival is not None and arrival.offset_s < second:
@@ -176,6 +175,28 @@ def test_the_collide_traces_measured_traffic_makes_one_swap_and_no_churn(seed: i
             result = plan(given, PlanSettings(window_s=4.0))
             current, below = result.homes, result.below_since
             changes += result.changes
+    return changes, current, ring
+
+
+@pytest.mark.parametrize("seed", [17, 18, 19])
+def test_the_collide_traces_measured_traffic_makes_one_swap_and_no_churn(seed: int) -> None:
+    """collide (its heavy tenants share a balanced home): the pair is split by one swap, and noise moves nothing."""
+    changes, current, ring = replayed("collide", seed)
+    spec = TRACES["collide"]
     heavy = colliding(spec.tenant_ids, spec.collide)
     assert len(changes) == 2 and {c.key for c in changes} & set(heavy), changes
     assert current.get(heavy[0], (ring.home(heavy[0]),)) != current.get(heavy[1], (ring.home(heavy[1]),))
+
+
+@pytest.mark.parametrize("seed", [17, 18, 19])
+def test_the_hot_traces_tenant_gains_a_second_replica_after_it_turns_hot_and_nothing_else_moves(seed: int) -> None:
+    """hot (t05 adds 40x its rate at half-time): one change, t05 replicated, a few seconds after it turns hot."""
+    changes, current, ring = replayed("hot", seed)
+    assert [(c.key, c.why.split(":")[0]) for c in changes] == [("t05", "hot")], changes
+    assert len(current["t05"]) == 2 and current["t05"][0] == ring.home("t05")
+
+
+@pytest.mark.parametrize("trace", ["fits", "churn"])
+def test_zipf_traffic_without_a_collision_moves_nothing(trace: str) -> None:
+    for seed in (17, 18, 19):
+        assert replayed(trace, seed)[0] == []
