@@ -192,10 +192,13 @@ class Placer:
             warm = all(pool.residency.is_resident(r, a.engine_name) for r in new for a in adapters.get(key, ()))
             if warm or not up:
                 del warming[key], warming_since[key]
-        if self.frozen(settings) or not plan_moves:
+        if not plan_moves:
             return replace(before, homes=homes, warming=warming, warming_since=warming_since, why=why), 0
         replicas = [r for r, replica in pool.replicas.items() if not replica.health.drained]
         pins = {key: r for key, r in self.pins(settings, pool.name).items() if r in pool.replicas}
+        fixed = set(warming) | settled
+        if self.frozen(settings):  # the table stays as it is but for the pins (operators stay in charge)
+            fixed |= {*homes, *rates, *known} - set(pins)
         # In a thread: thousands of keys take tens of milliseconds (loadtests/bench_placement.py), which the event
         # loop must not wait out. The input is a snapshot; the ring's balanced homes change only with a new fleet.
         result = await asyncio.to_thread(
@@ -208,7 +211,7 @@ class Placer:
                 known=known,
                 pinned=pins,
                 spills={key: rate.spills_per_s for key, rate in rates.items() if rate.spills_per_s},
-                frozen_keys=set(warming) | settled,
+                frozen_keys=fixed,
                 below_since=before.below_since,
                 now=now,
             ),

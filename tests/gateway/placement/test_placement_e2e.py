@@ -124,7 +124,9 @@ def test_two_gateways_started_apart_route_by_the_same_homes(tmp_path: Path, redi
                 assert httpx.post(freeze, json={"frozen": "yes"}, headers=ADMIN).status_code == 400
                 assert httpx.post(freeze, json={"frozen": True}, headers=ADMIN).json() == {"frozen": True}
                 until(gw_a, lambda p: bool(p["frozen"]))
-                assert httpx.delete(pins, headers=ADMIN).json()["pinned_to"] is None
+                assert httpx.delete(pins, headers=ADMIN).json()["pinned_to"] is None  # pins apply while frozen:
+                unpinned = until(gw_a, lambda p: p["pools"]["llama"][moved]["why"] != f"pinned to {origin}")
+                assert unpinned["pools"]["llama"][moved]["replicas"] == [origin]  # unpinned, it stays put
                 frozen_at = placement(gw_a)["version"]
                 for i in range(5):  # traffic goes on across intervals; the frozen table does not move
                     for tenant, client in clients.items():
