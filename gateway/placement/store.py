@@ -86,12 +86,17 @@ class Polled:
     bytes_read: int = 0
 
 
+def _pin_field(pool: str, key: str) -> str:
+    """``pin:<pool> <key>``: a pool name holds no space (config.Name), while both may hold a '/'."""
+    return f"pin:{pool} {key}"
+
+
 def _operator(fields: Mapping[str, str]) -> Operator:
-    """The operator's hash: ``frozen`` -> "1" or "0"; ``pin:<pool>/<key>`` -> replica."""
+    """The operator's hash: ``frozen`` -> "1" or "0"; ``_pin_field(pool, key)`` -> replica."""
     pins: dict[str, dict[str, str]] = {}
     for name, value in fields.items():
-        if name.startswith("pin:") and "/" in name:
-            pool, _, key = name[4:].partition("/")
+        if name.startswith("pin:") and " " in name:
+            pool, _, key = name[4:].partition(" ")
             pins.setdefault(pool, {})[key] = value
     return Operator(fields.get("frozen") == "1", pins)
 
@@ -130,9 +135,9 @@ class LocalHomesStore:
 
     async def set_pin(self, pool: str, key: str, replica: str | None) -> None:
         if replica is None:
-            self._operator.pop(f"pin:{pool}/{key}", None)
+            self._operator.pop(_pin_field(pool, key), None)
         else:
-            self._operator[f"pin:{pool}/{key}"] = replica
+            self._operator[_pin_field(pool, key)] = replica
 
     async def publish(self, gateway_id: str, table: HomesTable) -> int:
         if self._table is not None and table.version <= self._table.version:
@@ -181,7 +186,7 @@ class RedisHomesStore:
             await self._client.hset(self._operator_key, "frozen", "1" if frozen else "0")
 
     async def set_pin(self, pool: str, key: str, replica: str | None) -> None:
-        field_name = f"pin:{pool}/{key}"
+        field_name = _pin_field(pool, key)
         async with redis_call("placement pin", self._timeout_s):
             if replica is None:
                 await self._client.hdel(self._operator_key, field_name)

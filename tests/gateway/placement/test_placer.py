@@ -373,3 +373,26 @@ async def test_a_pin_applies_while_the_table_is_frozen_and_nothing_else_moves(ad
     finally:
         await placer.close()
         await fleet.close()
+
+
+@pytest.mark.parametrize("kind", ["local", "redis"])
+async def test_a_pin_reads_back_under_its_own_pool_and_key_whatever_slashes_they_hold(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Pool names may hold '/' (config.Name: 'meta/llama'), and so may keys: a pin is read back for the pool and
+    the key it was set for (it was split at the first '/': pool 'meta', key 'llama/t0', a pin that never applied)."""
+    store: LocalHomesStore | RedisHomesStore
+    if kind == "local":
+        store = LocalHomesStore()
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        client = make_client(server.url, 2.0)
+        store = RedisHomesStore(client, operation_timeout_s=2.0, lease_s=30.0, prefix=f"test-{uuid.uuid4().hex}")
+    try:
+        await store.set_pin("meta/llama", "t0", "r1")
+        await store.set_pin("llama", "org/adapter", "r2")
+        assert (await store.poll("gw", 0)).operator.pins == {"meta/llama": {"t0": "r1"}, "llama": {"org/adapter": "r2"}}
+        await store.set_pin("meta/llama", "t0", None)
+        assert (await store.poll("gw", 0)).operator.pins == {"llama": {"org/adapter": "r2"}}
+    finally:
+        await store.close()
