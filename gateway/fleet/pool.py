@@ -225,6 +225,7 @@ class Pool:
             scoring=scoring,
             explain=explain,
             aligned=True,
+            also_home=self.ring.also_home(key),
         )
 
     def _running_on(self, replica_id: str, replica: Replica, engine_model: str, now: float) -> bool:

@@ -47,6 +47,9 @@ class PickInput:
     scoring: Scoring | None = None
     # Keep each scorer's term per candidate, not only their sum (for /admin/route and the status page).
     explain: bool = False
+    # The key's replica set from placement beyond its home (placement.py's table; empty without one): no
+    # affinity margin there, as at home.
+    also_home: frozenset[str] = frozenset()
 
 
 def consistent_hash(decision: RoutingDecision, given: PickInput) -> None:
@@ -98,6 +101,7 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     # keeps the chosen replica's prediction only (what the lease learns from). Explaining, or with a scorer that is
     # not linear, each scorer is asked per candidate; explaining keeps every candidate's prediction and parts.
     table = None if given.explain else scoring.table()
+    also_home = given.also_home
     if table is not None:
         best, best_ms, best_load = allowed[0].id, math.inf, 0
         best_regime: Regime = "cold"
@@ -106,7 +110,7 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
             regime = regime_of(replica.on_gpu, replica_id in resident, replica.key_recent)
             row = table[regime]
             total = row.constant_ms + row.per_request_ms * load
-            if replica_id != home:
+            if replica_id != home and replica_id not in also_home:
                 total += row.off_home_ms
             if total < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
                 best, best_ms, best_regime, best_load = replica_id, total, regime, load
@@ -127,7 +131,7 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
     best, best_ms = allowed[0].id, math.inf
     for replica in allowed:
         regime = regime_of(replica.on_gpu, replica.id in resident, replica.key_recent)
-        candidate = Candidate(replica, regime, lines[regime], replica.id == home)
+        candidate = Candidate(replica, regime, lines[regime], replica.id == home or replica.id in given.also_home)
         parts: Mapping[str, float] = NO_PARTS
         if explain:
             parts = {name: weight * score(candidate) for name, weight, score in weighted}

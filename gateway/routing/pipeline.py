@@ -41,12 +41,15 @@ def decide(
     scoring: Scoring | None = None,
     explain: bool = False,
     aligned: bool = False,
+    also_home: frozenset[str] = frozenset(),
 ) -> RoutingDecision:
     """Choose a replica for ``key`` among ``order`` (the candidates in the key's preference order, home first;
     ``replicas`` describes each of them); ``decision.chosen`` is None only when the filters left none, and then
     ``decision.unavailable`` says why. ``avoid``: replicas this request already failed on. ``scoring``:
     predicted_ttft's scorers and model; ``explain``: keep each scorer's term per candidate, not only the sum.
-    ``aligned``: ``replicas[i]`` describes ``order[i]`` (the pool's snapshot), so no lookup by id is needed."""
+    ``aligned``: ``replicas[i]`` describes ``order[i]`` (the pool's snapshot), so no lookup by id is needed.
+    ``also_home``: the rest of the key's replica set from placement, where predicted_ttft charges no affinity
+    margin either."""
     picker = PICKERS.get(policy)
     if picker is None:
         raise ValueError(f"unknown routing policy {policy!r}")
@@ -67,7 +70,7 @@ def decide(
         decision.reasons.append(f"spill:{decision.excluded[decision.home]}")
     picker(
         decision,
-        PickInput(candidates, balance_factor, capacity_floor, tick, standing, resident, scoring, explain),
+        PickInput(candidates, balance_factor, capacity_floor, tick, standing, resident, scoring, explain, also_home),
     )
     if decision.chosen == decision.home:
         decision.reasons.insert(0, "home")

@@ -23,6 +23,7 @@ from uhashring import HashRing
 # Affinity keys are tenants, adapters or sessions; bound the memo so a flood of session ids cannot grow it forever.
 _MEMO_LIMIT = 65_536
 _SPACE = float(2**128)  # ketama's md5 positions
+_NONE: frozenset[str] = frozenset()
 
 
 class Ring:
@@ -36,6 +37,7 @@ class Ring:
         self._homes: dict[str, str] = {}  # balanced homes that differ from the ring's
         # Replica sets from the placement table (homes from traffic), home first: they come before the ring's order.
         self._sets: dict[str, tuple[str, ...]] = {}
+        self._also_home: dict[str, frozenset[str]] = {}
 
     def preference(self, key: str) -> tuple[str, ...]:
         """Every replica once: the key's home first, then the rest clockwise from the key's point (O(points): for
@@ -80,7 +82,12 @@ class Ring:
         its order, home first; replicas the pool does not have are left out."""
         known = set(self.replica_ids)
         self._sets = {key: kept for key, members in sets.items() if (kept := tuple(r for r in members if r in known))}
+        self._also_home = {key: frozenset(kept[1:]) for key, kept in self._sets.items() if len(kept) > 1}
         self._heads.clear()
+
+    def also_home(self, key: str) -> frozenset[str]:
+        """The key's replica set beyond its home (empty without a placement table, or for a set of one)."""
+        return self._also_home.get(key, _NONE)
 
     def replica_set(self, key: str) -> tuple[str, ...]:
         """The key's replica set as routing reads it: the table's, else its one (balanced or ring) home."""

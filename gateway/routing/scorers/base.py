@@ -29,6 +29,7 @@ class Candidate(NamedTuple):
     regime: Regime
     # The pool's learned TTFT line for that regime (routing/costs.py).
     line: Line
+    # The key's home, or another replica of its placement replica set.
     is_home: bool
 
 

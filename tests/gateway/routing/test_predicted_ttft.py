@@ -244,3 +244,18 @@ def test_a_scorer_that_is_not_linear_is_asked_per_candidate() -> None:
                       capacity_floor=8, resident=EVERYWHERE, scoring=scoring)  # fmt: skip
     assert decision.chosen == SECOND
     assert {r: p.total_ms for r, p in decision.predictions.items()} == {HOME: 9.0, SECOND: 1.0, THIRD: 4.0}
+
+
+def test_a_replica_of_the_keys_placement_set_pays_no_affinity_margin() -> None:
+    """Placement gave the key a second replica (a hot adapter replicated): leaving home for it needs no margin,
+    so the lighter of the two takes the request; a replica outside the set still pays the margin."""
+    fleet = [replica(HOME, 1), replica(SECOND), replica(THIRD)]
+    common = {"pool": "p", "policy": "predicted_ttft", "balance_factor": 1.25, "capacity_floor": 8,
+              "resident": EVERYWHERE, "scoring": SCORING}  # fmt: skip
+    alone = decide(RING.preference(KEY), KEY, fleet, **common)  # type: ignore[arg-type]
+    assert alone.chosen == HOME  # 40 + 10 ms of queue at home, 40 + the 10 ms margin elsewhere: a tie stays home
+    shared = decide(RING.preference(KEY), KEY, fleet, also_home=frozenset({SECOND}), **common)  # type: ignore[arg-type]
+    assert shared.chosen == SECOND and shared.predictions[SECOND].total_ms == 40.0  # kv_cold, no margin
+    explained = decide(RING.preference(KEY), KEY, fleet, also_home=frozenset({SECOND}), explain=True, **common)  # type: ignore[arg-type]
+    assert explained.predictions[SECOND].parts["affinity"] == 0.0
+    assert explained.predictions[THIRD].parts["affinity"] == 10.0
