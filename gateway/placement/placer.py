@@ -223,7 +223,7 @@ class Placer:
             old_up = any(r in pool.replicas and pool.is_healthy(r) for r in change.before)
             if gained and old_up and adapters.get(change.key):
                 warming[change.key], warming_since[change.key] = change.before, now
-        why.update((key, f"pinned to {replica_id}") for key, replica_id in pins.items())
+        why.update((key, f"pinned to {replica_id}") for key, replica_id in pins.items() if replica_id in replicas)
         # A key back on its ring home leaves the table; its why stays for the interval that put it back (a pinned
         # key's for as long as the pin).
         why = {key: text for key, text in why.items() if key in result.homes or key in settled or key in pins}

@@ -120,7 +120,7 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         if replica_id in present and homes.get(key) != (replica_id,):
             homes.setdefault(key, (given.ring_home(key),))
             change(key, (replica_id,), f"pinned to {replica_id}")
-    fixed.update(given.pinned)
+    fixed.update(key for key, replica_id in given.pinned.items() if replica_id in present)  # else evacuated below
     # 2. evacuations, heaviest first
     for key in sorted(homes, key=lambda k: (-loads.get(k, 0.0), k)):
         if budget <= 0:

@@ -396,3 +396,25 @@ async def test_a_pin_reads_back_under_its_own_pool_and_key_whatever_slashes_they
         assert (await store.poll("gw", 0)).operator.pins == {"llama": {"org/adapter": "r2"}}
     finally:
         await store.close()
+
+
+async def test_a_key_pinned_to_a_drained_replica_is_evacuated_and_says_why(adapters: dict[str, str]) -> None:
+    """Drained replicas leave the plan with all their keys: one pinned there too (its pin applies again once the
+    replica is back), and its why says it left, not that it is pinned there."""
+    settings = config(REPLICAS, adapters, max_moves=4, grow_above=100.0, shrink_below=50.0)
+    fleet = Fleet(settings)
+    store = LocalHomesStore()
+    placer = Placer(store, "gw", clock=Clock(1000.0))
+    llama = fleet.pools["llama"]
+    try:
+        drained = "r1"
+        pinned = next(t for t, members in sorted(homes(fleet).items()) if members == (drained,))
+        await store.set_pin("llama", pinned, drained)  # where it is already: nothing moves
+        llama.replicas[drained].health.drained = True
+        await placer.tick(settings, fleet, {})
+        table = placer.table.pools["llama"]
+        assert drained not in table.homes[pinned] and table.why[pinned] == f"left {drained}"
+        assert drained not in homes(fleet)[pinned]  # its old home takes no traffic: no warm-up
+    finally:
+        await placer.close()
+        await fleet.close()

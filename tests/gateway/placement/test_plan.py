@@ -99,6 +99,20 @@ def test_a_replica_that_left_is_replaced_in_every_set() -> None:
     assert {c.key for c in result.changes if c.why.startswith("left")} == {"t0", "t1", "t2", "t3"}
 
 
+def test_a_key_pinned_to_a_replica_that_left_moves_off_it_and_back_when_it_returns() -> None:
+    """A drained replica leaves the plan with its keys, pinned ones too (they kept their set on the drained
+    replica, its traffic spilling and its load counted nowhere); the pin applies again once the replica is back."""
+    loads = {key: 1.0 for key in RING}
+    given_ = PlanInput(REPLICAS[1:], loads, {}, ring_home, known=list(RING), pinned={"t0": "r0"})
+    result = plan(given_, PlanSettings(max_moves=16))
+    assert "r0" not in result.homes["t0"] and result.homes["t0"] != ()
+    assert [c.why for c in result.changes if c.key == "t0"] == ["left r0"]
+    back = plan(given_input(loads, result.homes, pinned={"t0": "r0"}), PlanSettings(max_moves=16))
+    assert back.homes.get("t0", ("r0",)) == ("r0",) and [c.why for c in back.changes if c.key == "t0"] == [
+        "pinned to r0"
+    ]
+
+
 def test_frozen_keys_are_not_moved() -> None:
     loads = {key: 0.2 for key in RING} | {"t0": 10.0, "t1": 10.0}
     result = plan(given_input(loads, frozen_keys={"t0", "t1"}), PlanSettings(grow_above=100.0))
