@@ -68,7 +68,8 @@ async def placement(request: web.Request) -> web.Response:
 
 
 async def freeze(request: web.Request) -> web.Response:
-    """``{"frozen": true}`` keeps the table as it is (no moves, no growth); false lets the plan run again."""
+    """``{"frozen": true}`` keeps the table as it is (no moves, no growth; pins still apply); false lets the plan run
+    again."""
     require_admin(request)
     placer = _placer(request)
     body = await json_object(request)

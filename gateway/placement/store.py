@@ -9,7 +9,8 @@ expiry: when the leader dies every gateway keeps routing by the last version unt
 keys carry the hash tag ``{placement}``: one Redis Cluster slot.
 
 What operators set at run time (freeze, pins: the admin API) lives in the hash ``{prefix}:{placement}:operator``,
-which the poll returns to the leader alone. Without Redis (``LocalHomesStore``) the gateway is its own leader and
+which the poll returns to every gateway (the leader plans by it; the others report it to operators, whose request
+may land on any of them). Without Redis (``LocalHomesStore``) the gateway is its own leader and
 its table and operator settings live in the process.
 """
 
@@ -28,8 +29,8 @@ from gateway.residency.store import StoreUnavailable
 log = logging.getLogger(__name__)
 
 # KEYS: the lease, the table, the operator's settings. ARGV: this gateway's id, the version it has, the lease's
-# ttl (ms). Returns {1 if this gateway leads else 0, the table's version, the operator's settings (the leader only:
-# a flat hash), the table (only when newer)}.
+# ttl (ms). Returns {1 if this gateway leads else 0, the table's version, the operator's settings (a flat
+# hash), the table (only when newer)}.
 _POLL = """
 local holder = redis.call('GET', KEYS[1])
 local leads = 0
@@ -40,10 +41,7 @@ elseif not holder then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
   leads = 1
 end
-local operator = {}
-if leads == 1 then
-  operator = redis.call('HGETALL', KEYS[3])
-end
+local operator = redis.call('HGETALL', KEYS[3])
 local stored = redis.call('GET', KEYS[2])
 if not stored then
   return {leads, 0, operator}
@@ -82,7 +80,7 @@ class Polled:
     leads: bool
     version: int  # the stored table's version (0: none yet)
     table: HomesTable | None  # the stored table, when newer than the version asked about
-    operator: Operator = Operator()  # read by the leader only
+    operator: Operator = Operator()  # the leader plans by it; every gateway reports it
     bytes_read: int = 0
 
 

@@ -418,3 +418,35 @@ async def test_a_key_pinned_to_a_drained_replica_is_evacuated_and_says_why(adapt
     finally:
         await placer.close()
         await fleet.close()
+
+
+async def test_every_gateway_reports_the_freeze_and_pins_not_only_the_leader(
+    redis_server: RedisServer, adapters: dict[str, str]
+) -> None:
+    """Behind a Service an operator's GET /admin/placement lands on any gateway: one that does not lead must not
+    say 'frozen: false' and no pins while the leader holds the fleet frozen and pinned."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    settings = config(REPLICAS, adapters)
+
+    def placer(name: str) -> Placer:
+        store = RedisHomesStore(
+            make_client(redis_server.url, 2.0), operation_timeout_s=2.0, lease_s=30.0, prefix=prefix
+        )
+        return Placer(store, name, clock=Clock(1000.0))
+
+    fleet_a, fleet_b = Fleet(settings), Fleet(settings)
+    a, b = placer("gw-a"), placer("gw-b")
+    try:
+        await a.tick(settings, fleet_a, {})
+        await b.store.set_frozen(True)  # through the gateway that does not lead
+        await b.store.set_pin("llama", "t0", "r2")
+        await a.tick(settings, fleet_a, {})
+        await b.tick(settings, fleet_b, {})
+        assert a.leads and not b.leads
+        for gateway in (a, b):
+            assert gateway.frozen(settings.placement) and gateway.pins(settings.placement, "llama") == {"t0": "r2"}
+    finally:
+        await a.close()
+        await b.close()
+        await fleet_a.close()
+        await fleet_b.close()
