@@ -5,7 +5,8 @@ Two loads:
 - realistic (what a user's default config meets): 32 tenants, each with its own adapter, spread over 4 replicas
   (8 adapters each), 64 concurrent clients; tenantgate with its default config (access log on, predicted_ttft),
   again with the access log off, and with ``--workers 2`` (a redis-server of its own, counted with it); a bare
-  aiohttp proxy of a few lines (loadtests/bare_proxy.py: the floor this stack can reach); vllm-router
+  aiohttp proxy of a few lines (loadtests/bare_proxy.py: the floor this stack can reach), and the same proxy with
+  the engine client tenantgate sends with (``bare-http1``: backends/http1.py); vllm-router
   (``consistent_hash`` on ``x-tenant-id``) and sglang-router (``round_robin``: it has no header hash) when
   ``make peers`` installed them. Every setup also runs at concurrency 1, for the latency it adds to one request.
 - light (the previous figure): 1 tenant, 1 replica, 16 concurrent clients, tenantgate with the access log off.
@@ -13,11 +14,14 @@ Two loads:
 For each setup and concurrency: requests/s, p50/p99 latency and what it adds to the direct run's, and CPU time
 per request summed over every process of the router (a supervisor and its workers; Redis for --workers), from
 /proc. The client and the replicas share the machine's cores with the router, so figures compare within a run.
-With py-spy installed (make peers), tenantgate's default run is profiled in an extra phase (not the measured
-one, sampling only the thread holding the GIL: the CPU its Python code takes, not its waits): the functions with
-the most samples are printed and the raw stacks written to --out.
+With py-spy installed (make peers), tenantgate's default run (or ``--profile SETUP``'s) is profiled in an extra
+phase (not the measured one, sampling only the thread holding the GIL: the CPU its Python code takes, not its
+waits; a thread that holds the GIL while the kernel runs another process, as in a socket write that wakes the
+replica, is sampled there too): the functions with the most samples are printed and the raw stacks written to
+--out. ``--only`` runs some setups (``direct`` always runs: the others' added latency is measured against it).
 
     python -m loadtests.bench_overhead [--requests 6000] [--requests-c1 600] [--out bench-results]
+    python -m loadtests.bench_overhead --only tenantgate,tenantgate-nolog,bare-http1 --profile tenantgate
 """
 
 from __future__ import annotations

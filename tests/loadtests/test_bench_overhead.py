@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from aiohttp.test_utils import TestServer
 
 from loadtests.bare_proxy import make_app
@@ -17,10 +18,11 @@ from loadtests.fleet import process_cpu_s
 from tests.servers import EngineProcess
 
 
-async def test_the_bare_proxy_relays_a_completion(sim_engine: EngineProcess) -> None:
+@pytest.mark.parametrize("upstream", ["aiohttp", "http1"])
+async def test_the_bare_proxy_relays_a_completion(sim_engine: EngineProcess, upstream: str) -> None:
     body = {"model": "a1", "prompt": "x", "max_tokens": 2}
     async with (
-        TestServer(make_app([sim_engine.url]), host="127.0.0.1") as server,
+        TestServer(make_app([sim_engine.url], upstream), host="127.0.0.1") as server,
         httpx.AsyncClient(base_url=str(server.make_url("/"))) as client,
     ):
         answer = await client.post("/v1/completions", json=body, headers={"x-tenant-id": "acme"}, timeout=30)
