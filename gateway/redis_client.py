@@ -102,16 +102,34 @@ def make_client(
     )
 
 
+# A subscription quiet this long is asked (a PING on its connection); one that then stays quiet as long again is
+# taken as dropped. A connection can die without a reset ever reaching us (a
+# NAT or load balancer that forgot the idle flow, a host gone): waiting for the next message would wait forever
+# while the caller believes it listens. The pings also keep such an idle flow alive.
+QUIET_S = 15.0
+
+
 async def channel_messages(subscriber: Client, channel: str) -> AsyncIterator[dict[str, Any]]:
-    """Subscribe to ``channel`` and yield what arrives, Redis' confirmation of the subscription (type
-    ``subscribe``: from then on every message published reaches us) included, until the connection drops (the
-    error is raised: the caller subscribes again). ``subscriber``: a ``make_client(..., subscriber=True)`` client."""
+    """Subscribe to ``channel`` and yield what arrives (type ``message``), Redis' confirmation of the subscription
+    (type ``subscribe``: from then on every message published reaches us) included, until the connection drops or
+    stops answering (the error is raised: the caller subscribes again); the answers to its pings are not yielded.
+    ``subscriber``: a ``make_client(..., subscriber=True)`` client."""
     if isinstance(subscriber, RedisCluster):
         await subscriber.initialize()  # its pub/sub needs the slot map first
     async with subscriber.pubsub() as pubsub:
         await pubsub.subscribe(channel)
-        async for message in pubsub.listen():
-            yield message
+        asked = False
+        while True:
+            message = await pubsub.get_message(timeout=QUIET_S)
+            if message is not None:  # anything, a ping's answer included, says the connection lives
+                asked = False
+                if message["type"] in ("message", "subscribe"):
+                    yield message
+            elif asked:
+                raise ConnectionError(f"the subscription to {channel} did not answer a ping within {QUIET_S:g} s")
+            else:
+                await pubsub.ping()
+                asked = True
 
 
 @asynccontextmanager
