@@ -90,6 +90,10 @@ class _Connection(asyncio.Protocol):
                 for start in range(0, len(data), _SLICE):
                     self._feed(view[start : start + _SLICE])
         except httptools.HttpParserError as exc:  # malformed, an upgrade never asked for, or refused by a callback
+            if self._state == _DONE:  # junk after a whole answer: the answer stands; the connection is not reused
+                self.keep_alive = False
+                self._wake()
+                return
             reason = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
             self._fail(ResponseError(f"unreadable answer from the engine: {reason}"))
             return

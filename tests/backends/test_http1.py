@@ -493,3 +493,14 @@ async def test_a_body_until_close_cut_by_a_reset_is_broken_not_complete() -> Non
             await within(response.read())
         response.release()
         origin.close()
+
+
+async def test_bytes_after_a_whole_answer_leave_the_answer_whole_and_the_connection_unused() -> None:
+    """An engine that writes more than its answer (junk, or a second answer nobody asked for) in the same packet:
+    the answer, whole before it, is the client's; the connection is not used again."""
+    async with answers(OK + b"junk that is no answer\r\n\r\n", OK) as server:
+        origin = server.origin()
+        assert await whole(origin) == b"{}"
+        assert await whole(origin) == b"{}"
+        assert server.connections == 2
+        origin.close()
