@@ -1,0 +1,132 @@
+"""What the docs name exists: config keys (with the defaults they state), metric families, make targets and files.
+
+The README and docs/*.md are read as an operator reads them; a renamed key, a changed default, a dropped metric or
+a moved file fails here instead of leaving the docs pointing at nothing."""
+
+import re
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+import backends.registry  # noqa: F401  (registers the built-in engines, so their pool sections resolve)
+from gateway.config import GatewayConfig, PoolConfig
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# Per-pool sections the docs name without the `pools[].` in front.
+POOL_SECTIONS = {"health", "outlier", "retry", "discovery"}
+# Files the docs name that are not the repository's: TensorRT-LLM's converter the Triton driver follows, and the
+# lock file serve --workers creates at run time.
+NOT_REPOSITORY_FILES = {"hf_lora_convert.py", "scrapes.lock"}
+
+
+def doc_matches(pattern: str) -> list[tuple[str, re.Match[str]]]:
+    """Every match of pattern in the docs, with 'file:line' for the failure message."""
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        for match in re.finditer(pattern, text):
+            found.append((f"{path.relative_to(REPO)}:{text.count(chr(10), 0, match.start()) + 1}", match))
+    return found
+
+
+def nested_model(annotation: object) -> type[BaseModel] | None:
+    """The pydantic model a field holds, through Optional, list[...] and dict[..., ...]."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        model = nested_model(argument)
+        if model is not None:
+            return model
+    return None
+
+
+def config_field(dotted: str) -> FieldInfo | type[BaseModel] | None:
+    """The field (or section) a dotted config key names, or None where the config has no such key."""
+    parts = dotted.replace("[]", "").split(".")
+    current: type[BaseModel] | None = PoolConfig if parts[0] in POOL_SECTIONS else GatewayConfig
+    field: FieldInfo | None = None
+    for part in parts:
+        if current is None or part not in current.model_fields:
+            return None
+        field = current.model_fields[part]
+        current = nested_model(field.annotation)
+    return current if current is not None else field
+
+
+def config_keys() -> list[tuple[str, re.Match[str]]]:
+    sections = "|".join(sorted(set(GatewayConfig.model_fields) | POOL_SECTIONS))
+    return doc_matches(rf"`((?:{sections})(?:\[\])?(?:\.[a-z_]+(?:\[\])?)+)`(?:\s*\(([^)]*)\))?")
+
+
+def test_every_config_key_the_docs_name_exists() -> None:
+    found = config_keys()
+    assert len(found) > 50  # the pattern finds the docs' keys: the check is not vacuous
+    missing = [f"{where} {match.group(1)}" for where, match in found if config_field(match.group(1)) is None]
+    assert not missing, missing
+
+
+def stated_default(text: str) -> float | None:
+    """The figure a '(...)' after a key states as its default: '10 s', '2,000', '10%', '0.25 s; ...'."""
+    match = re.match(r"(\d[\d,]*(?:\.\d+)?)\s*(%|s\b|ms\b)?(?:[;,]|$)", text.strip())
+    if match is None:
+        return None
+    value = float(match.group(1).replace(",", ""))
+    return value / 100 if match.group(2) == "%" else value
+
+
+def test_every_default_the_docs_state_after_a_key_is_the_configs() -> None:
+    checked, wrong = 0, []
+    for where, match in config_keys():
+        field = config_field(match.group(1))
+        stated = stated_default(match.group(2) or "")
+        if stated is None or not isinstance(field, FieldInfo):
+            continue
+        checked += 1
+        if field.default != pytest.approx(stated):
+            wrong.append(f"{where} {match.group(1)}: docs say {stated}, the config's default is {field.default}")
+    assert checked >= 20 and not wrong, wrong
+
+
+def test_every_metric_the_docs_name_is_one_the_gateway_declares() -> None:
+    source = "".join(path.read_text() for path in (REPO / "gateway").rglob("*.py"))
+    declared = set(re.findall(r"[\"'](tenantgate_[a-z_]+)[\"']", source))
+    missing = []
+    for where, match in doc_matches(r"tenantgate_[a-z_]+"):
+        name = match.group(0)
+        # The name a query uses: a counter's _total, a histogram's series, an Info's _info; 'x_' names a prefix.
+        bases = {name, re.sub(r"_(total|bucket|sum|count|info)$", "", name)}
+        if not bases & declared and not (name.endswith("_") and any(d.startswith(name) for d in declared)):
+            missing.append(f"{where} {name}")
+    assert len(declared) > 40 and not missing, missing
+
+
+def test_every_make_target_the_docs_name_is_in_the_makefile() -> None:
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):(?!=)", (REPO / "Makefile").read_text(), re.MULTILINE))
+    named = doc_matches(r"`make ([a-z][a-z0-9-]*)")
+    missing = [f"{where} make {match.group(1)}" for where, match in named if match.group(1) not in targets]
+    assert len(named) > 20 and not missing, missing
+
+
+def test_every_repository_file_the_docs_name_exists() -> None:
+    """A path with a directory is looked up from the repository's root or the doc's folder; a path given inside a
+    package's context (`routing/costs.py`, `placer.py`) must end some file of the repository."""
+    files = [
+        path.relative_to(REPO).as_posix()
+        for top in ("gateway", "backends", "loadtests", "tests", "deploy", "docs", "requirements")
+        for path in (REPO / top).rglob("*")
+    ]
+    missing = []
+    for where, match in doc_matches(r"`([A-Za-z0-9_./-]+\.(?:py|md|yaml|yml|lock|toml|json))`"):
+        name = match.group(1)
+        if name in NOT_REPOSITORY_FILES:
+            continue
+        doc_folder = (REPO / where.split(":")[0]).parent
+        if (REPO / name).exists() or (doc_folder / name).exists():
+            continue
+        if not any(file == name or file.endswith("/" + name) for file in files):
+            missing.append(f"{where} {name}")
+    assert not missing, missing
