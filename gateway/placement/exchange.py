@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Awaitable
 from typing import Any, cast
 
@@ -72,7 +73,7 @@ def decode(text: str) -> Traffic:
         if not isinstance(keys, dict):
             raise ValueError(f"pool {pool!r}: its keys are not an object")
         rates = {str(key): _rate(figures) for key, figures in cast(dict[str, Any], keys).items()}
-        traffic[str(pool)] = PoolTraffic(Rate(float(requests), float(tokens)), rates)
+        traffic[str(pool)] = PoolTraffic(Rate(_figure(requests), _figure(tokens)), rates)
     return traffic
 
 
@@ -80,7 +81,15 @@ def _rate(figures: Any) -> Rate:
     """[requests/s, tokens/s] or [requests/s, tokens/s, spills/s] (a gateway of the version before spills: two)."""
     if not isinstance(figures, list) or len(figures) not in (2, 3):
         raise ValueError(f"a key's figures are not 2 or 3 numbers: {figures!r}")
-    return Rate(*(float(figure) for figure in figures))
+    return Rate(*(_figure(figure) for figure in figures))
+
+
+def _figure(value: Any) -> float:
+    """A rate: finite and not negative (one infinite rate had the plan swap keys back and forth every interval)."""
+    figure = float(value)
+    if not 0 <= figure < math.inf:  # NaN fails it too
+        raise ValueError(f"not a rate: {value!r}")
+    return figure
 
 
 class TrafficExchange:

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio
 
 from gateway.observe.traffic import TrafficMeter
-from gateway.placement.exchange import FleetTraffic, TrafficExchange
+from gateway.placement.exchange import FleetTraffic, TrafficExchange, decode
 from tests.clock import Clock
 from tests.redis_server import RedisServer
 
@@ -115,3 +115,19 @@ async def test_without_redis_a_gateway_places_by_its_own_figures() -> None:
     finally:
         await a.close()
         server.stop()
+
+
+@pytest.mark.parametrize("bad", ["Infinity", "1e999", "NaN", "-5"])
+def test_figures_that_are_no_rate_leave_the_gateway_out(bad: str) -> None:
+    """One infinite key rate (another gateway's bug, or anyone with Redis access) made the leader's plan swap keys
+    back and forth every interval, each swap a cold load; NaN and negative rates hide load. Such figures are
+    unreadable, so the gateway that wrote them is left out of the fleet's figure (and said once)."""
+    for text in (
+        f'{{"llama": [1, 1, {{"acme": [{bad}, 1]}}]}}',
+        f'{{"llama": [1, 1, {{"acme": [1, {bad}]}}]}}',
+        f'{{"llama": [1, 1, {{"acme": [1, 1, {bad}]}}]}}',
+        f'{{"llama": [{bad}, 1, {{}}]}}',
+    ):
+        with pytest.raises(ValueError):
+            decode(text)
+    assert decode('{"llama": [1, 2, {"acme": [0.5, 3, 0.1]}]}')["llama"].keys["acme"].spills_per_s == 0.1
