@@ -71,7 +71,7 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool, samples:
         "store": "up" if store_up else "down",
         "pools": pools,
         "adapters": metrics.activity.samples() if samples else metrics.activity.adapters(),
-        "decisions": list(metrics.activity.decisions)[::-1],
+        "decisions": metrics.activity.recent_decisions(),
     }
 
 

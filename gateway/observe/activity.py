@@ -26,37 +26,51 @@ class _Minute:
 class Activity:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self.decisions: deque[dict[str, Any]] = deque(maxlen=50)
+        # The last decisions as (time, tenant, adapter, replica, reasons, status, ttft ms): read as dicts by
+        # recent_decisions (the status page), stored as tuples because every request adds one.
+        self._decisions: deque[tuple[float, str, str, str, list[str], int, float | None]] = deque(maxlen=50)
         self._adapters: dict[str, deque[_Minute]] = {}
         # Per adapter, its latest requests as (time, ok, ttft ms): what a rollout judges a new version by.
         self._outcomes: dict[str, deque[tuple[float, bool, float | None]]] = {}
 
-    def _minute(self, adapter: str) -> _Minute:
-        now = int(self._clock() // 60)
-        minutes = self._adapters.setdefault(adapter, deque(maxlen=MINUTES))
-        if not minutes or minutes[-1].at != now:
-            minutes.append(_Minute(now))
+    def _minute(self, adapter: str, now: float) -> _Minute:
+        minute = int(now // 60)
+        minutes = self._adapters.get(adapter)
+        if minutes is None:
+            minutes = self._adapters[adapter] = deque(maxlen=MINUTES)
+        if not minutes or minutes[-1].at != minute:
+            minutes.append(_Minute(minute))
         return minutes[-1]
 
     def request(
         self, tenant: str, adapter: str, replica: str, reasons: list[str], status: int, ttft_s: float | None
     ) -> None:
-        minute = self._minute(adapter)
+        """One request's record: every request calls it, so one clock read and no dict built."""
+        now = self._clock()
+        minute = self._minute(adapter, now)
         minute.requests += 1
-        outcomes = self._outcomes.setdefault(adapter, deque(maxlen=4096))
-        outcomes.append((self._clock(), status < 500, None if ttft_s is None else 1000 * ttft_s))
-        if ttft_s is not None and len(minute.ttft_ms) < _SAMPLES_PER_MINUTE:
-            minute.ttft_ms.append(1000 * ttft_s)
-        self.decisions.append(
-            {"at": round(self._clock(), 3), "tenant": tenant, "adapter": adapter, "replica": replica,
-             "reasons": reasons, "status": status, "ttft_ms": None if ttft_s is None else round(1000 * ttft_s, 1)}
-        )  # fmt: skip
+        ttft_ms = None if ttft_s is None else 1000 * ttft_s
+        outcomes = self._outcomes.get(adapter)
+        if outcomes is None:
+            outcomes = self._outcomes[adapter] = deque(maxlen=4096)
+        outcomes.append((now, status < 500, ttft_ms))
+        if ttft_ms is not None and len(minute.ttft_ms) < _SAMPLES_PER_MINUTE:
+            minute.ttft_ms.append(ttft_ms)
+        self._decisions.append((now, tenant, adapter, replica, reasons, status, ttft_ms))
+
+    def recent_decisions(self) -> list[dict[str, Any]]:
+        """The last 50 requests' decisions, newest first, as the status page shows them."""
+        return [
+            {"at": round(at, 3), "tenant": tenant, "adapter": adapter, "replica": replica, "reasons": reasons,
+             "status": status, "ttft_ms": None if ttft_ms is None else round(ttft_ms, 1)}
+            for at, tenant, adapter, replica, reasons, status, ttft_ms in reversed(self._decisions)
+        ]  # fmt: skip
 
     def outcomes(self, adapter: str, since: float) -> list[tuple[float, bool, float | None]]:
         return [o for o in self._outcomes.get(adapter, ()) if o[0] >= since]
 
     def cold_load(self, adapter: str) -> None:
-        self._minute(adapter).cold_loads += 1
+        self._minute(adapter, self._clock()).cold_loads += 1
 
     def adapters(self) -> dict[str, list[dict[str, Any]]]:
         """Per adapter, one entry per minute of the last ten that saw anything."""
