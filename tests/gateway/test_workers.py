@@ -27,7 +27,9 @@ from prometheus_client.samples import Sample
 
 from backends.base import EngineLoad
 from gateway.admin.status_cli import render
+from gateway.config import GatewayConfig
 from gateway.fleet import host_scrape
+from gateway.workers import Supervisor
 from loadtests.fleet import ADMIN_TOKEN, BASE_MODEL, api_key, gateway_config
 from loadtests.processes import free_port, healthy
 from tests.redis_server import RedisServer
@@ -474,3 +476,25 @@ def test_a_concurrency_limit_holds_per_worker(sim_engine: EngineProcess, tmp_pat
 
         statuses = asyncio.run(run())
         assert statuses.count(200) == 2 and set(statuses) <= {200, 429}, statuses
+
+
+def test_a_dead_worker_is_restarted_after_half_a_second_doubling_to_30_s_while_it_crash_loops(tmp_path: Path) -> None:
+    """docs/operations.md, Every core: a worker that exits is restarted after 0.5 s, doubling up to 30 s while
+    workers die within 10 s of starting; one that ran longer starts the backoff again at 0.5 s."""
+    config = GatewayConfig.model_validate(
+        gateway_config({"r0": "http://127.0.0.1:9"}, {"acme": ["a1"]}, {"a1": "/srv/loras/a1"}, port=0)
+    )
+    supervisor = Supervisor(config, tmp_path / "gateway.yaml", 1)
+    [worker] = supervisor.workers
+    process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    process.wait(timeout=60)
+
+    def dies(after_s: float) -> float:
+        worker.started = 1000.0
+        supervisor._died(worker, process, 1000.0 + after_s, tmp_path)
+        assert worker.restart_at is not None
+        return worker.restart_at - (1000.0 + after_s)
+
+    assert [dies(after_s=1.0) for _ in range(9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert dies(after_s=11.0) == 0.5  # it had served for longer than the crash-loop window
+    assert dies(after_s=1.0) == 0.5

@@ -168,6 +168,20 @@ def test_the_defaults_the_readme_states() -> None:
     assert inspect.signature(RequestHandler.__init__).parameters["keepalive_timeout"].default == 3630
 
 
+async def test_a_header_field_over_8_kib_is_aiohttps_own_plain_text_400(serve: Callable[..., Any]) -> None:
+    """README, Global protection: header size is aiohttp's bound (8 KiB a field), answered with its own plain-text
+    400; the gateway's runner (gateway/server.py) sets no other bound, as this fixture's does not."""
+    server: Server = await serve()
+    for size, status in ((8_000, b"200"), (9_000, b"400")):
+        reader, writer = await server.connect()
+        writer.write(b"POST / HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\nx-big: " + b"a" * size + b"\r\n\r\n")
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.close()
+        assert answer.split(b" ")[1] == status, answer  # aiohttp answers its own 400 as HTTP/1.0
+        if status == b"400":
+            assert b"Content-Type: text/plain" in answer, answer
+
+
 async def test_never_more_connections_than_half_the_file_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
