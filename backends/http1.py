@@ -63,6 +63,7 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         # Bytes fed in slices where the parser made no progress (no header, chunk or body byte came out), in a row.
         self._unparsed = 0
+        self._header_bytes = 0  # the answer's header and trailer names and values so far
         self._progress = False
         self._interim = False  # the answer being read is a 1xx (100 Continue, 103 Early Hints): the real one follows
         self.status = 0
@@ -130,6 +131,9 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._progress = True
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > _MAX_HEAD:  # line after complete line: progress, but the head (or trailers) grows
+            raise ValueError("head or trailers too large")
         if self._state != _HEAD:
             return  # a chunked body's trailers: skipped
         key, text = name.decode("latin-1").lower(), value.decode("latin-1")
@@ -179,6 +183,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is None:
             raise ResponseError("the connection closed before the request was sent")
         self._state, self.status, self.headers, self._exc, self._unparsed = _HEAD, 0, {}, None, 0
+        self._header_bytes = 0
         self.keep_alive = False  # until the answer's head says otherwise
         self._timer = self._loop.call_at(deadline, self._timed_out)
         self.transport.write(data)
