@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-import backends.registry  # noqa: F401  (registers the built-in engines, so their pool sections resolve)
+from backends import registry
 from gateway.config import GatewayConfig, PoolConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_every_config_key_the_docs_name_exists() -> None:
 
 def stated_default(text: str) -> float | None:
     """The figure a '(...)' after a key states as its default: '10 s', '2,000', '10%', '0.25 s; ...'."""
-    match = re.match(r"(\d[\d,]*(?:\.\d+)?)\s*(%|s\b|ms\b)?(?:[;,]|$)", text.strip())
+    match = re.match(r"(\d[\d,]*(?:\.\d+)?)\s*(%|s\b|ms\b)?(?:[;,:]|$)", text.strip())
     if match is None:
         return None
     value = float(match.group(1).replace(",", ""))
@@ -130,3 +130,44 @@ def test_every_repository_file_the_docs_name_exists() -> None:
         if not any(file == name or file.endswith("/" + name) for file in files):
             missing.append(f"{where} {name}")
     assert not missing, missing
+
+
+def leaf_fields() -> dict[str, list[FieldInfo]]:
+    """Every plain (non-section) field of the config and of each registered engine's pool section, by name."""
+    leaves: dict[str, list[FieldInfo]] = {}
+    seen: set[type[BaseModel]] = set()
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            section = nested_model(field.annotation)
+            if section is None:
+                leaves.setdefault(name, []).append(field)
+            else:
+                walk(section)
+
+    walk(GatewayConfig)
+    for engine in registry.names():
+        walk(registry.spec(engine).settings)
+    return leaves
+
+
+def test_every_default_the_docs_state_after_a_bare_key_is_the_configs() -> None:
+    """`capacity_floor` (default 8), `idle_evict_s` (600 s): a key named without its section, where only one model of
+    the config has a field of that name."""
+    leaves = leaf_fields()
+    checked, wrong = 0, []
+    for where, match in doc_matches(r"`([a-z_]+)`\s*\((?:default\s+)?([^)]*)\)"):
+        fields = leaves.get(match.group(1), [])
+        stated = stated_default(match.group(2))
+        default = fields[0].default if len(fields) == 1 else None
+        # '(413)' after `max_body_bytes` is the status it answers, not its default.
+        status_code = re.fullmatch(r"[45]\d\d", match.group(2).strip()) is not None
+        if not isinstance(default, int | float) or isinstance(default, bool) or stated is None or status_code:
+            continue
+        checked += 1
+        if default != pytest.approx(stated):
+            wrong.append(f"{where} {match.group(1)}: docs say {stated}, the config's default is {default}")
+    assert checked >= 15 and not wrong, wrong
