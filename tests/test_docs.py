@@ -8,11 +8,13 @@ import typing
 from pathlib import Path
 
 import pytest
+from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from backends import registry
 from gateway.config import GatewayConfig, PoolConfig
+from gateway.observe.metrics import GatewayMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -171,3 +173,28 @@ def test_every_default_the_docs_state_after_a_bare_key_is_the_configs() -> None:
         if default != pytest.approx(stated):
             wrong.append(f"{where} {match.group(1)}: docs say {stated}, the config's default is {default}")
     assert checked >= 15 and not wrong, wrong
+
+
+def test_the_runbooks_metric_table_gives_each_recorded_metrics_type_and_labels() -> None:
+    """docs/operations.md, Every metric: a row's type and labels are those gateway/observe/metrics.py declares (the
+    families read at scrape time, declared by the fleet's and placement's collectors, are checked by name above)."""
+    metrics = GatewayMetrics()
+    declared = {
+        metric._name: (metric._type, set(metric._labelnames))
+        for metric in vars(metrics).values()
+        if isinstance(metric, Counter | Gauge | Histogram)
+    }
+    runbook = (REPO / "docs/operations.md").read_text()
+    checked, wrong = 0, []
+    for row in re.finditer(r"^\| (`tenantgate_[^|]+) \| ([^|]+) \| ([^|]*) \|", runbook, re.MULTILINE):
+        kind, labels = row.group(2).strip(), {label.strip() for label in row.group(3).split(",") if label.strip()}
+        for name in re.findall(r"`(tenantgate_[a-z_]+)`", row.group(1)):
+            found = declared.get(re.sub(r"_total$", "", name))
+            if found is None:
+                continue
+            checked += 1
+            if not kind.startswith(found[0]) or labels != found[1]:
+                wrong.append(
+                    f"{name}: the runbook says {kind} {sorted(labels)}, metrics.py {found[0]} {sorted(found[1])}"
+                )
+    assert checked >= 20 and not wrong, wrong

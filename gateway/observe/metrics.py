@@ -1,9 +1,13 @@
-"""Prometheus metrics at ``GET /metrics``: every name is in this module, ``tenantgate_`` prefix, base units.
+"""Prometheus metrics at ``GET /metrics``, ``tenantgate_`` prefix, base units: every metric recorded as things happen
+is declared in this module; the figures read at scrape time by their collectors (gateway/fleet/collector.py,
+gateway/placement/collector.py).
 
 Label values come only from config (tenant ids, catalog adapter names, pools, replicas) or from small fixed sets
-(status codes, reason codes, error kinds), never from what a request carries, so cardinality stays bounded
-whatever clients send; a request that fails before it is resolved is labelled ``-``. Fleet state (health,
-in-flight, engine load signals, residency) is read when Prometheus scrapes, at no cost to the request path.
+(status codes, reason codes, error kinds), never from what a request carries (but for the traffic collector's
+``key``: under session affinity a digest of a client's session id, bounded to traffic.metric_keys per pool), so
+cardinality stays bounded whatever clients send; a request that fails before it is resolved is labelled ``-``.
+Fleet state (health, in-flight, engine load signals, residency) is read when Prometheus scrapes, at no cost to the
+request path.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from gateway.observe.traffic import PoolTraffic, Rate, TrafficMeter, merge
-from gateway.placement.exchange import decode, encode
+from gateway.placement.collector import TrafficCollector
+from gateway.placement.exchange import FleetTraffic, decode, encode
 from tests.clock import Clock
 
 
@@ -118,3 +119,19 @@ def test_two_thousand_keys_most_of_them_sessions_encode_to_under_100_kb() -> Non
     keys = {key: Rate(123.456789, 98765.4321) for key in tenants + sessions}
     size = len(encode({"llama": PoolTraffic(Rate(1e4, 1e7), keys)}))
     assert 60_000 < size < 100_000, size
+
+
+def test_per_key_series_are_only_the_metric_keys_busiest_of_each_pool() -> None:
+    """README and docs/operations.md: the `key` label (a session digest under session affinity: unbounded in number)
+    has a series for each pool's traffic.metric_keys busiest keys only; the pool's figures count every key."""
+    traffic = FleetTraffic(meter(Clock(0.0)), "g", max_keys=100)
+    traffic.fleet = {
+        pool: PoolTraffic(Rate(465.0, 0.0), {f"acme/{n:024x}": Rate(float(n), 0.0) for n in range(1, 31)})
+        for pool in ("llama", "mistral")
+    }
+    families = {family.name: family for family in TrafficCollector(traffic, metric_keys=5).collect()}
+    keyed = families["tenantgate_traffic_key_requests_per_second"].samples
+    for pool in ("llama", "mistral"):
+        rates = sorted(sample.value for sample in keyed if sample.labels["pool"] == pool)
+        assert rates == [26.0, 27.0, 28.0, 29.0, 30.0]
+    assert [sample.value for sample in families["tenantgate_traffic_keys"].samples] == [30.0, 30.0]
