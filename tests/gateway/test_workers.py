@@ -9,7 +9,9 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +31,7 @@ from backends.base import EngineLoad
 from gateway.admin.status_cli import render
 from gateway.config import GatewayConfig
 from gateway.fleet import host_scrape
-from gateway.workers import Supervisor
+from gateway.workers import Supervisor, WorkerSockets
 from loadtests.fleet import ADMIN_TOKEN, BASE_MODEL, api_key, gateway_config
 from loadtests.processes import free_port, healthy
 from tests.redis_server import RedisServer
@@ -90,9 +92,11 @@ def supervised(
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--workers", str(workers)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 env={**os.environ, "TENANTGATE_ADMIN_TOKEN": ADMIN_TOKEN},
-            )  # fmt: skip
+            )
         gateway = Supervised(f"http://127.0.0.1:{port}", process, log, path, redis.url, port)
         try:
             if sighup_at_start:  # as soon as both workers exist, before they serve
@@ -440,6 +444,43 @@ def test_a_shared_scrape_reads_back_as_scraped() -> None:
         "r1": None,
     }
     assert host_scrape.decode(host_scrape.encode("p", 12.5, 1, loads)) == ("p", 12.5, 1, loads)
+
+
+def test_a_scrape_of_a_thousand_replicas_reaches_every_other_worker(tmp_path: Path) -> None:
+    """A Unix datagram may not exceed its socket's send buffer (about 208 KiB by default), and every datagram not yet
+    read counts against the sending socket's buffer. A pool's scrape as plain JSON (some 290 KB here) was refused
+    whole (EMSGSIZE, logged once), so every other worker routed without the engines' figures; and one socket sending
+    to several siblings ran out of room once the first few held a datagram each. Compressed, through a socket per
+    sibling, it reaches all five here though none reads before the last is sent."""
+    rnd = random.Random(1)
+    loads: dict[str, EngineLoad | None] = {
+        f"replica-{i:04d}": EngineLoad(
+            rnd.randint(0, 64),
+            rnd.randint(0, 20),
+            rnd.random(),
+            frozenset(f"tenant-{rnd.randint(0, 3000)}-support-adapter" for _ in range(rnd.randint(0, 8))),
+            gpu_slots=8,
+            generated_tokens=rnd.random() * 1e7,
+        )
+        for i in range(1000)
+    }
+    sockets = WorkerSockets(0, 6, -1, None, tmp_path)
+    inboxes = []
+    for sibling in sockets.siblings():
+        inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        inbox.bind(str(sockets.socket_path("scrapes", sibling)))
+        inbox.setblocking(False)
+        inboxes.append(inbox)
+    scrapes = host_scrape.HostScrapes(sockets)
+    scrapes._outboxes = {}  # as start() leaves it, without its inbox and its wait for the lock
+    try:
+        scrapes.publish("llama", 12.5, loads)
+        for inbox in inboxes:
+            assert host_scrape.decode(inbox.recv(1 << 20)) == ("llama", 12.5, 0, loads)
+    finally:
+        scrapes.close()
+        for inbox in inboxes:
+            inbox.close()
 
 
 def test_a_concurrency_limit_holds_per_worker(sim_engine: EngineProcess, tmp_path: Path) -> None:
