@@ -4,6 +4,9 @@ The README and docs/*.md are read as an operator reads them; a renamed key, a ch
 a moved file fails here instead of leaving the docs pointing at nothing."""
 
 import re
+import shlex
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -198,3 +201,50 @@ def test_the_runbooks_metric_table_gives_each_recorded_metrics_type_and_labels()
                     f"{name}: the runbook says {kind} {sorted(labels)}, metrics.py {found[0]} {sorted(found[1])}"
                 )
     assert checked >= 20 and not wrong, wrong
+
+
+def command_lines(program: str, inline: bool) -> list[tuple[str, str]]:
+    """Each line of the docs' shell blocks (and, with ``inline``, of their inline code) that runs ``program``:
+    from the program on, up to a pipe or a comment, continuation lines joined."""
+    found = []
+    pattern = r"(?s:```sh\n(.*?)```)" + (r"|`([^`\n]+)`" if inline else "")
+    for where, match in doc_matches(pattern):
+        code = (match.group(1) or match.group(2)).replace("\\\n", " ")
+        for line in code.splitlines():
+            command = re.search(rf"(?:^|\| |[A-Z_]+=\S* )({re.escape(program)} .*?)(?:\s+#.*)?$", line.strip())
+            if command:
+                found.append((where, command.group(1).split(" | ")[0]))
+    return found
+
+
+def test_every_tenantgate_command_the_docs_give_parses() -> None:
+    from gateway.cli import _build_parser
+
+    # Inline mentions ('`tenantgate serve`') name a command; the shell blocks give whole ones.
+    commands = command_lines("tenantgate", inline=False)
+    failed = []
+    for where, line in commands:
+        try:
+            _build_parser().parse_args(shlex.split(line)[1:])
+        except SystemExit as exc:  # argparse's refusal (or --version's exit 0, which is fine)
+            if exc.code:
+                failed.append(f"{where} {line}")
+    assert len(commands) >= 5 and not failed, failed
+
+
+def test_every_flag_the_docs_pass_a_benchmark_module_is_one_it_takes() -> None:
+    runs: dict[str, set[str]] = {}
+    for _where, line in command_lines("python -m", inline=True):
+        named = re.match(r"python -m (loadtests\.[a-z_.]+)", line)
+        if named:
+            runs.setdefault(named.group(1), set()).update(re.findall(r"(?<![\w-])--[a-z][a-z-]*", line))
+    unknown = []
+    for module, flags in runs.items():
+        if not flags:
+            continue
+        usage = subprocess.run(
+            [sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert usage.returncode == 0, usage.stderr
+        unknown += [f"{module} {flag}" for flag in sorted(flags) if flag not in usage.stdout]
+    assert len(runs) >= 5 and not unknown, unknown
