@@ -303,3 +303,22 @@ def test_redis_takes_tls_a_client_certificate_and_a_password_and_admits_only_the
             labels = workload["spec"]["template"]["metadata"]["labels"]
             assert not _labels_match(source["podSelector"], labels), workload["metadata"]["name"]
     assert [p["port"] for p in rule["ports"]] in (["redis"], [6379])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
+def test_the_figures_the_runbook_gives_for_the_overlays(overlay: Path) -> None:
+    """docs/operations.md, Kubernetes: the autoscaler keeps 2 to 10 gateways, the operator listener is 0.0.0.0:9090
+    beside the tenant port 8080 (the Service's only port), SIGTERM keeps accepting for drain_delay_s 5 then drains
+    for up to drain_timeout_s 30 within a 45 s grace period."""
+    objects = render(overlay)
+    [hpa] = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 10)
+    [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and "tenantgate-config" in o["metadata"]["name"]]
+    config = parse_config(config_map["data"]["gateway.yaml"])
+    assert config.admin.listen is not None
+    assert (config.admin.listen.host, config.admin.listen.port, config.listen.port) == ("0.0.0.0", 9090, 8080)
+    assert (config.shutdown.drain_delay_s, config.shutdown.drain_timeout_s) == (5, 30)
+    [(_, pod)] = [(name, pod) for name, pod in _pods(objects) if name == "tenantgate"]
+    assert pod["terminationGracePeriodSeconds"] == 45
+    [service] = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "tenantgate"]
+    assert len(service["spec"]["ports"]) == 1
