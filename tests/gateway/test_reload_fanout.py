@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import json
 import time
 import uuid
@@ -166,6 +167,29 @@ async def test_an_unreadable_answer_is_skipped_and_the_reload_still_answers(redi
         await peer
     finally:
         peer.cancel()
+        await client.aclose()
+        await fanout._client.aclose()
+        await fanout._subscriber.aclose()
+
+
+async def test_only_gateways_seen_within_15_s_are_waited_for_and_those_silent_for_30_s_are_missing(
+    redis_server: RedisServer,
+) -> None:
+    """docs/operations.md, Every gateway: `missing` lists the gateways seen alive (a heartbeat within 15 s) that did
+    not answer within 30 s; one last seen 16 s ago is not waited for."""
+    assert inspect.signature(Fanout).parameters["answer_wait_s"].default == 30.0  # what the app builds it with
+    prefix = f"test-{uuid.uuid4().hex}"
+
+    async def reload_here() -> dict[str, Any]:
+        return {"gateway": "here", "status": "reloaded"}
+
+    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=0.3)
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        await client.zadd(f"{prefix}:gateways", {"quiet": time.time() - 14, "gone": time.time() - 16})
+        answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
+        assert answer["missing"] == ["quiet"] and [a["gateway"] for a in answer["gateways"]] == ["here"]
+    finally:
         await client.aclose()
         await fanout._client.aclose()
         await fanout._subscriber.aclose()
