@@ -248,3 +248,22 @@ def test_every_flag_the_docs_pass_a_benchmark_module_is_one_it_takes() -> None:
         assert usage.returncode == 0, usage.stderr
         unknown += [f"{module} {flag}" for flag in sorted(flags) if flag not in usage.stdout]
     assert len(runs) >= 5 and not unknown, unknown
+
+
+def test_every_link_between_the_docs_lands() -> None:
+    """A relative Markdown link (or image) names a file of the repository, and its #anchor one of that file's
+    headings, as GitHub makes anchors (lower case, punctuation dropped, spaces to hyphens)."""
+    broken, links = [], doc_matches(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)")
+    for where, match in links:
+        target, anchor = match.group(1), match.group(2)
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path = (REPO / where.split(":")[0]).parent / target if target else REPO / where.split(":")[0]
+        if not path.exists():
+            broken.append(f"{where} {target}")
+        elif anchor:
+            headings = re.findall(r"^#+\s+(.*)$", path.read_text(), re.MULTILINE)
+            anchors = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+            if anchor not in anchors:
+                broken.append(f"{where} {target}#{anchor}")
+    assert len(links) >= 5 and not broken, broken
