@@ -9,6 +9,7 @@ seconds) carry the leader's timers over to the next leader. Encoded as compact J
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,16 +71,19 @@ def decode(text: str) -> HomesTable:
         return {str(k): tuple(str(r) for r in v) for k, v in dict(raw).items() if v}
 
     def times(raw: Any) -> dict[str, float]:
-        return {str(k): float(v) for k, v in dict(raw).items()}
+        found = {str(k): float(v) for k, v in dict(raw).items()}
+        if not all(math.isfinite(t) for t in found.values()):
+            raise ValueError("a time in the homes table is not finite")
+        return found
 
-    pools = {
-        str(name): PoolTable(
-            sets(pool["homes"]),
-            sets(pool["warming"]),
-            times(pool["warming_since"]),
-            {str(k): str(v) for k, v in dict(pool["why"]).items()},
-            times(pool["below_since"]),
-        )
-        for name, pool in dict(body["pools"]).items()
-    }
+    def pool_table(pool: Any) -> PoolTable:
+        warming = sets(pool["warming"])
+        since = times(pool["warming_since"])
+        # A warming key without its start (a table written by hand, or by another version) would never time out:
+        # it counts as started at 0, so the next leader gives its move up.
+        since = {key: since.get(key, 0.0) for key in warming}
+        why = {str(k): str(v) for k, v in dict(pool["why"]).items()}
+        return PoolTable(sets(pool["homes"]), warming, since, why, times(pool["below_since"]))
+
+    pools = {str(name): pool_table(pool) for name, pool in dict(body["pools"]).items()}
     return HomesTable(int(body["version"]), str(body["leader"]), pools, int(body["moves"]))

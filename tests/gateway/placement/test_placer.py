@@ -11,6 +11,7 @@ redis-server, make before break on simulated replicas.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -450,3 +451,36 @@ async def test_every_gateway_reports_the_freeze_and_pins_not_only_the_leader(
         await b.close()
         await fleet_a.close()
         await fleet_b.close()
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        pytest.param({"homes": {"t0": ["r1"]}, "warming": {"t0": ["r0"]}, "warming_since": {}}, id="warming, no since"),
+        pytest.param(
+            {"homes": {"t0": ["r1"]}, "warming": {"t0": ["r0"]}, "warming_since": {"t0": "NaN"}}, id="since NaN"
+        ),
+    ],
+)
+async def test_a_stored_table_whose_warming_has_no_start_does_not_stop_its_leader(
+    redis_server: RedisServer, adapters: dict[str, str], pool: dict[str, Any]
+) -> None:
+    """A table that decodes but is inconsistent (another version's, or edited by hand): a warming key without the
+    time it started, or with NaN for it, never timed out (its move stayed half made for good, the table unchanged;
+    and once its warm-up ended, the missing start raised KeyError in every tick of the leader). Now it counts as
+    started at 0 (a NaN makes the table unreadable: replaced), and the leader gives the move up and publishes."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    settings = config(REPLICAS, adapters)
+    body = {"version": 7, "leader": "gw-old", "moves": 1, "pools": {"llama": {"why": {}, "below_since": {}, **pool}}}
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    await client.set(f"{prefix}:{{placement}}:homes", "7 " + json.dumps(body).replace('"NaN"', "NaN"))
+    store = RedisHomesStore(make_client(redis_server.url, 2.0), operation_timeout_s=2.0, lease_s=30.0, prefix=prefix)
+    fleet = Fleet(settings)
+    placer = Placer(store, "gw-a", clock=Clock(1000.0))
+    try:
+        await placer.tick(settings, fleet, {})
+        assert placer.leads and placer.table.version == 8 and not placer.table.pools["llama"].warming
+    finally:
+        await client.aclose()
+        await placer.close()
+        await fleet.close()
