@@ -11,13 +11,16 @@ import typing
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import make_mocked_request
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from backends import registry
+from gateway.app import create_app
 from gateway.config import GatewayConfig, PoolConfig
 from gateway.observe.metrics import GatewayMetrics
+from loadtests.fleet import gateway_config
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -267,3 +270,23 @@ def test_every_link_between_the_docs_lands() -> None:
             if anchor not in anchors:
                 broken.append(f"{where} {target}#{anchor}")
     assert len(links) >= 5 and not broken, broken
+
+
+async def test_every_gateway_endpoint_the_docs_name_is_routed() -> None:
+    """`POST /admin/placement/freeze`, `DELETE /admin/keys/sha256:<hex>`, ...: the gateway's app routes each method
+    and path the docs name ({placeholders} and '...' filled in; 'drain|undrain' is both). The simulator's own
+    routes (/sim/) and Triton's (/v2/) are the engines', not the gateway's."""
+    config = gateway_config({"r0": "http://127.0.0.1:9"}, {"acme": ["a1"]}, {"a1": "/srv/loras/a1"}, port=0)
+    app = create_app(GatewayConfig.model_validate(config))
+    named, unrouted = doc_matches(r"`(GET|POST|PUT|DELETE)\s+(/[^`\s?]+)"), []
+    for where, match in named:
+        method, path = match.group(1), match.group(2)
+        if path.startswith(("/sim/", "/v2/")):
+            continue
+        path = re.sub(r"\{[^}]+\}", "x", path).replace("sha256:...", "sha256:" + "0" * 64).replace("<hex>", "0" * 64)
+        head, _, last = path.rpartition("/")
+        for one in (f"{head}/{choice}" for choice in last.split("|")):
+            resolved = await app.router.resolve(make_mocked_request(method, one, app=app))
+            if resolved.http_exception is not None:
+                unrouted.append(f"{where} {method} {one}: {resolved.http_exception.status}")
+    assert len(named) > 40 and not unrouted, unrouted
