@@ -267,6 +267,10 @@ async def test_span_tree_of_a_streaming_request_and_traceparent_reaches_the_engi
 
     # The line as the gateway writes it (gateway/observe/logs.py's formatter).
     [line] = [json.loads(json_formatter().format(r)) for r in caplog.records if r.name == "tenantgate.access"]
+    assert line["message"] == "request" and line["logger"] == "tenantgate.access"
+    documented = "event path tenant adapter pool replica reasons status stream ttft_ms duration_ms prompt_tokens"
+    documented += " completion_tokens error error_detail retries trace_id"  # README, Observability: Access log
+    assert set(documented.split()) <= set(line), set(documented.split()) - set(line)
     assert line["tenant"] == "acme" and line["adapter"] == "a3" and line["replica"] == "r0"
     assert line["status"] == 200 and line["stream"] is True and line["reasons"] == ["home"]
     assert line["trace_id"] == trace_id and line["ttft_ms"] > 0 and line["duration_ms"] >= line["ttft_ms"]
