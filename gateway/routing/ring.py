@@ -117,7 +117,15 @@ class Ring:
         count = min(count, len(self.replica_ids))
         found = list(first[:count])
         if len(found) < count:
-            for owner in self._owners_from(key):
+            # A plain index walk, not _owners_from's generator: this runs at every key's first sight.
+            positions, owners = self._positions, self._owners
+            total = len(owners)
+            index = bisect(positions, self._ring.hashi(key))
+            for _ in range(total):
+                if index == total:
+                    index = 0
+                owner = owners[index]
+                index += 1
                 if owner not in found:
                     found.append(owner)
                     if len(found) >= count:
