@@ -720,7 +720,8 @@ class PlacementConfig(_Frozen):
     warm_timeout_s: float = Field(default=120.0, gt=0, le=86_400)
     # Keep the table as it is: no moves, no growth (pins still apply).
     freeze: bool = False
-    # Homes operators fix: key (a tenant, an adapter under adapter affinity) -> replica id. A pinned key never moves.
+    # Homes operators fix: key (a tenant, an adapter under adapter affinity) -> replica id. A pinned key moves only
+    # off its replica while that one is drained or gone (and back once it returns).
     pins: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
