@@ -197,6 +197,15 @@ async def test_frozen_or_pinned_keys_stay_put(adapters: dict[str, str]) -> None:
         plain = config(REPLICAS, adapters)
         await placer.tick(plain, fleet, traffic)
         assert homes(fleet) == before
+        # Pins still apply while frozen (placement.freeze says so): a light tenant pinned elsewhere moves there,
+        # warmed there first, and nothing else moves.
+        light = next(t for t, rate in sorted(traffic["llama"].keys.items()) if rate.requests_per_s <= 1)
+        target = next(r for r in sorted(REPLICAS) if r not in before[light])
+        await store.set_pin("llama", light, target)
+        await placer.tick(plain, fleet, traffic)
+        table = placer.table.pools["llama"]
+        assert table.homes == {light: (target,)} and table.warming == {light: before[light]}
+        assert table.why[light] == f"pinned to {target}" and homes(fleet) == before
         await store.set_frozen(False)
         heavy = sorted(t for t, rate in traffic["llama"].keys.items() if rate.requests_per_s > 1)
         for tenant in heavy:  # pinned where they collide: they never move
@@ -347,33 +356,6 @@ async def test_a_replica_discovery_removes_leaves_the_table_at_the_next_interval
         await placer.close()
         await old.close()
         await new.close()
-
-
-async def test_a_pin_applies_while_the_table_is_frozen_and_nothing_else_moves(adapters: dict[str, str]) -> None:
-    """Frozen (the admin API's freeze, or placement.freeze) keeps the table, but for the pins: an operator who froze
-    the plan in an incident can still pin a key (placement.freeze: 'pins still apply'); the pin's move is made
-    before break like any other, and no other key moves."""
-    settings = config(REPLICAS, adapters)
-    fleet = Fleet(settings)
-    store = LocalHomesStore()
-    placer = Placer(store, "gw", clock=Clock(1000.0))
-    try:
-        traffic = colliding(fleet)
-        before = homes(fleet)
-        await store.set_frozen(True)
-        await placer.tick(settings, fleet, traffic)
-        assert homes(fleet) == before and not placer.table.pools.get("llama", PoolTable()).homes
-        tenant = sorted(TENANTS)[0]
-        target = next(r for r in sorted(REPLICAS) if r not in before[tenant])
-        await store.set_pin("llama", tenant, target)
-        await placer.tick(settings, fleet, traffic)
-        table = placer.table.pools["llama"]
-        assert table.homes == {tenant: (target,)} and table.why[tenant] == f"pinned to {target}"
-        assert table.warming == {tenant: before[tenant]}  # warmed at the pinned replica first
-        assert homes(fleet) == before
-    finally:
-        await placer.close()
-        await fleet.close()
 
 
 @pytest.mark.parametrize("kind", ["local", "redis"])
