@@ -11,9 +11,10 @@ import typing
 from pathlib import Path
 
 import pytest
+import yaml
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client import Counter, Gauge, Histogram
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from backends import registry
@@ -290,3 +291,39 @@ async def test_every_gateway_endpoint_the_docs_name_is_routed() -> None:
             if resolved.http_exception is not None:
                 unrouted.append(f"{where} {method} {one}: {resolved.http_exception.status}")
     assert len(named) > 40 and not unrouted, unrouted
+
+
+def last_field(dotted: str) -> FieldInfo:
+    """The field a dotted config key ends on (a section's own field, not the model it holds)."""
+    *sections, name = dotted.split(".")
+    model = config_field(".".join(sections)) if sections else GatewayConfig
+    if name in POOL_SECTIONS and not sections:
+        model = PoolConfig
+    assert isinstance(model, type) and issubclass(model, BaseModel), dotted
+    return model.model_fields[name]
+
+
+def test_every_config_snippet_in_the_docs_is_valid_config() -> None:
+    """`auth: {trusted_header: X-Tenant-ID, ...}`, `splits: [{name: ..., variants: [...]}]`, `retry: {budget_ratio:
+    0.2, min_per_s: 3}` validate as that section; `health: {interval_s, timeout_s, ...}` (keys without values)
+    names only keys the section has; and docs/triton.md's example pool is a valid pool."""
+    sections = "|".join(sorted(set(GatewayConfig.model_fields) | POOL_SECTIONS))
+    snippets, invalid = doc_matches(rf"`((?:{sections})(?:\.[a-z_]+)*): ([\[{{][^`]*)`"), []
+    for where, match in snippets:
+        key, value = match.group(1), yaml.safe_load(match.group(2))
+        field = last_field(key)
+        if isinstance(value, dict) and all(v is None for v in value.values()):
+            model = nested_model(field.annotation)
+            assert model is not None, f"{where} {key}"
+            invalid += [f"{where} {key}: no key {name}" for name in value if name not in model.model_fields]
+            continue
+        assert field.annotation is not None, key
+        try:
+            TypeAdapter(field.annotation).validate_python(value)
+        except ValidationError as exc:
+            invalid.append(f"{where} {key}: {exc}")
+    assert len(snippets) >= 10 and not invalid, invalid
+    [example] = re.findall(r"```yaml\n(.*?)```", (REPO / "docs/triton.md").read_text(), re.DOTALL)
+    [pool] = yaml.safe_load(example)["pools"]
+    tenant = {"id": "acme", "api_keys": ["sha256:" + "0" * 64], "base_models": [pool["base_model"]]}
+    assert GatewayConfig.model_validate({"pools": [pool], "tenants": [tenant]}).pools[0].backend == "triton"
