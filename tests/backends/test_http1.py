@@ -33,8 +33,9 @@ class Server:
     requests: list[bytes] = field(default_factory=list)
     closed_event: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def origin(self, limit: int = 8, connect_timeout_s: float = 2.0) -> http1.Origin:
-        return http1.Origin(URL(f"http://127.0.0.1:{self.port}"), limit=limit, connect_timeout_s=connect_timeout_s)
+    def origin(self, limit: int = 8, connect_timeout_s: float = 2.0, idle_timeout_s: float = 15.0) -> http1.Origin:
+        url = URL(f"http://127.0.0.1:{self.port}")
+        return http1.Origin(url, limit=limit, connect_timeout_s=connect_timeout_s, idle_timeout_s=idle_timeout_s)
 
 
 async def read_request(reader: asyncio.StreamReader, server: Server) -> bool:
@@ -216,6 +217,21 @@ async def test_a_body_until_close_and_connection_close_are_not_reused() -> None:
         response = await post(origin)
         response.release()
         assert server.connections == 3
+        origin.close()
+
+
+async def test_a_connection_idle_past_the_idle_timeout_is_not_reused() -> None:
+    """Dropped by the client before the engine's own keep-alive timeout can close it under a request (vLLM closes
+    idle connections after 5 s; the vLLM driver drops them after 4)."""
+    async with answers(OK, OK, OK) as server:
+        origin = server.origin(idle_timeout_s=0.2)
+        assert await whole(origin) == b"{}"
+        assert await whole(origin) == b"{}"  # at once: the same connection
+        assert server.connections == 1
+        await asyncio.sleep(0.3)  # past the idle timeout (not a timing assertion: the clock only moves on)
+        assert await whole(origin) == b"{}"
+        assert server.connections == 2
+        await asyncio.wait_for(server.closed_event.wait(), 5)  # the idle one was closed
         origin.close()
 
 
