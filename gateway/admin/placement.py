@@ -15,7 +15,7 @@ from gateway.admin.auth import require_admin
 from gateway.admin.body import json_object
 from gateway.appkeys import PLACER, STATE
 from gateway.errors import InvalidRequest, RouteNotFound
-from gateway.fleet.fleet import Fleet
+from gateway.fleet.fleet import Fleet, homed_keys
 from gateway.fleet.pool import Pool
 from gateway.placement.placer import Placer
 from gateway.residency.store import StoreUnavailable
@@ -93,6 +93,11 @@ async def pin(request: web.Request) -> web.Response:
         raise InvalidRequest(f"No pool {pool_name!r}.", param="pool")
     replica: str | None = None
     if request.method == "PUT":
+        # A key no request to the pool is routed by (a typo) would pin nothing, and count as an adapter on its
+        # replica in the leader's plan; unpinning takes any key (a tenant since removed may have left a pin).
+        if key not in homed_keys(request.app[STATE].config).get(pool_name, set()):
+            known = "a tenant, or under adapter affinity a model, it serves"
+            raise InvalidRequest(f"{key!r} is no key of pool {pool_name!r}: {known}.", param="key")
         body = await json_object(request)
         replica = body.get("replica")
         if not isinstance(replica, str) or replica not in pool.replicas:

@@ -1,0 +1,31 @@
+"""The placement admin API's pins (gateway/admin/placement.py), in process: an operator's typo is refused, not
+stored as a pin that applies to no request (and counts as an adapter on its replica in the leader's plan)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from tests.gateway.admin.test_admin_surface import ADMIN, TOKEN, raw_config
+
+
+async def test_a_pin_names_a_key_the_pools_requests_are_routed_by(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENANTGATE_ADMIN_TOKEN", TOKEN)
+    raw = raw_config(tmp_path)
+    raw["routing"]["home_placement"] = "traffic"
+    async with TestClient(TestServer(create_app(GatewayConfig.model_validate(raw)))) as client:
+        typo = await client.put("/admin/placement/pins/llama/acmee", json={"replica": "r0"}, headers=ADMIN)
+        assert typo.status == 400
+        error = (await typo.json())["error"]
+        assert error["param"] == "key" and "acmee" in error["message"]
+        pinned = await client.put("/admin/placement/pins/llama/acme", json={"replica": "r0"}, headers=ADMIN)
+        assert pinned.status == 200 and (await pinned.json())["pinned_to"] == "r0"
+        # Unpinning takes any key: a pin left by a tenant since removed can still go.
+        gone = await client.delete("/admin/placement/pins/llama/removed-tenant", headers=ADMIN)
+        assert gone.status == 200 and (await gone.json())["pinned_to"] is None
