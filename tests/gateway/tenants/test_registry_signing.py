@@ -6,6 +6,7 @@ redis-server."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -215,3 +216,31 @@ def test_a_published_forged_key_does_not_work(tmp_path: Path, redis_server: Redi
             assert legit.completions.create(model="sql-globex", prompt="hello", max_tokens=2).choices
         log = (tmp_path / "gateway.log").read_text()
         assert "refused a forged message entry" in log
+
+
+async def test_a_change_whose_message_was_lost_arrives_at_the_next_resync(redis_server: RedisServer) -> None:
+    """README, Identity: every gateway applies a change as soon as it is published, and a resync every 5 s repairs a
+    missed one. Here b hears nothing (its messages are lost, as pub/sub may lose them) and resyncs every 0.2 s."""
+    assert inspect.signature(Registry).parameters["resync_s"].default == 5.0  # what the app builds it with
+    prefix = f"test-{uuid.uuid4().hex}"
+    a = Registry(redis_server.url, prefix=prefix, signing_key=KEY, resync_s=3600)
+    b = Registry(redis_server.url, prefix=prefix, signing_key=KEY, resync_s=0.2)
+    heard: list[str | bytes] = []
+    b._message = heard.append  # type: ignore[method-assign,assignment]  # the message is lost on its way to b
+    await a.start(on_change=lambda: None)
+    await b.start(on_change=lambda: None)
+    raw = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        for _ in range(500):  # a bounded poll: both follow the channel (else b's start-up resync could bring it)
+            [(_, listening)] = await raw.pubsub_numsub(f"{prefix}:registry")
+            if listening == 2:
+                break
+            await asyncio.sleep(0.01)
+        added = hash_key("a-key-added-while-b-was-deaf")
+        await a.change({"kind": "add_key", "tenant_id": "acme", "key_hash": added}, base_config())
+        await until(lambda: b.state.keys.get(added) == "acme", "the key at b by its resync")
+        await until(lambda: bool(heard), "the message, lost at b")  # it was published: b took it from Redis
+    finally:
+        await raw.aclose()
+        await a.close()
+        await b.close()
