@@ -7,6 +7,7 @@ Every ``import`` and ``from ... import`` counts, wherever it is: under ``if TYPE
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,3 +291,31 @@ def test_a_cycle_is_found_only_where_there_is_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
     assert find_cycle({"a": {"a"}}) == ["a", "a"]
+
+
+def test_each_package_imports_only_what_docs_architecture_says_it_may(graph: Graph) -> None:
+    """docs/architecture.md, "Packages and what each may import": for each gateway package whose row names what it
+    may import (not serving's 'everything below' nor admin's 'anything in gateway'), every import of another
+    gateway module or of backends is one the row names; 'backends' allows any of its interface modules."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `gateway/([a-z_]+)/` \| [^|]* \| ([^|]*) \|$", text, re.MULTILINE)
+    checked, undocumented = 0, []
+    for package, may_import in rows:
+        if "everything" in may_import or "anything" in may_import:
+            continue
+        named = set(re.findall(r"[a-z_]+(?:\.[a-z_]+)?", re.sub(r"\bno [a-z/ ]+", "", may_import)))  # not "no fleet"
+        checked += 1
+        for module, imports in graph.imports.items():
+            if not under(module, (f"gateway.{package}",)):
+                continue
+            for imp in imports:
+                target = graph.module_of(imp.target)
+                if target is None or under(target, (f"gateway.{package}",)):
+                    continue
+                parts = target.split(".")
+                allowed = (parts[0] == "gateway" and parts[1] in named) or (
+                    parts[0] == "backends" and ("backends" in named or target in named)
+                )
+                if parts[0] in ("gateway", "backends") and not allowed:
+                    undocumented.append(str(imp))
+    assert checked >= 5 and not undocumented, "\n".join(undocumented)
