@@ -333,3 +333,30 @@ def test_every_config_snippet_in_the_docs_is_valid_config() -> None:
     [pool] = yaml.safe_load(example)["pools"]
     tenant = {"id": "acme", "api_keys": ["sha256:" + "0" * 64], "base_models": [pool["base_model"]]}
     assert GatewayConfig.model_validate({"pools": [pool], "tenants": [tenant]}).pools[0].backend == "triton"
+
+
+def test_the_runbook_answers_every_alert_with_its_duration() -> None:
+    """docs/operations.md, "Respond to each alert": one entry per rule of deploy/observability/alerts.yaml, none for a
+    rule that does not exist, and the duration an entry states ('for 10 min', ', 1 min)') is the rule's `for`."""
+    alerts = yaml.safe_load((REPO / "deploy/observability/alerts.yaml").read_text())
+    rules = {rule["alert"]: rule for group in alerts["groups"] for rule in group["rules"]}
+    runbook = (REPO / "docs/operations.md").read_text()
+    section = runbook[runbook.index("## Respond to each alert") :]
+    section = section[: section.index("\n## ")]
+    entries = {
+        name: " ".join(text.split())
+        for name, text in re.findall(
+            r"^- \*\*(Tenantgate[A-Za-z]+)\*\*(.*?)(?=^- |\Z)", section, re.MULTILINE | re.DOTALL
+        )
+    }
+    assert set(entries) == set(rules), set(entries) ^ set(rules)
+    stated = {name: re.match(r"\(([^)]*)\)", text) for name, text in entries.items()}
+    checked, wrong = 0, []
+    for name, summary in stated.items():
+        minutes = re.search(r"(\d+) min\b", summary.group(1)) if summary else None
+        if minutes is None:
+            continue
+        checked += 1
+        if rules[name]["for"] != f"{minutes.group(1)}m":
+            wrong.append(f"{name}: the runbook says {minutes.group(1)} min, the rule waits {rules[name]['for']}")
+    assert checked >= 5 and not wrong, wrong
