@@ -130,6 +130,9 @@ async def test_admin_answers_are_not_cached_or_sniffed_and_the_cookie_is_secure_
         assert response.headers["X-Content-Type-Options"] == "nosniff", response.url
     plain = await client.post("/admin/ui/login", data={"token": TOKEN}, allow_redirects=False)
     assert plain.status == 303 and "Secure" not in plain.headers["Set-Cookie"]  # over plain HTTP it would be lost
+    # README, Status page: the session cookie is HttpOnly and SameSite=Strict, and lasts the session's 8 hours.
+    cookie = plain.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and f"Max-Age={8 * 3600}" in cookie, cookie
     proxied = await client.post(
         "/admin/ui/login", data={"token": TOKEN}, headers={"X-Forwarded-Proto": "https"}, allow_redirects=False
     )
