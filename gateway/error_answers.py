@@ -1,11 +1,11 @@
 """How an error leaves: an OpenAI error body with its status, whatever a handler raised; nothing a client sends
-can take the gateway down. ``openai_errors`` answers for every route; an admin route answers its own errors the
-same way (gateway/admin/answers.py), to mark them as admin answers."""
+can take the gateway down. ``error_answer`` answers for every route; an admin route answers its own errors the
+same way (gateway/admin/answers.py), to mark them as admin answers. The app's one middleware (gateway/app.py's
+``front``) answers with ``error_answer`` whatever a handler raised."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -15,17 +15,6 @@ from gateway.serving.json_body import RefusedInput, undecodable
 
 # The logger these lines were always written under (they were the app factory's), so log filters keep working.
 log = logging.getLogger("gateway.app")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves as an OpenAI error body; nothing a client sends can take the gateway down."""
-    try:
-        return await handler(request)
-    except Exception as exc:
-        return error_answer(request, exc)
 
 
 def error_answer(request: web.Request, exc: Exception) -> web.StreamResponse:

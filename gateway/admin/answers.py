@@ -2,7 +2,7 @@
 
 The headers are set by a wrapper on each admin route's handler (``AdminRoutes`` adds them so), not by a hook on
 every response: a tenant's request runs no admin code. The wrapper answers its handler's errors as
-``openai_errors`` would (``error_answer``), so that they carry the headers too. A path under /admin that is no
+the app's middleware would (``error_answer``), so that they carry the headers too. A path under /admin that is no
 route (the 404 of an unknown route) is not an admin answer: it names nothing but the path.
 """
 

@@ -20,7 +20,6 @@ The operator listener is not under the tenant listener's connection guard: it is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -29,8 +28,6 @@ from gateway.admin.auth import require_bearer
 from gateway.appkeys import ADMIN_TOKEN, METRICS
 from gateway.errors import AdminDisabled, RouteNotFound
 from gateway.serving.connections import HandlerSite
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # The read-only metrics token ("" when none is set) and whether operator paths have a listener of their own.
 METRICS_TOKEN = web.AppKey("metrics_token", str)
@@ -58,13 +55,12 @@ class OperatorSite(HandlerSite):
         return OperatorHandler(server, loop=asyncio.get_running_loop(), **server._kwargs)
 
 
-@web.middleware
-async def surfaces(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With an operator listener, each path answers on its own listener only (probes on both)."""
+def check_surface(request: web.Request) -> None:
+    """With an operator listener, each path answers on its own listener only (probes on both): RouteNotFound
+    elsewhere, answered as any unknown route (gateway/app.py's ``front`` middleware calls it)."""
     separate = request.app[SEPARATE_LISTENER] and request.path not in PROBES
     if separate and operator_path(request.path) != on_operator_listener(request):
         raise RouteNotFound(f"No route {request.method} {request.path}.")
-    return await handler(request)
 
 
 def require_metrics_reader(request: web.Request) -> None:

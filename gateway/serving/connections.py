@@ -25,8 +25,9 @@ How it hooks in, and why it is pinned to aiohttp 3.14 (pyproject: >=3.14,<3.15):
 bookkeeping around its protocol methods (``connection_made``, ``data_received``, ``connection_lost``) and closes
 with ``force_close``. Two private parts are read: the server's handler arguments (``Server._kwargs``, to build a
 handler as ``Server.__call__`` does) and ``TCPSite``'s own fields in ``start``. The request's phase comes from an
-outermost middleware (``phases``), and a request's body progress from ``request.content.total_bytes`` (bytes
-received so far). One sweeper task checks every connection a few times per deadline.
+outermost middleware (``request_began``, in gateway/app.py's ``front``; ``phases`` is it as a middleware of its
+own), and a request's body progress from ``request.content.total_bytes`` (bytes received so far). One sweeper
+task checks every connection a few times per deadline.
 tests/gateway/serving/test_slow_clients.py exercises each rule against a real server: run it when aiohttp moves.
 A connection counts as authenticated once a request on it presented a valid tenant key, the admin token or a
 status-page session; probes and metric scrapes never do, so they count as unauthenticated while open.
@@ -225,17 +226,26 @@ class GuardedSite(HandlerSite):
         return GuardedHandler(self._guard, server, loop=asyncio.get_running_loop(), **server._kwargs)
 
 
+def request_began(request: web.BaseRequest) -> GuardedHandler | None:
+    """Tell the connection's guard a request's head is in; its connection, to be told ``ended()`` when the request
+    is done, or None when it is served without the guard (in-process tests)."""
+    connection = request.protocol
+    if not isinstance(connection, GuardedHandler):
+        return None
+    connection.began(request)
+    return connection
+
+
 @web.middleware
 async def phases(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The outermost middleware: tells the connection's guard when a request's head is in and when it is done."""
-    connection = request.protocol
-    if not isinstance(connection, GuardedHandler):  # served without the guard (in-process tests)
-        return await handler(request)
-    connection.began(request)
+    """The guard's phases as a middleware of their own (the gateway's app does this in its one middleware,
+    gateway/app.py's ``front``): when a request's head is in and when it is done."""
+    connection = request_began(request)
     try:
         return await handler(request)
     finally:
-        connection.ended()
+        if connection is not None:
+            connection.ended()
 
 
 def authenticated(request: web.BaseRequest) -> None:
