@@ -172,3 +172,16 @@ def test_the_depth_limit_stops_where_orjson_can_write_back() -> None:
     assert LimitsConfig(max_json_depth=254).max_json_depth == 254
     with pytest.raises(ValueError, match="less than or equal to 254"):
         LimitsConfig(max_json_depth=255)
+
+
+def test_a_prompt_over_max_prompt_chars_is_a_400_naming_it() -> None:
+    """README, Global protection: limits.max_prompt_chars bounds a prompt (a chat's messages counted together)."""
+    assert parse_inference(b'{"prompt": "0123456789"}', "completions", max_prompt_chars=10).prompt_chars == 10
+    with pytest.raises(InvalidRequest, match="longer than 10 characters") as refused:
+        parse_inference(b'{"prompt": "0123456789a"}', "completions", max_prompt_chars=10)
+    assert refused.value.status == 400 and refused.value.param == "prompt"
+    chat = {"messages": [{"role": "user", "content": "012345"}, {"role": "user", "content": "6789a"}]}
+    with pytest.raises(InvalidRequest) as refused:
+        parse_inference(json.dumps(chat).encode(), "chat", max_prompt_chars=10)
+    assert refused.value.param == "messages"
+    assert LimitsConfig().max_prompt_chars == 200_000
