@@ -3,6 +3,7 @@
 The README and docs/*.md are read as an operator reads them; a renamed key, a changed default, a dropped metric or
 a moved file fails here instead of leaving the docs pointing at nothing."""
 
+import itertools
 import re
 import shlex
 import subprocess
@@ -211,9 +212,10 @@ def command_lines(program: str, inline: bool) -> list[tuple[str, str]]:
     """Each line of the docs' shell blocks (and, with ``inline``, of their inline code) that runs ``program``:
     from the program on, up to a pipe or a comment, continuation lines joined."""
     found = []
-    pattern = r"(?s:```sh\n(.*?)```)" + (r"|`([^`\n]+)`" if inline else "")
+    pattern = r"(?s:```sh\n(.*?)```)" + (r"|`((?:[^`\n]|\n(?![\n`]))+)`" if inline else "")
     for where, match in doc_matches(pattern):
-        code = (match.group(1) or match.group(2)).replace("\\\n", " ")
+        # A shell block's lines are its commands; inline code is one, whatever line breaks the paragraph put in it.
+        code = match.group(1).replace("\\\n", " ") if match.group(1) else " ".join(match.group(2).split())
         for line in code.splitlines():
             command = re.search(rf"(?:^|\| |[A-Z_]+=\S* )({re.escape(program)} .*?)(?:\s+#.*)?$", line.strip())
             if command:
@@ -360,3 +362,26 @@ def test_the_runbook_answers_every_alert_with_its_duration() -> None:
         if rules[name]["for"] != f"{minutes.group(1)}m":
             wrong.append(f"{name}: the runbook says {minutes.group(1)} min, the rule waits {rules[name]['for']}")
     assert checked >= 5 and not wrong, wrong
+
+
+def test_every_setup_variant_and_trace_the_docs_run_exists() -> None:
+    """`python -m loadtests.bench_routing --trace collide --only "=tenantgate predicted_ttft|..."`: each trace, each
+    setup an --only selects (an '=name' exactly, else some setup's name containing it) and each bench_residency
+    --variant is one the module has."""
+    from loadtests.bench_residency import VARIANTS
+    from loadtests.bench_routing import SETUPS, TRACES
+
+    names, unknown, checked = [s.name for s in SETUPS], [], 0
+    for where, line in command_lines("python -m", inline=True):
+        args = shlex.split(line.replace("[", " ").replace("]", " "))
+        for flag, value in itertools.pairwise(args):
+            checked += flag in ("--trace", "--only", "--variant")
+            if flag == "--trace" and value not in (*TRACES, "all"):
+                unknown.append(f"{where} trace {value}")
+            if flag == "--only":
+                for wanted in value.split("|"):
+                    if not any(wanted[1:] == n if wanted.startswith("=") else wanted in n for n in names):
+                        unknown.append(f"{where} setup {wanted}")
+            if flag == "--variant" and value not in VARIANTS:
+                unknown.append(f"{where} variant {value}")
+    assert checked >= 5 and not unknown, unknown
