@@ -3,9 +3,16 @@ than one worker's, TTFT percentiles are read again from every worker's samples."
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from gateway.admin.merge import merge_residency, merge_state
+from gateway.admin.siblings import Siblings
+from gateway.workers import WorkerSockets
 
 
 def _state(worker: int, in_flight: int, healthy: bool, ttft_ms: list[float], at: float) -> dict[str, Any]:
@@ -61,3 +68,27 @@ def test_the_residency_of_two_workers_adds_counters_and_ejections() -> None:
     assert pool["replicas"]["r0"]["weight"] == 0.5
     assert pool["replicas"]["r0"]["adapters"]["a"]["in_flight"] == 1
     assert merged["store"] == "down"
+
+
+async def test_a_worker_that_does_not_answer_within_2_s_is_named_missing_not_waited_for(tmp_path: Path) -> None:
+    """docs/operations.md, Every core: the worker answering an admin request lists under missing_workers those
+    that did not answer within 2 s; here worker 1 accepts the question and never answers."""
+    sockets = WorkerSockets(0, 2, -1, None, tmp_path)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # reads nothing, answers nothing, keeps the connection open
+
+    server = await asyncio.start_unix_server(silent, path=str(sockets.socket_path("admin", 1)))
+    siblings = Siblings(web.Application(), sockets)
+    try:
+        started = time.monotonic()
+        assert await siblings._ask(1, "state") is None
+        assert 1.9 <= time.monotonic() - started < 10  # it waited out its 2 s (to the clock's grain), no longer
+    finally:
+        for session in siblings._sessions.values():
+            await session.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
