@@ -18,8 +18,10 @@ What it does, as aiohttp did for the driver:
   the connection is dropped.
 - cancellation and early release: a request cancelled, or an answer released before its end, drops its
   connection (the engine sees the client gone and stops generating); it is never reused.
-- errors: a refused or reset connection raises ``OSError``; an answer that breaks off or cannot be read raises
-  ``ResponseError`` (a ``ConnectionError``), after the body bytes that did arrive.
+- errors: a request whose kept-alive connection ends before any byte of an answer (the engine closing it idle
+  as the request arrived) is sent once more on a new connection; a refused or reset connection raises
+  ``OSError``; an answer that breaks off or cannot be read raises ``ResponseError`` (a ``ConnectionError``),
+  after the body bytes that did arrive.
 - flow control: reading from the engine pauses while more than ``_HIGH_WATER`` bytes of body wait for the
   consumer (a slow client), and resumes below ``_LOW_WATER``.
 """
@@ -64,6 +66,7 @@ class _Connection(asyncio.Protocol):
         # Bytes fed in slices where the parser made no progress (no header, chunk or body byte came out), in a row.
         self._unparsed = 0
         self._header_bytes = 0  # the answer's header and trailer names and values so far
+        self.answered = False  # some byte of the answer to the request sent last arrived
         self._progress = False
         self._interim = False  # the answer being read is a 1xx (100 Continue, 103 Early Hints): the real one follows
         self.status = 0
@@ -83,6 +86,7 @@ class _Connection(asyncio.Protocol):
         if self._state == _IDLE or self._state == _DONE:  # bytes nobody asked for: this connection is not reusable
             self.keep_alive = False
             return
+        self.answered = True
         try:
             if len(data) <= _SLICE:
                 self._feed(data)
@@ -183,7 +187,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is None:
             raise ResponseError("the connection closed before the request was sent")
         self._state, self.status, self.headers, self._exc, self._unparsed = _HEAD, 0, {}, None, 0
-        self._header_bytes = 0
+        self._header_bytes, self.answered = 0, False
         self.keep_alive = False  # until the answer's head says otherwise
         self._timer = self._loop.call_at(deadline, self._timed_out)
         self.transport.write(data)
@@ -344,11 +348,23 @@ class Origin:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         connection = self._idle_connection(loop)
-        if connection is None:
-            async with asyncio.timeout_at(deadline):
-                connection = await self._new_connection(loop, deadline)
-        connection.send(head + body if len(body) < 65536 else head, deadline)
+        if connection is not None:
+            try:
+                return await self._exchange(connection, head, body, deadline)
+            except ResponseError:
+                # The kept-alive connection ended before any byte of an answer: most likely the engine closed it
+                # for its keep-alive timeout as the request arrived (vLLM's is 5 s, ours 15 s), which says nothing
+                # of the replica. Once more, on a new connection (else the gateway tries another replica and blames
+                # this one); a new connection that ends so is an error as before.
+                if connection.answered:
+                    raise
+        async with asyncio.timeout_at(deadline):
+            connection = await self._new_connection(loop, deadline)
+        return await self._exchange(connection, head, body, deadline)
+
+    async def _exchange(self, connection: _Connection, head: bytes, body: bytes, deadline: float) -> Response:
         try:
+            connection.send(head + body if len(body) < 65536 else head, deadline)
             if len(body) >= 65536 and connection.transport is not None:  # no copy of a large body
                 connection.transport.write(body)
             await connection.head()

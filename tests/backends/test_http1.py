@@ -531,3 +531,36 @@ async def test_bytes_after_a_whole_answer_leave_the_answer_whole_and_the_connect
         assert await whole(origin) == b"{}"
         assert server.connections == 2
         origin.close()
+
+
+async def test_a_kept_alive_connection_the_engine_closes_as_the_request_arrives_is_tried_once_on_a_new_one() -> None:
+    """An engine closes a connection idle for its keep-alive timeout (vLLM: 5 s; the pool keeps them 15 s): a request
+    sent on it just then meets the close, not an answer (a separate-process engine closing at 50 ms, requests sent
+    50 +- 3 ms after the last: 24 of 1,000 failed), which the gateway took for a broken replica. A reused connection
+    that ends before any byte of an answer is tried once more on a new connection; a new one that does is an error."""
+
+    async def closes_on_the_second(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if server.connections == 1:
+            await read_request(reader, server)
+            writer.write(OK)
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")  # the next request arrives as the engine closes the idle connection
+            writer.transport.abort()
+        elif server.connections == 2:
+            await read_request(reader, server)
+            writer.write(OK)
+        else:
+            await read_request(reader, server)
+            writer.transport.abort()  # a new connection closed before answering: no second try
+
+    async with serving(closes_on_the_second) as server:
+        origin = server.origin()
+        assert await whole(origin) == b"{}"
+        assert await within(whole(origin)) == b"{}"
+        assert server.connections == 2
+        origin.close()
+        fresh = server.origin()  # no connection kept: the request opens one, which closes unanswered
+        with pytest.raises(http1.ResponseError):
+            await within(whole(fresh))
+        assert server.connections == 3
+        fresh.close()
