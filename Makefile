@@ -16,7 +16,7 @@ help:
 	@echo "make help       this list"
 	@echo "make demo       run a simulated fleet with real traffic and print what happened"
 	@echo "make test       lint, types and every test lane (real vLLM and Triton on the CPU included)"
-	@echo "make test-fast  unit and simulator tests only (no engine lanes)"
+	@echo "make test-fast  every test but the real-engine lanes (no vLLM or Triton server, no make engines)"
 	@echo "make venv       create .venv and install the package with its dev, otlp and loadtest extras"
 	@echo "make lock       re-resolve requirements/gateway.lock and dev.lock after a dependency change"
 	@echo "make lint       ruff check and format check"
