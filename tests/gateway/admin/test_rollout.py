@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.admin.rollout import Rollout, RolloutRequest, judge
+from gateway.observe.activity import Activity
 from loadtests.fleet import ADMIN_TOKEN, RunningFleet, api_key, fleet_with_gateway, sim_stats
 
 pytestmark = pytest.mark.timeout(120)
@@ -206,3 +208,34 @@ def test_a_rollback_returns_everyone_to_the_old_version_at_once(tmp_path: Path) 
         bodies = [{"model": "support", "prompt": "x", "max_tokens": 2, "user": user} for user in USERS]
         variants = {httpx.post(url, headers=headers, json=body).headers["x-tenantgate-variant"] for body in bodies}
     assert variants == {"support@1"}
+
+
+@pytest.mark.parametrize(
+    ("new_ttft_ms", "new_errors", "verdict"),
+    [
+        (149.0, 0, None),  # within 1.5x the old version's p99
+        (151.0, 0, "TTFT p99"),  # over it
+        (100.0, 1, None),  # 5% more errors: at the bound, not over it
+        (100.0, 2, "error rate"),  # 10% more
+    ],
+)
+def test_a_step_is_judged_by_the_documented_error_rate_and_ttft_bounds(
+    new_ttft_ms: float, new_errors: int, verdict: str | None
+) -> None:
+    """README and docs/operations.md: after each step the new version halts the rollout when its error rate is
+    higher by more than max_error_rate_increase (0.05) or its TTFT p99 above max_ttft_p99_ratio (1.5) x the old's.
+    The end-to-end tests judge by errors only (their TTFT is scheduling noise); this is the TTFT rule too."""
+    defaults = RolloutRequest.model_validate({"version": 2})
+    assert (defaults.max_error_rate_increase, defaults.max_ttft_p99_ratio) == (0.05, 1.5)
+    now = [1000.0]
+    activity = Activity(clock=lambda: now[0])
+    for n in range(20):
+        activity.request("acme", "support@1", "r0", ["home"], 200, 0.1)
+        failed = n < new_errors
+        activity.request("acme", "support@2", "r0", ["home"], 502 if failed else 200, new_ttft_ms / 1000)
+    rollout = Rollout(
+        "support", "support@1", "support@2", [0.5, 1.0], 30.0,
+        defaults.max_error_rate_increase, defaults.max_ttft_p99_ratio,
+    )  # fmt: skip
+    reason = judge(activity, rollout, since=now[0])
+    assert reason is None if verdict is None else reason is not None and reason.startswith(verdict), reason
