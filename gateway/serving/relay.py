@@ -17,6 +17,8 @@ from gateway.serving.sse_events import StreamEvents
 
 VARIANT_HEADER = "x-tenantgate-variant"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+# An OpenAI stream's last event.
+_LAST_EVENT = b"data: [DONE]\n\n"
 
 
 def respond(
@@ -53,6 +55,10 @@ async def stream(
                 if record.first_byte is None:
                     telemetry.first_byte(record)
                 await response.write(onward)
+                if onward.endswith(_LAST_EVENT):
+                    # The client has everything: one that leaves now (the OpenAI SDK closes on [DONE]) while the
+                    # engine ends its body was answered, not a 499.
+                    record.answered = response.status
         rest = events.rest()
         if rest:
             await response.write(rest)
