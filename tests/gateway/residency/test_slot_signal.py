@@ -88,12 +88,20 @@ async def until_it_hears_the_wait(life: PoolResidency) -> None:
     raise AssertionError("the wait on r0 was not heard")
 
 
-async def until_held(bus: Bus, adapters: list[str]) -> None:
-    for _ in range(5_000):  # a bounded poll: the answer is published from a task of its own
-        if [m["a"] for m in bus.published if m["t"] == "held"] == [adapters]:
+async def until(condition: Callable[[], bool], failure: Callable[[], str]) -> None:
+    """A bounded poll (5 s): messages are published from tasks of their own, and acted on in others."""
+    for _ in range(5_000):
+        if condition():
             return
         await asyncio.sleep(0.001)
-    raise AssertionError(f"no held set {adapters} was published: {bus.published}")
+    raise AssertionError(failure())
+
+
+async def until_held(bus: Bus, adapters: list[str]) -> None:
+    await until(
+        lambda: [m["a"] for m in bus.published if m["t"] == "held"] == [adapters],
+        lambda: f"no held set {adapters} was published: {bus.published}",
+    )
 
 
 async def test_a_slot_another_gateway_frees_ends_the_wait_long_before_the_in_use_window(
@@ -329,11 +337,10 @@ async def test_a_release_heard_while_the_waiter_looks_under_the_lock_is_not_miss
 
 
 async def until_resident(life: PoolResidency, replica: str, adapters: set[str]) -> None:
-    for _ in range(5_000):  # a bounded poll: the news is published from a task, and read back in another
-        if set(life.views[replica].resident) == adapters:
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"{replica}'s view is {sorted(life.views[replica].resident)}, not {sorted(adapters)}")
+    await until(
+        lambda: set(life.views[replica].resident) == adapters,
+        lambda: f"{replica}'s view is {sorted(life.views[replica].resident)}, not {sorted(adapters)}",
+    )
 
 
 async def test_another_gateways_load_and_unload_reach_this_gateways_view_without_a_sync(
