@@ -42,6 +42,9 @@ from yarl import URL
 _MAX_HEAD = 64 * 1024
 _SLICE = 16 * 1024
 _HIGH_WATER = 256 * 1024
+# A whole (non-streamed) answer larger than this is refused: an OpenAI answer, logprobs and n choices included, is
+# far smaller; a larger one is an engine gone wrong, and would be held in memory whole.
+MAX_WHOLE_BODY = 64 * 1024 * 1024
 _LOW_WATER = 64 * 1024
 
 # Reading states: no request out; waiting for the answer's head; reading its body; the answer read to its end.
@@ -288,14 +291,27 @@ class Response:
         self.status = connection.status
         self.headers = connection.headers
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int = MAX_WHOLE_BODY) -> bytes:
+        """The whole body, at most ``limit`` bytes: a larger answer (a buggy engine) is refused with
+        ``ResponseError`` as soon as that shows, rather than held in memory; the connection is then dropped."""
         connection = self._connection
         if connection is None:
             raise ResponseError("the answer was released")
+        length = self.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise ResponseError(f"the engine's answer is {length} bytes, over the {limit} this client reads whole")
         body = connection.whole_body()
-        if body is not None:
+        if body is not None and len(body) <= limit:
             return body
-        return b"".join([chunk async for chunk in connection.body()])
+        parts, size = ([body], len(body)) if body is not None else ([], 0)
+        async for chunk in connection.body():
+            size += len(chunk)
+            parts.append(chunk)
+            if size > limit:
+                break
+        if size > limit:
+            raise ResponseError(f"the engine's answer is over the {limit} bytes this client reads whole")
+        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         if self._connection is None:

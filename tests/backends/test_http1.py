@@ -564,3 +564,24 @@ async def test_a_kept_alive_connection_the_engine_closes_as_the_request_arrives_
             await within(whole(fresh))
         assert server.connections == 3
         fresh.close()
+
+
+async def test_a_whole_answer_over_the_limit_is_refused() -> None:
+    """A buggy engine's huge whole answer is not held in memory: a Content-Length over the limit is refused before
+    any of the body is read (the connection dropped), and a chunked body once it passes the limit."""
+    chunk = b"a" * 600
+    async with answers(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n" + b"x" * 10,
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + (b"258\r\n" + chunk + b"\r\n") * 4 + b"0\r\n\r\n",
+    ) as server:
+        origin = server.origin()
+        response = await post(origin)
+        with pytest.raises(http1.ResponseError, match="100000000 bytes, over the 1000"):
+            await asyncio.wait_for(response.read(limit=1000), 5)
+        response.release()
+        await until(lambda: server.closed == 1, "the connection was not dropped")
+        response = await post(origin)
+        with pytest.raises(http1.ResponseError, match="over the 1000 bytes"):
+            await asyncio.wait_for(response.read(limit=1000), 5)
+        response.release()
+        origin.close()
