@@ -7,10 +7,11 @@ frees is seen only when its mark ages out. Nothing here is written on the reques
 
 - a gateway with loads waiting for a slot on replica R announces it (``wait``), and again every ``RENEW_S`` while
   they wait; every gateway keeps the replicas with a remote waiter in a local set whose entries expire;
-- a gateway that hears of a wait on R answers with the adapters it has requests in flight for there (``held``,
-  empty or not, at every announcement), and says so again whenever that set changes while the wait lasts; one
-  that frees a slot on R (its last request with an adapter there ends, or it unloads one) says so with ``freed``:
-  a release;
+- a gateway that hears of a wait on R answers with the adapters it has requests in flight for there (``held``, at
+  every announcement), and says so again whenever that set changes while the wait lasts; one that frees a slot on
+  R (its last request with an adapter there ends, or it unloads one) says so with ``freed``: a release. A gateway
+  that holds nothing there and said nothing else since the last answer stays silent: silence is an empty held set
+  (so the messages per renewal grow with the gateways that hold something, not with every gateway);
 - the waiting gateway keeps each other gateway's held set; a release wakes its waits on R, which look again, and
   so does a held set that lost an adapter (a release that went missing, made good by the answer to the next
   renewal) or one not renewed for ``REMOTE_TTL_S`` (its gateway is gone).
@@ -107,6 +108,9 @@ class SlotSignal:
         self._listeners: dict[str, list[SlotListener]] = {}
         self._waits: dict[Key, _Wait] = {}
         self._remote_waits: dict[Key, float] = {}  # (pool, replica) -> until when (monotonic) another gateway waits
+        # Replicas where this gateway's last held message named adapters: it answers the next wait there even when
+        # it holds nothing now (else silent).
+        self._said_held: set[Key] = set()
         self._sending: set[asyncio.Task[None]] = set()
         # Numbers this gateway's messages: publishes run concurrently and may reach Redis out of order, so a
         # waiter keeps each gateway's newest held set, not the last to arrive.
@@ -145,7 +149,10 @@ class SlotSignal:
         ended or it was unloaded). A dict lookup unless another gateway waits there; then one publish."""
         if not self._remote_waits or not self.remote_waiting(pool, replica):
             return
-        self._send({"t": "held", "p": pool, "r": replica, "a": self._held(pool, replica), "freed": freed}, None)
+        holding = self._held(pool, replica)
+        self._send({"t": "held", "p": pool, "r": replica, "a": holding, "freed": freed}, None)
+        if holding:
+            self._said_held.add((pool, replica))
         if freed:
             self.metrics.slot_releases.labels(pool, "published").inc()
 
@@ -183,9 +190,17 @@ class SlotSignal:
         if kind == "set":
             for listener in self._listeners.get(key[0], ()):
                 listener.remote_set_changed(key[1])
-        elif kind == "wait":  # answered every time, empty or not: a lost release is made good at the next renewal
+        elif kind == "wait":
             self._remote_waits[key] = self._clock() + REMOTE_TTL_S
-            self._send({"t": "held", "p": key[0], "r": key[1], "a": self._held(*key), "freed": False}, None)
+            # Answered while this gateway holds something there, and once more after it last said it did (a lost
+            # release is made good at the next renewal); silent otherwise: silence is an empty held set.
+            holding = self._held(*key)
+            if holding or key in self._said_held:
+                self._send({"t": "held", "p": key[0], "r": key[1], "a": holding, "freed": False}, None)
+            if holding:
+                self._said_held.add(key)
+            else:
+                self._said_held.discard(key)
         elif kind == "held":
             wait = self._waits.get(key)
             number = message.get("n")

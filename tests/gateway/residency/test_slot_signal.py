@@ -183,14 +183,55 @@ async def test_no_gateway_publishes_anything_while_none_waits() -> None:
         signal.changed("llama", "r0", freed=True)
     await asyncio.sleep(0)
     assert bus.published == []
-    signal.heard(json.dumps({"t": "wait", "g": "other", "p": "llama", "r": "r0", "n": 1}))  # answered
+    signal.heard(json.dumps({"t": "wait", "g": "other", "p": "llama", "r": "r0", "n": 1}))  # holds nothing: silent
     assert signal.remote_waiting("llama", "r0") and not signal.remote_waiting("llama", "r1")
     signal.changed("llama", "r0", freed=True)  # said
     clock.advance(REMOTE_TTL_S + 0.1)  # the other gateway stopped waiting and said nothing more
     signal.renew()
     signal.changed("llama", "r0", freed=True)  # not said
     await asyncio.sleep(0)
-    assert [(m["t"], m["freed"]) for m in bus.published] == [("held", False), ("held", True)]
+    assert [(m["t"], m["freed"]) for m in bus.published] == [("held", True)]
+
+
+class Holding:
+    """A pool's lifecycle holding ``held`` on every replica, as the signal sees it."""
+
+    def __init__(self, held: frozenset[str] = frozenset()) -> None:
+        self.held = held
+
+    def held_here(self, replica_id: str) -> frozenset[str]:
+        return self.held
+
+    def remote_release(self, replica_id: str) -> None:
+        pass
+
+    def remote_set_changed(self, replica_id: str) -> None:
+        pass
+
+
+async def test_only_gateways_that_hold_something_answer_a_wait_and_once_more_after_they_let_go() -> None:
+    """Silence is an empty held set: of 6 gateways hearing a wait, only the one holding an adapter there answers,
+    so a renewal costs messages in proportion to the holders, not to every gateway. Once it holds nothing it answers
+    one more renewal (empty: a release that went missing is made good), then is silent too."""
+    bus = Bus()
+    holder = Holding(frozenset({"x"}))
+    gateways = [bus.signal() for _ in range(6)]
+    gateways[0].attach("llama", holder)
+    for signal in gateways[1:]:
+        signal.attach("llama", Holding())
+
+    async def renewal() -> list[list[str]]:
+        bus.published.clear()
+        for signal in gateways:
+            signal.heard(json.dumps({"t": "wait", "g": "waiter", "p": "llama", "r": "r0", "n": 1}))
+        await asyncio.sleep(0)
+        return [m["a"] for m in bus.published if m["t"] == "held"]
+
+    assert await renewal() == [["x"]]
+    assert await renewal() == [["x"]]
+    holder.held = frozenset()
+    assert await renewal() == [[]]  # once more, empty
+    assert await renewal() == []
 
 
 async def test_held_sets_count_only_the_newest_message_of_each_gateway() -> None:
