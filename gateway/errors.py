@@ -107,6 +107,18 @@ class Overloaded(GatewayError):
     code = "overloaded"
 
 
+class StoreUnreachable(GatewayError):
+    """An admin change every gateway must hear of (a drain, a placement pin or freeze) was not made: the shared store
+    (Redis) does not answer. The server's trouble, not the request's: retry once it is back."""
+
+    status = 503
+    error_type = "server_error"
+    code = "store_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "5"})
+
+
 class UpstreamError(GatewayError):
     status = 502
     error_type = "server_error"

@@ -2,7 +2,7 @@
 ``/admin/route`` and the status page), and the run-time freeze and pins every gateway's leader applies
 (``POST /admin/placement/freeze``, ``PUT``/``DELETE /admin/placement/pins/{pool}/{key}``). The freeze and pins
 are written to the placement store (Redis: every gateway's leader reads them at its next interval); refused with
-a 400 while it does not answer, and with a 404 unless ``routing.home_placement`` is ``traffic``."""
+a 503 while it does not answer, and with a 404 unless ``routing.home_placement`` is ``traffic``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gateway.admin.answers import AdminRoutes
 from gateway.admin.auth import require_admin
 from gateway.admin.body import json_object
 from gateway.appkeys import PLACER, STATE
-from gateway.errors import InvalidRequest, RouteNotFound
+from gateway.errors import InvalidRequest, RouteNotFound, StoreUnreachable
 from gateway.fleet.fleet import Fleet, homed_keys
 from gateway.fleet.pool import Pool
 from gateway.placement.placer import Placer
@@ -79,7 +79,7 @@ async def freeze(request: web.Request) -> web.Response:
     try:
         await placer.store.set_frozen(frozen)
     except StoreUnavailable as exc:
-        raise InvalidRequest(f"Not changed: the placement store is unreachable ({exc}).") from exc
+        raise StoreUnreachable(f"Not changed: the placement store is unreachable ({exc}).") from exc
     return web.json_response({"frozen": frozen})
 
 
@@ -105,7 +105,7 @@ async def pin(request: web.Request) -> web.Response:
     try:
         await placer.store.set_pin(pool_name, key, replica)
     except StoreUnavailable as exc:
-        raise InvalidRequest(f"Not changed: the placement store is unreachable ({exc}).") from exc
+        raise StoreUnreachable(f"Not changed: the placement store is unreachable ({exc}).") from exc
     return web.json_response({"pool": pool_name, "key": key, "pinned_to": replica})
 
 

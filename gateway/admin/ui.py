@@ -26,7 +26,7 @@ from gateway.admin.sessions import SESSION_S, Session, SessionSigner, session_ke
 from gateway.admin.siblings import SIBLINGS
 from gateway.admin.status import snapshot
 from gateway.appkeys import ADMIN_TOKEN, METRICS, STATE
-from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RequestRateLimited
+from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RequestRateLimited, StoreUnreachable
 from gateway.residency.store import StoreUnavailable
 from gateway.serving.connections import authenticated
 from gateway.serving.json_body import RefusedInput
@@ -145,7 +145,7 @@ async def _act(request: web.Request, action: str, body: dict[str, Any]) -> dict[
         try:  # kept beside the fleet (a reload keeps it) and, with Redis, where every gateway reads it
             await drains.set(pool.name, replica, action == "drain")
         except StoreUnavailable as exc:
-            raise InvalidRequest(f"Not {action}ed: the shared store is unreachable ({exc}).") from exc
+            raise StoreUnreachable(f"Not {action}ed: the shared store is unreachable ({exc}).") from exc
         drains.apply(request.app[STATE].serving.fleet)
         return {"pool": pool.name, "replica": replica, "drained": action == "drain"}
     serving = request.app[STATE].serving

@@ -123,7 +123,8 @@ def test_a_drain_is_refused_while_redis_does_not_answer(tmp_path: Path) -> None:
                 still_serving = drained(gw, "r0")
     finally:
         redis.stop()
-    assert refused.status_code == 400 and "shared store is unreachable" in refused.text, refused.text
+    assert refused.status_code == 503 and "shared store is unreachable" in refused.text, refused.text
+    assert refused.json()["error"]["code"] == "store_unavailable" and refused.headers["Retry-After"] == "5"
     assert not still_serving
 
 

@@ -9,7 +9,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.app import create_app
+from gateway.appkeys import PLACER
 from gateway.config import GatewayConfig
+from gateway.residency.store import StoreUnavailable
 from tests.gateway.admin.test_admin_surface import ADMIN, TOKEN, raw_config
 
 
@@ -29,3 +31,37 @@ async def test_a_pin_names_a_key_the_pools_requests_are_routed_by(
         # Unpinning takes any key: a pin left by a tenant since removed can still go.
         gone = await client.delete("/admin/placement/pins/llama/removed-tenant", headers=ADMIN)
         assert gone.status == 200 and (await gone.json())["pinned_to"] is None
+
+
+class _Unreachable:
+    """A placement store whose Redis does not answer."""
+
+    async def set_frozen(self, frozen: bool) -> None:
+        raise StoreUnavailable("redis set failed: ConnectionError()")
+
+    async def set_pin(self, pool: str, key: str, replica: str | None) -> None:
+        raise StoreUnavailable("redis set failed: ConnectionError()")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_change_the_store_cannot_take_is_a_503_to_retry_not_a_bad_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's request was right; the shared store is down: 503 with Retry-After, naming why."""
+    monkeypatch.setenv("TENANTGATE_ADMIN_TOKEN", TOKEN)
+    raw = raw_config(tmp_path)
+    raw["routing"]["home_placement"] = "traffic"
+    app = create_app(GatewayConfig.model_validate(raw))
+    async with TestClient(TestServer(app)) as client:
+        monkeypatch.setattr(app[PLACER], "store", _Unreachable())
+        answers = [
+            await client.put("/admin/placement/pins/llama/acme", json={"replica": "r0"}, headers=ADMIN),
+            await client.delete("/admin/placement/pins/llama/acme", headers=ADMIN),
+            await client.post("/admin/placement/freeze", json={"frozen": True}, headers=ADMIN),
+        ]
+        for answer in answers:
+            error = (await answer.json())["error"]
+            assert answer.status == 503 and answer.headers["Retry-After"] == "5", error
+            assert error["code"] == "store_unavailable" and "placement store is unreachable" in error["message"]
