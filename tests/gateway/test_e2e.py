@@ -222,10 +222,15 @@ def test_each_tenant_lands_on_its_home_and_homes_spread(fleet: RunningFleet) -> 
 def bounded_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningFleet]:
     """The same fleet under bounded_consistent_hash, which spills at a known load: predicted_ttft (the default)
     keeps a burst home while waiting there is predicted faster than a cold load elsewhere, so it would not test
-    the single flight on a cold replica."""
+    the single flight on a cold replica. The capacity floor is 1 (the plain bound): a burst spills as soon as two of
+    its requests overlap, where the default floor (8) needs eight in flight at once, which a fast simulated fleet
+    does not always reach."""
     root = tmp_path_factory.mktemp("e2e-bounded")
     sim = ["--time-scale", "0.01", "--max-loras", "4"]
-    with fleet_with_gateway(root, TENANTS, 3, sim, max_adapters=4, policy="bounded_consistent_hash") as fleet:
+    routing = {"affinity": "tenant", "balance_factor": 1.25, "vnodes": 160, "capacity_floor": 1}
+    with fleet_with_gateway(
+        root, TENANTS, 3, sim, max_adapters=4, policy="bounded_consistent_hash", extra={"routing": routing}
+    ) as fleet:
         yield fleet
 
 
@@ -236,14 +241,15 @@ def test_concurrent_first_requests_load_the_adapter_once(bounded_fleet: RunningF
         client = openai.AsyncOpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("initech"), max_retries=0)
         async with client:
             await asyncio.gather(
-                *(client.completions.create(model="code-initech", prompt=f"p{i}", max_tokens=2) for i in range(12))
+                *(client.completions.create(model="code-initech", prompt=f"p{i}", max_tokens=20) for i in range(12))
             )
 
     before = [sim_stats(url) for url in fleet.replica_urls.values()]
     asyncio.run(burst())
     stats = [sim_stats(url) for url in fleet.replica_urls.values()]
-    # 12 at once exceed the home's bounded share, so some spill; each replica that got any loaded it once at most
-    # (the home had it from the start-up's fill, unless the module's earlier traffic pushed it out of host memory).
+    # 12 at once exceed the home's bounded share (each lasts a few ms: they overlap), so some spill; each replica
+    # that got any loaded it once at most (the home had it from the start-up's fill, unless the module's earlier
+    # traffic pushed it out of host memory).
     served = [s["requests_by_model"].get("code-initech", 0) - b["requests_by_model"].get("code-initech", 0)
               for s, b in zip(stats, before, strict=True)]  # fmt: skip
     loads = [s["cold_loads_by_adapter"].get("code-initech", 0) - b["cold_loads_by_adapter"].get("code-initech", 0)
