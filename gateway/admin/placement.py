@@ -6,6 +6,7 @@ a 503 while it does not answer, and with a 404 unless ``routing.home_placement``
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp import web
@@ -76,10 +77,7 @@ async def freeze(request: web.Request) -> web.Response:
     frozen = body.get("frozen")
     if not isinstance(frozen, bool):
         raise InvalidRequest('Pass {"frozen": true} or {"frozen": false}.', param="frozen")
-    try:
-        await placer.store.set_frozen(frozen)
-    except StoreUnavailable as exc:
-        raise StoreUnreachable(f"Not changed: the placement store is unreachable ({exc}).") from exc
+    await _stored(placer.store.set_frozen(frozen))
     return web.json_response({"frozen": frozen})
 
 
@@ -102,11 +100,16 @@ async def pin(request: web.Request) -> web.Response:
         replica = body.get("replica")
         if not isinstance(replica, str) or replica not in pool.replicas:
             raise InvalidRequest(f'Pass {{"replica": ID}}, one of {sorted(pool.replicas)}.', param="replica")
+    await _stored(placer.store.set_pin(pool_name, key, replica))
+    return web.json_response({"pool": pool_name, "key": key, "pinned_to": replica})
+
+
+async def _stored(write: Awaitable[None]) -> None:
+    """Write a freeze or pin to the placement store; while it does not answer, the change is refused (503)."""
     try:
-        await placer.store.set_pin(pool_name, key, replica)
+        await write
     except StoreUnavailable as exc:
         raise StoreUnreachable(f"Not changed: the placement store is unreachable ({exc}).") from exc
-    return web.json_response({"pool": pool_name, "key": key, "pinned_to": replica})
 
 
 def add_routes(app: web.Application) -> None:
