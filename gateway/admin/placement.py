@@ -1,8 +1,9 @@
 """Homes from traffic, for operators: each key's replica set and why (``GET /admin/placement``, also in
 ``/admin/route`` and the status page), and the run-time freeze and pins every gateway's leader applies
 (``POST /admin/placement/freeze``, ``PUT``/``DELETE /admin/placement/pins/{pool}/{key}``). The freeze and pins
-are written to the placement store (Redis: every gateway's leader reads them at its next interval); refused with
-a 503 while it does not answer, and with a 404 unless ``routing.home_placement`` is ``traffic``."""
+are written to the placement store (Redis: every gateway's leader reads them at its next interval, and
+``GET /admin/placement`` on any gateway shows them at once); refused with a 503 while it does not answer, and with
+a 404 unless ``routing.home_placement`` is ``traffic``."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ async def placement(request: web.Request) -> web.Response:
     """The homes table this gateway routes by: per pool, every key it places or that the config names."""
     require_admin(request)
     placer = _placer(request)
+    await placer.read_operator()
     state = request.app[STATE]
     fleet, config = state.serving.fleet, state.config
     pools: dict[str, Any] = {}

@@ -18,6 +18,7 @@ table it installed. Without Redis each gateway plans from its own traffic (gatew
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -229,6 +230,13 @@ class Placer:
         why = {key: text for key, text in why.items() if key in result.homes or key in settled or key in pins}
         table = PoolTable(result.homes, warming, warming_since, why, result.below_since)
         return table, len(result.changes)
+
+    async def read_operator(self) -> None:
+        """Take the freeze and pins as stored now, so that an operator sees a change at once rather than at the
+        next interval (the admin API's read; the plan takes them with its poll anyway). Kept as they were while
+        the store does not answer."""
+        with contextlib.suppress(StoreUnavailable):
+            self.operator = await self.store.operator()
 
     def frozen(self, settings: PlacementConfig) -> bool:
         return settings.freeze or self.operator.frozen

@@ -106,6 +106,10 @@ class HomesStore(Protocol):
         """Write ``table`` (its version must be above the stored one); the bytes written, 0 when refused."""
         ...
 
+    async def operator(self) -> Operator:
+        """The freeze and pins as stored now (the admin API's view; the leader reads them with its poll)."""
+        ...
+
     async def set_frozen(self, frozen: bool) -> None: ...
 
     async def set_pin(self, pool: str, key: str, replica: str | None) -> None:
@@ -127,6 +131,9 @@ class LocalHomesStore:
         version = table.version if table is not None else 0
         newer = table if table is not None and version > known_version else None
         return Polled(True, version, newer, _operator(self._operator))
+
+    async def operator(self) -> Operator:
+        return _operator(self._operator)
 
     async def set_frozen(self, frozen: bool) -> None:
         self._operator["frozen"] = "1" if frozen else "0"
@@ -178,6 +185,11 @@ class RedisHomesStore:
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("placement table version %d unreadable, not installed: %s", version, exc)
         return Polled(leads, version, table, operator, len(text or "") + sum(map(len, flat)) + 16)
+
+    async def operator(self) -> Operator:
+        async with redis_call("placement operator", self._timeout_s):
+            fields = await cast(Awaitable[dict[str, str]], self._client.hgetall(self._operator_key))
+        return _operator({str(name): str(value) for name, value in fields.items()})
 
     async def set_frozen(self, frozen: bool) -> None:
         async with redis_call("placement freeze", self._timeout_s):

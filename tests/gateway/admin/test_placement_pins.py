@@ -33,6 +33,25 @@ async def test_a_pin_names_a_key_the_pools_requests_are_routed_by(
         assert gone.status == 200 and (await gone.json())["pinned_to"] is None
 
 
+async def test_a_pin_or_freeze_shows_at_once_not_at_the_next_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator who pins a key or freezes the plan reads it back from ``GET /admin/placement`` right away (the
+    leader applies it at its next interval, 10 s by default; until then the page said "not pinned")."""
+    monkeypatch.setenv("TENANTGATE_ADMIN_TOKEN", TOKEN)
+    raw = raw_config(tmp_path)
+    raw["routing"]["home_placement"] = "traffic"
+    async with TestClient(TestServer(create_app(GatewayConfig.model_validate(raw)))) as client:
+        before = await (await client.get("/admin/placement", headers=ADMIN)).json()
+        assert before["pins"]["llama"] == {} and before["frozen"] is False
+        assert (await client.put("/admin/placement/pins/llama/acme", json={"replica": "r0"}, headers=ADMIN)).ok
+        assert (await client.post("/admin/placement/freeze", json={"frozen": True}, headers=ADMIN)).ok
+        after = await (await client.get("/admin/placement", headers=ADMIN)).json()
+        assert after["pins"]["llama"] == {"acme": "r0"} and after["frozen"] is True
+        assert (await client.delete("/admin/placement/pins/llama/acme", headers=ADMIN)).ok
+        assert (await (await client.get("/admin/placement", headers=ADMIN)).json())["pins"]["llama"] == {}
+
+
 class _Unreachable:
     """A placement store whose Redis does not answer."""
 
