@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from backends.base import AdapterRef, Endpoint
@@ -118,6 +118,15 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def print_ms(rows: Sequence[tuple[str, list[float]]], width: int, decimals: int) -> None:
+    """Per row, its durations (seconds) as p50, p90, p99, max and mean in milliseconds."""
+    print(" " * width + "".join(f"{name:>8}" for name in ("p50", "p90", "p99", "max", "mean")))
+    for name, values in rows:
+        ms = [v * 1000 for v in values]
+        figures = [_pct(ms, 0.5), _pct(ms, 0.9), _pct(ms, 0.99), max(ms), statistics.fmean(ms)]
+        print(f"{name:{width}}" + "".join(f"{f:8.{decimals}f}" for f in figures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=300)
@@ -125,11 +134,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root, redis_for(Path(root)) as url:
         woken, served, skipped = asyncio.run(measure(url, args.rounds))
     print(f"{len(woken)} releases through Redis ({skipped} rounds left out: B was not waiting), ms from A's end_use:")
-    print("            p50     p90     p99     max    mean")
-    for name, values in (("woken", woken), ("served", served)):
-        ms = [v * 1000 for v in values]
-        figures = [_pct(ms, 0.5), _pct(ms, 0.9), _pct(ms, 0.99), max(ms), statistics.fmean(ms)]
-        print(f"{name:8}" + "".join(f"{f:8.2f}" for f in figures))
+    print_ms((("woken", woken), ("served", served)), 8, 2)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ this cache decides which adapters they know.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +109,11 @@ class PeftCache:
         self._tasks: OrderedDict[int, LoraTask] = OrderedDict()  # least recently used first
         self._in_flight = Counter[int]()
         self.stats = PeftStats()
+        # Per task, when (wall clock: comparable across processes on one host) its weights last arrived and its
+        # last request in flight ended: how soon a router sends a waiting adapter after a slot frees, as the engine
+        # sees it (loadtests/bench_slot_release_serve.py).
+        self.weights_at: dict[int, float] = {}
+        self.released_at: dict[int, float] = {}
 
     def acquire(self, task_id: int | None, weights: Tensor | None, config: Tensor | None) -> LoraTask | None:
         """The task a request runs with (None: the base model), held in flight until ``release``."""
@@ -131,6 +137,7 @@ class PeftCache:
         self._in_flight[task.task_id] -= 1
         if self._in_flight[task.task_id] <= 0:
             del self._in_flight[task.task_id]
+            self.released_at[task.task_id] = time.time()
 
     @property
     def cached(self) -> list[int]:
@@ -143,6 +150,7 @@ class PeftCache:
 
     def _put(self, task: LoraTask) -> LoraTask:
         self.stats.weights_received[task.task_id] += 1
+        self.weights_at[task.task_id] = time.time()
         cached = self._tasks.get(task.task_id)
         if cached is not None:  # weights sent again for a cached task: TensorRT-LLM keeps the copy it has
             return cached

@@ -80,6 +80,8 @@ async def sim_stats(request: web.Request) -> web.Response:
         "capacity": peft.capacity,
         "cached": [str(task) for task in peft.cached],
         "in_flight": {str(task): n for task, n in peft.in_flight.items()},
+        "weights_at": {str(task): at for task, at in peft.weights_at.items()},
+        "released_at": {str(task): at for task, at in peft.released_at.items()},
     }
     return web.json_response({**engine_stats(request.app[MODEL].engine), "peft_cache": cache, **peft.stats.as_json()})
 

@@ -348,6 +348,11 @@ async def test_a_cache_full_of_busy_tasks_refuses_a_new_one(
     stats = await _stats(http)
     assert stats["cache_full_errors"] == {str(newcomer): 1}
     assert stats["weights_received"][str(newcomer)] == 2
+    # The engine's clock of slots freeing and loads arriving (wall time): the newcomer's weights came again after
+    # a busy task's last request ended.
+    cache = stats["peft_cache"]
+    assert set(cache["released_at"]) >= {str(task) for task in busy} | {str(newcomer)}
+    assert max(cache["released_at"][str(task)] for task in busy) <= cache["weights_at"][str(newcomer)]
 
 
 async def test_a_cancelled_stream_aborts_its_engine_request(
