@@ -450,6 +450,7 @@ def summarize(
         per_replica = [counts.get(f"lora-{tenant}", 0) for counts in served.values()]
         if sum(per_replica):
             shares.append(max(per_replica) / sum(per_replica))
+    events = cold_load_events(before, after)
     hits, misses = delta("prefix_hit_tokens"), delta("prefix_miss_tokens")
     ttft, e2e = sorted(observed.ttft), sorted(observed.e2e)
     start_cold = observed.cold_loads_over_time[0][1] if observed.cold_loads_over_time else 0
@@ -472,6 +473,49 @@ def summarize(
         "peak_queue": max(observed.peak_queue.values(), default=0.0),
         "cold_loads_over_time": [(round(t, 1), n - start_cold) for t, n in observed.cold_loads_over_time if n >= 0],
         "ttft_ms": [round(1000 * t, 2) for t in observed.ttft],
+        "cold_load_events": events,
+        "served_by_replica": {r: dict(counts) for r, counts in served.items()},
+        **cold_load_sources(events),
+    }
+
+
+# A victim loaded again on the same replica within this many seconds of its eviction was an eviction regretted.
+REGRET_S = 10.0
+
+
+def cold_load_events(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[float, str, str, str, list[str]]]:
+    """The cold loads of the run, oldest first: (seconds since the first, replica, adapter, cause, evicted)."""
+    events = []
+    for replica, stats in after.items():
+        seen = max((event[0] for event in before[replica]["cold_load_log"]), default=float("-inf"))
+        events += [(t, replica, adapter, cause, evicted) for t, adapter, cause, evicted in stats["cold_load_log"]
+                   if t > seen]  # fmt: skip
+    events.sort()
+    start = events[0][0] if events else 0.0
+    return [(round(t - start, 3), replica, adapter, cause, evicted) for t, replica, adapter, cause, evicted in events]
+
+
+def cold_load_sources(events: list[tuple[float, str, str, str, list[str]]]) -> dict[str, Any]:
+    """Where the cold loads came from: per replica, per adapter, per cause (the gateway loaded it, or a request
+    found it fallen out of host memory), the first load of an adapter in the run, and evictions regretted (the
+    victim loaded again on that replica within ``REGRET_S``)."""
+    evicted_at: dict[tuple[str, str], float] = {}
+    regretted = first = 0
+    seen: set[str] = set()
+    for t, replica, adapter, _, victims in events:
+        if adapter not in seen:
+            first += 1
+            seen.add(adapter)
+        if t - evicted_at.pop((replica, adapter), float("-inf")) <= REGRET_S:
+            regretted += 1
+        for victim in victims:
+            evicted_at[(replica, victim)] = t
+    return {
+        "cold_loads_by_replica": dict(Counter(e[1] for e in events)),
+        "cold_loads_by_adapter": dict(Counter(e[2] for e in events).most_common()),
+        "cold_loads_by_cause": dict(Counter(e[3] for e in events)),
+        "cold_loads_first_sight": first,
+        "cold_loads_regretted": regretted,
     }
 
 

@@ -78,7 +78,7 @@ class AdapterCaches:
     def register(self, info: AdapterInfo) -> float:
         self.check_unregistered(info.name)
         self.registered[info.name] = info
-        return self._into_host(info)
+        return self._into_host(info, cause="load")
 
     def unregister(self, name: str) -> None:
         if self.registered.pop(name, None) is None:
@@ -116,7 +116,7 @@ class AdapterCaches:
         if name in self._host:
             self._host.move_to_end(name)
         else:
-            cost += self._into_host(info)
+            cost += self._into_host(info, cause="request")
         if len(self._gpu) >= self._params.max_loras:
             victim = self._idle_gpu_adapter()
             assert victim is not None, "activate() called without can_activate()"
@@ -142,10 +142,11 @@ class AdapterCaches:
     def _idle_gpu_adapter(self) -> str | None:
         return next((name for name in self._gpu if not self.running[name]), None)
 
-    def _into_host(self, info: AdapterInfo) -> float:
+    def _into_host(self, info: AdapterInfo, cause: str) -> float:
         if info.name in self._host:
             self._host.move_to_end(info.name)
             return 0.0
+        evicted: list[str] = []
         while len(self._host) >= self._params.max_cpu_loras:
             victim = next((name for name in self._host if not self.running[name]), None)
             if victim is None:
@@ -153,8 +154,9 @@ class AdapterCaches:
             del self._host[victim]
             self._gpu.pop(victim, None)
             self._stats.host_evictions += 1
+            evicted.append(victim)
         self._host[info.name] = info
-        self._stats.record_cold_load(info.name)
+        self._stats.record_cold_load(info.name, cause, tuple(evicted))
         p = self._params
         jitter = 1.0 + p.cold_load_jitter * self._rng.uniform(-1.0, 1.0)
         return p.cold_load_s * (0.5 + 0.5 * info.rank / p.cold_load_reference_rank) * jitter

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,10 +41,15 @@ class SimStats:
     request_headers: deque[dict[str, str]] = field(default_factory=lambda: deque(maxlen=64))
     # GET /metrics answered: how often routers scrape the engine.
     metrics_scrapes: int = 0
+    # The latest cold loads, oldest first, for benchmarks that ask where they come from: the wall-clock time
+    # (``time.monotonic``), the adapter, why it was read from disk (``load``: the runtime LoRA API registered it;
+    # ``request``: a request's adapter had fallen out of host memory) and the adapters it evicted from host memory.
+    cold_load_log: deque[tuple[float, str, str, tuple[str, ...]]] = field(default_factory=lambda: deque(maxlen=4096))
 
-    def record_cold_load(self, adapter: str) -> None:
+    def record_cold_load(self, adapter: str, cause: str = "load", evicted: tuple[str, ...] = ()) -> None:
         self.cold_loads += 1
         self.cold_loads_by_adapter[adapter] += 1
+        self.cold_load_log.append((round(time.monotonic(), 4), adapter, cause, evicted))
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -72,4 +78,5 @@ class SimStats:
             "traceparents": list(self.traceparents),
             "request_headers": list(self.request_headers),
             "metrics_scrapes": self.metrics_scrapes,
+            "cold_load_log": [list(event) for event in self.cold_load_log],
         }

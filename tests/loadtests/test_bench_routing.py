@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gateway.config import GatewayConfig
 from gateway.fleet.fleet import Fleet
-from loadtests.bench_routing import REPLICAS, TRACES, colliding, make_trace
+from loadtests.bench_routing import REPLICAS, TRACES, cold_load_events, cold_load_sources, colliding, make_trace
 from loadtests.fleet import gateway_config, write_adapters
 
 
@@ -28,3 +28,25 @@ async def test_the_collide_traces_heavy_tenants_share_a_balanced_home_in_the_gat
     counts = Counter(arrival.tenant for arrival in trace)
     share = sum(counts[t] for t in heavy) / len(trace)
     assert abs(share - spec.heavy_share) < 0.08, share
+
+
+def test_cold_load_sources_count_first_sights_causes_and_regretted_evictions() -> None:
+    events = cold_load_events(
+        {"r0": {"cold_load_log": [[1.0, "a9", "load", []]]}, "r1": {"cold_load_log": []}},
+        {
+            "r0": {
+                "cold_load_log": [[1.0, "a9", "load", []], [2.0, "a1", "load", ["a2"]], [5.0, "a2", "load", ["a3"]]]
+            },
+            "r1": {"cold_load_log": [[3.0, "a2", "request", []], [30.0, "a3", "load", []]]},
+        },
+    )
+    # Only what happened after the first snapshot, oldest first, timed from the first.
+    assert [(t, replica, adapter) for t, replica, adapter, _, _ in events] == [
+        (0.0, "r0", "a1"), (1.0, "r1", "a2"), (3.0, "r0", "a2"), (28.0, "r1", "a3"),
+    ]  # fmt: skip
+    sources = cold_load_sources(events)
+    assert sources["cold_loads_by_replica"] == {"r0": 2, "r1": 2}
+    assert sources["cold_loads_by_cause"] == {"load": 3, "request": 1}
+    assert sources["cold_loads_first_sight"] == 3
+    # a2, evicted from r0 at 0 s, was loaded there again 3 s later; a3 was evicted from r0, not from r1.
+    assert sources["cold_loads_regretted"] == 1

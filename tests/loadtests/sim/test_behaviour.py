@@ -108,6 +108,15 @@ async def test_host_tier_overflow_reads_from_disk_again(sim: Sim) -> None:
         await complete(client, "a1")
         counters = await stats(client)
     assert counters["cold_loads_by_adapter"] == {"a1": 2, "a2": 1, "a3": 1}
+    # The log says why each was read from disk and what it pushed out of host memory, oldest first.
+    log = counters["cold_load_log"]
+    assert [event[1:] for event in log] == [
+        ["a1", "load", []],
+        ["a2", "load", []],
+        ["a3", "load", ["a1"]],
+        ["a1", "request", ["a2"]],
+    ]
+    assert [event[0] for event in log] == sorted(event[0] for event in log)
 
 
 async def test_request_waits_while_every_slot_is_busy(sim: Sim) -> None:
@@ -165,6 +174,8 @@ async def test_same_seed_gives_same_counters(sim: Sim) -> None:
             ]
             counters = await stats(client)
             del counters["request_headers"]  # their Host names each run's port
+            # The cold-load log's times are the wall clock's; what happened must match.
+            counters["cold_load_log"] = [event[1:] for event in counters["cold_load_log"]]
             counters["texts"] = [o["choices"][0]["text"] for o in outputs]
             return counters
 
