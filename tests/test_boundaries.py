@@ -20,7 +20,7 @@ PACKAGES = ("gateway", "backends", "loadtests")
 
 # What routing may import: pure standard-library modules, the hash ring library, and itself. No I/O of any kind.
 ROUTING_ALLOWED = (
-    "__future__", "abc", "bisect", "collections", "dataclasses", "enum", "functools", "hashlib", "heapq",
+    "__future__", "abc", "array", "bisect", "collections", "dataclasses", "enum", "functools", "hashlib", "heapq",
     "itertools", "math", "operator", "random", "statistics", "time", "types", "typing", "uhashring", "gateway.routing",
 )  # fmt: skip
 

@@ -42,11 +42,19 @@ class ReplicaHealth:
     # Suspect failures held back until evidence points at the replica, and the engine's progress (outlier.py).
     suspects: SuspectLedger = field(default_factory=SuspectLedger)
     progress: EngineProgress = field(init=False)
+    # From when it takes its full weight, unless its probes, a re-warm or a drain say otherwise (``up``,
+    # ``returning``, ``drained``): max(serving_since, ejected_until) + slow_start_s, kept by the two methods that
+    # move those. The pool reads it per candidate per decision: one comparison instead of a call to routing_state.
+    full_weight_at: float = field(init=False)
     _probe_streak: int = field(default=0, repr=False)
     _probed: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         self.progress = EngineProgress(self.outlier.stall_after_s)
+        self._restate()
+
+    def _restate(self) -> None:
+        self.full_weight_at = max(self.serving_since, self.ejected_until) + max(0.0, self.slow_start_s)
 
     def available(self, now: float | None = None) -> bool:
         """Takes traffic at ``now`` (health's clock; read when not given)."""
@@ -100,6 +108,7 @@ class ReplicaHealth:
         self.consecutive_failures = 0
         self.ejected_until = 0.0
         self.serving_since = self.clock()
+        self._restate()
 
     def request_succeeded(self, started_at: float = math.inf) -> None:
         """A request that started at ``started_at`` (clock time) succeeded. It clears the failures in a row only
@@ -127,6 +136,7 @@ class ReplicaHealth:
         duration = min(self.outlier.base_ejection_s * 2**self.ejections, self.outlier.max_ejection_s)
         self.ejections += 1
         self.ejected_until = self.clock() + duration
+        self._restate()
         self.ejection_reason = reason
         if reason is not None:
             self.ejections_by_reason[reason] = self.ejections_by_reason.get(reason, 0) + 1

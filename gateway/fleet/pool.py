@@ -191,10 +191,23 @@ class Pool:
         loads: list[ReplicaLoad] = []
         for replica_id in order:
             replica = replicas[replica_id]
-            healthy, weight = replica.health.routing_state(now)
+            health = replica.health
+            # Up and past any ejection and slow start: one comparison (health.full_weight_at says why it holds).
+            if now >= health.full_weight_at and health.up and not health.returning and not health.drained:
+                healthy, weight = True, 1.0
+            else:
+                healthy, weight = health.routing_state(now)
             in_flight = replica.in_flight
             # predicted_ttft weighs two more signals; other policies skip them.
-            weighs = predicting and healthy
+            on_gpu = key_recent = False
+            if predicting and healthy:
+                if engine_model is None:  # the base model is on every GPU
+                    on_gpu = True
+                elif in_flight or replica_id in resident:
+                    on_gpu = self._running_on(replica_id, replica, engine_model, now)
+                else:  # no request of this gateway's there and not resident: only a scrape can list it running
+                    on_gpu = replica.engine_load is not None and self._listed_running(replica, engine_model, now)
+                key_recent = bool(recent) and recent.get(replica_id, -math.inf) >= warm_since
             loads.append(
                 new_load(
                     ReplicaLoad,
@@ -205,8 +218,8 @@ class Pool:
                         reserved.get(replica_id, 0),
                         weight,
                         in_flight >= cap,
-                        weighs and (engine_model is None or self._running_on(replica_id, replica, engine_model, now)),
-                        weighs and recent.get(replica_id, -math.inf) >= warm_since,
+                        on_gpu,
+                        key_recent,
                     ),
                 )
             )
@@ -231,13 +244,20 @@ class Pool:
     def _running_on(self, replica_id: str, replica: Replica, engine_model: str, now: float) -> bool:
         """Whether the adapter is on the replica's GPU now, as far as the gateway can tell: the engine's last fresh
         scrape listed it running (any gateway's request), or the record says it is in use or among the replica's
-        most recently used (as many as the engine has GPU slots, 1 until a scrape says)."""
+        most recently used (as many as the engine has GPU slots, 1 until a scrape says). The record's part needs
+        the adapter resident there or a request of this gateway's there (the lease marks it in use)."""
         load = replica.engine_load
         if load is None:
             return self.residency.likely_on_gpu(replica_id, engine_model, 1)
-        if engine_model in load.running_adapters and now - replica.scraped_at <= self.scrape_fresh_s:
+        if self._listed_running(replica, engine_model, now):
             return True
         return self.residency.likely_on_gpu(replica_id, engine_model, load.gpu_slots or 1)
+
+    def _listed_running(self, replica: Replica, engine_model: str, now: float) -> bool:
+        """The replica's last scrape is fresh and lists the adapter running (``replica.engine_load`` is set)."""
+        load = replica.engine_load
+        assert load is not None
+        return engine_model in load.running_adapters and now - replica.scraped_at <= self.scrape_fresh_s
 
     def _candidates(self, key: str, resident: frozenset[str]) -> tuple[str, ...]:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at
@@ -248,16 +268,18 @@ class Pool:
             return self.ring.preference(key)
         count = self.candidate_count
         head = self.ring.head(key, count)
-        if not resident or resident.issubset(head):
-            return head
-        warm: list[str] = []
         room = count // 2
+        if not resident or not room:
+            return head
+        # Not resident.issubset(head): that builds a set of the head and looks up every resident replica (1 us at
+        # 100 resident); this loop stops at the first K/2 outside the head.
+        warm: list[str] = []
         for replica_id in self._by_name(resident):
-            if len(warm) >= room:
-                break
             if replica_id not in head:
                 warm.append(replica_id)
-        return head[: count - len(warm)] + tuple(warm)
+                if len(warm) >= room:
+                    break
+        return head[: count - len(warm)] + tuple(warm) if warm else head
 
     def _by_name(self, resident: frozenset[str]) -> tuple[str, ...]:
         """``resident`` sorted, once per distinct set (residency hands out the same set until it changes)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from gateway.routing.costs import Regime, regime_of
 from gateway.routing.decision import NO_PARTS, KeyStanding, Prediction, ReplicaLoad, RoutingDecision
-from gateway.routing.scorers import Candidate, Scoring
+from gateway.routing.scorers import Candidate, Linear, Scoring
 
 
 @dataclass(slots=True)  # not frozen: built per decision, and a frozen dataclass costs 1 us more to build
@@ -101,26 +101,49 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     # keeps the chosen replica's prediction only (what the lease learns from). Explaining, or with a scorer that is
     # not linear, each scorer is asked per candidate; explaining keeps every candidate's prediction and parts.
     table = None if given.explain else scoring.table()
-    also_home = given.also_home
     if table is not None:
-        best, best_ms, best_load = allowed[0].id, math.inf, 0
-        best_regime: Regime = "cold"
-        for replica in allowed:
-            replica_id, load = replica.id, replica.in_flight
-            regime = regime_of(replica.on_gpu, replica_id in resident, replica.key_recent)
-            row = table[regime]
-            total = row.constant_ms + row.per_request_ms * load
-            if replica_id != home and replica_id not in also_home:
-                total += row.off_home_ms
-            if total < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
-                best, best_ms, best_regime, best_load = replica_id, total, regime, load
-        decision.predictions[best] = Prediction(best_regime, best_load, NO_PARTS, best_ms)
+        chosen, regime, best_ms = lowest_predicted(allowed, table, home, resident, given.also_home)
+        best = chosen.id
+        decision.predictions[best] = Prediction(regime, chosen.in_flight, NO_PARTS, best_ms)
     else:
         best = _score_each(decision, allowed, given, scoring)
     decision.chosen = best
     decision.used_reservation = reserved_home and best == home
     if best != home and candidates[0].id == home:
         decision.reasons.append("spill:over_capacity" if home in decision.excluded else "spill:faster")
+
+
+def lowest_predicted(
+    allowed: Sequence[ReplicaLoad],
+    table: Mapping[Regime, Linear],
+    home: str,
+    resident: frozenset[str],
+    also_home: frozenset[str],
+) -> tuple[ReplicaLoad, Regime, float]:
+    """The candidate with the lowest predicted TTFT by the scorers' summed table (scorers/base.py), its regime and
+    its prediction: one lookup and two multiplications per candidate. A tie keeps the earlier one in ring order."""
+    warm, kv_cold, host, cold = table["warm"], table["kv_cold"], table["host"], table["cold"]
+    best, best_ms = allowed[0], math.inf
+    regime: Regime
+    best_regime: Regime = "cold"
+    for replica in allowed:
+        replica_id, _, load, _, _, _, on_gpu, key_recent = replica  # unpacked: cheaper than four attribute reads
+        # regime_of (costs.py), inline: this runs per candidate per decision.
+        if on_gpu:
+            if key_recent:
+                regime, row = "warm", warm
+            else:
+                regime, row = "kv_cold", kv_cold
+        elif replica_id in resident:
+            regime, row = "host", host
+        else:
+            regime, row = "cold", cold
+        total = row.constant_ms + row.per_request_ms * load
+        if replica_id != home and replica_id not in also_home:
+            total += row.off_home_ms
+        if total < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
+            best, best_ms, best_regime = replica, total, regime
+    return best, best_regime, best_ms
 
 
 def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given: PickInput, scoring: Scoring) -> str:

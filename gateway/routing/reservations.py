@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from gateway.routing.decision import NEW_KEY, KeyStanding
 
+_IDLE_HOLDING = KeyStanding(0, holds_reservation=True)
+
 
 @dataclass
 class _KeyState:
@@ -53,7 +55,9 @@ class HomeReservations:
         state = self._keys.get(key)
         if state is None:
             return NEW_KEY
-        return KeyStanding(state.in_flight, holds_reservation=state.in_flight_at_home == 0)
+        if not state.in_flight:  # the common case, built once: an active key with nothing in flight holds its slot
+            return _IDLE_HOLDING
+        return KeyStanding(state.in_flight, state.in_flight_at_home == 0)
 
     def expire(self) -> None:
         """Drop the reservations of keys idle for longer than the window."""

@@ -15,8 +15,10 @@ in every gateway, with no coordination. Other keys (sessions, tenants added at r
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from hashlib import md5
 
 from uhashring import HashRing
 
@@ -33,6 +35,7 @@ class Ring:
         points = self._ring.get_points() if replica_ids else []
         self._positions: list[int] = [position for position, _ in points]  # sorted, as uhashring keeps them
         self._owners: list[str] = [owner for _, owner in points]
+        self._shift, self._buckets = _bucket_index(self._positions)
         self._heads: dict[tuple[str, int], tuple[str, ...]] = {}
         self._homes: dict[str, str] = {}  # balanced homes that differ from the ring's
         # Replica sets from the placement table (homes from traffic), home first: they come before the ring's order.
@@ -106,11 +109,11 @@ class Ring:
         return arcs
 
     def position(self, key: str) -> float:
-        return float(self._ring.hashi(key)) / _SPACE
+        return float(key_point(key)) / _SPACE
 
     def hashi(self, key: str) -> int:
         """``key``'s point on the ring (ketama's md5 position)."""
-        return int(self._ring.hashi(key))
+        return key_point(key)
 
     def _walk(self, key: str, count: int, first: tuple[str, ...] = ()) -> tuple[str, ...]:
         """The first ``count`` of ``key``'s distinct owners clockwise (``first``, its homes, before them)."""
@@ -118,9 +121,13 @@ class Ring:
         found = list(first[:count])
         if len(found) < count:
             # A plain index walk, not _owners_from's generator: this runs at every key's first sight.
-            positions, owners = self._positions, self._owners
+            owners = self._owners
             total = len(owners)
-            index = bisect(positions, self._ring.hashi(key))
+            index = self._first_after(key_point(key))
+            # On a large ring the next few points nearly always have distinct owners: one slice and one set say so.
+            ahead = first + tuple(owners[index : index + count - len(found)])
+            if len(ahead) == count and len(set(ahead)) == count:
+                return ahead
             for _ in range(total):
                 if index == total:
                     index = 0
@@ -132,11 +139,19 @@ class Ring:
                         break
         return tuple(found)
 
+    def _first_after(self, point: int) -> int:
+        """The index of the first ring point after ``point`` (``total`` past the last): a bisect within the point's
+        bucket of the index, so a key's first sight reads two or three of the 160 x replicas points, not the 17 or
+        so a bisect over all of them reads (each one a cache miss at 1,000 replicas: 1 us of the walk)."""
+        bucket = point >> self._shift
+        buckets = self._buckets
+        return bisect(self._positions, point, buckets[bucket], buckets[bucket + 1])
+
     def _owners_from(self, key: str) -> Iterator[str]:
         """Every point's owner clockwise from ``key``'s point, once round the ring (repeats included)."""
         positions, owners = self._positions, self._owners
         total = len(positions)
-        start = bisect(positions, self._ring.hashi(key))
+        start = bisect(positions, key_point(key))
         for step in range(total):
             yield owners[(start + step) % total]
 
@@ -149,6 +164,36 @@ class Ring:
                 yield owner
                 if len(seen) == len(self.replica_ids):
                     return
+
+
+def key_point(key: str) -> int:
+    """``key``'s point on the ring: uhashring's own hash (the md5 of the key as a 128-bit integer), computed from
+    the digest's bytes rather than its hex text (0.44 us against 0.57; tests/gateway/routing holds them equal)."""
+    return int.from_bytes(md5(key.encode()).digest(), "big")
+
+
+# The index has about one bucket per ring point, and never fewer than this many.
+_MIN_INDEX_BITS = 4
+
+
+def _bucket_index(positions: list[int]) -> tuple[int, array[int]]:
+    """An index of the sorted ``positions``: ``buckets[b]`` is the first index whose position's top bits are
+    ``b`` or more (the last entry is ``len(positions)``); returns the shift that gives a position's bucket. An
+    array of 32-bit indexes: 0.5 MB at 1,000 replicas, where a list would hold an int object per bucket."""
+    bits = max(_MIN_INDEX_BITS, len(positions).bit_length() - 1)
+    shift = 128 - bits
+    count = 1 << bits
+    buckets = array("I", bytes(4 * (count + 1)))
+    bucket = 0
+    for index, position in enumerate(positions):
+        top = position >> shift
+        while bucket <= top:
+            buckets[bucket] = index
+            bucket += 1
+    while bucket <= count:
+        buckets[bucket] = len(positions)
+        bucket += 1
+    return shift, buckets
 
 
 def balanced_homes(ring: Ring, keys: Collection[str]) -> dict[str, str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.config import HealthConfig, OutlierConfig
 from gateway.fleet.health import ReplicaHealth
@@ -87,3 +89,36 @@ def test_a_long_request_that_ends_well_does_not_clear_failures_counted_while_it_
     replica.request_failed(True)
     replica.request_succeeded(clock())  # a request that started after that failure does clear it
     assert replica.consecutive_failures == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from(["probe_ok", "probe_fail", "fail", "back", "drain", "undrain"]), st.floats(0, 8)),
+        max_size=40,
+    )
+)
+def test_full_weight_at_never_says_more_than_routing_state(events: list[tuple[str, float]]) -> None:
+    """The pool's shortcut (past ``full_weight_at``, up, not returning, not drained: in at full weight) agrees with
+    ``routing_state`` whatever probes, ejections, returns and drains came before."""
+    clock = Clock(START)
+    replica = ReplicaHealth(
+        HealthConfig(unhealthy_after=1, healthy_after=1),
+        OutlierConfig(consecutive_failures=2, base_ejection_s=5, max_ejection_s=20),
+        slow_start_s=10,
+        clock=clock,
+    )
+    for event, elapsed in events:
+        if event.startswith("probe"):
+            replica.probed(event == "probe_ok")
+        elif event == "fail":
+            replica.request_failed(may_eject=True)
+        elif event == "back":
+            replica.back_in_service()
+        else:
+            replica.drained = event == "drain"
+        clock.advance(elapsed)
+        now = clock()
+        shortcut = now >= replica.full_weight_at and replica.up and not replica.returning and not replica.drained
+        if shortcut:
+            assert replica.routing_state(now) == (True, 1.0)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.base import AdapterRef, EngineLoad
 from gateway.config import RoutingConfig, TtftPriors
@@ -119,3 +121,45 @@ async def test_residency_is_the_host_regimes_evidence_whatever_prefer_resident_s
     await pool.residency.ensure("r1", ADAPTER)
     await pool.residency.ensure("r1", ref("b"))  # used after it: "a" is resident there, not the most recent
     assert pool.explain("k", "a").predictions["r1"].regime == "host"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    resident=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["a", "b", "c"]), st.integers(0, 9)), max_size=12),
+    leases=st.lists(st.tuples(st.sampled_from(["k0", "k1", "k2"]), st.sampled_from(["a", "b", None])), max_size=6),
+    scrapes=st.lists(
+        st.tuples(st.integers(0, 5), st.sets(st.sampled_from(["a", "b", "c"])), st.booleans(), st.integers(1, 3)),
+        max_size=4,
+    ),
+    down=st.sets(st.integers(0, 5), max_size=2),
+    adapter=st.sampled_from(["a", "b", "c", None]),
+)
+def test_the_snapshot_says_what_the_pool_knows_of_each_candidate(
+    resident: list[tuple[int, str, int]],
+    leases: list[tuple[str, str | None]],
+    scrapes: list[tuple[int, set[str], bool, int]],
+    down: set[int],
+    adapter: str | None,
+) -> None:
+    """The snapshot's shortcuts (health's full_weight_at; the adapter on the GPU asked of the record only where it
+    is resident or this gateway has requests in flight) say what health and the record say, at every candidate."""
+    pool = pool_of(6, RoutingConfig(ttft_priors=PRIORS, home_reservation_s=0), policy="predicted_ttft")
+    for index, name, used in resident:
+        pool.residency.views[f"r{index}"].resident[name] = float(used)
+    now = time.monotonic()
+    for index, running, fresh, slots in scrapes:
+        replica = pool.replicas[f"r{index}"]
+        replica.engine_load = EngineLoad(1, 0, 0.1, running_adapters=frozenset(running), gpu_slots=slots)
+        replica.scraped_at = now if fresh else now - 100  # far from the freshness limit either way
+    for index in down:
+        pool.replicas[f"r{index}"].health.up = False
+    held = [pool.lease(key, ref(name) if name else None) for key, name in leases]
+    decision = pool.explain("k0", adapter)
+    for load in decision.snapshot:
+        replica = pool.replicas[load.id]
+        healthy, weight = replica.health.routing_state(time.monotonic())
+        assert (load.healthy, load.weight) == (healthy, weight)
+        gpu = adapter is None or pool._running_on(load.id, replica, adapter, time.monotonic())
+        assert load.on_gpu == (healthy and gpu), load
+    for lease in held:
+        lease.__exit__(None, None, None)

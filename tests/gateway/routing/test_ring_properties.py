@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect
 from collections import Counter
 
 from hypothesis import given, settings
@@ -125,3 +126,16 @@ def test_a_joining_replica_moves_a_few_balanced_keys_besides_its_share(n: int) -
     elsewhere = [key for key in moved if after.home(key) != f"r{n}"]
     assert len(elsewhere) / len(keys) <= 0.10
     assert len(moved) / len(keys) <= 1.5 / (n + 1) + 0.10
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 300), vnodes=st.sampled_from([1, 3, 40, 160]), key=st.text(max_size=40))
+def test_a_keys_point_and_the_first_point_after_it_are_uhashrings(size: int, vnodes: int, key: str) -> None:
+    """The key's hash is uhashring's own (its md5 as an integer), and the bucket index finds what a bisect over every
+    point finds: for the key, for each point itself (an exact hit) and for the ends of the hash space."""
+    ring = Ring([f"r{i}" for i in range(size)], vnodes=vnodes)
+    point = ring.hashi(key)
+    assert point == ring._ring.hashi(key)
+    positions = ring._positions
+    for probe in [point, 0, 2**128 - 1, *positions[:: max(1, len(positions) // 50)]]:
+        assert ring._first_after(probe) == bisect(positions, probe)

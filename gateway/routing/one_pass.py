@@ -1,0 +1,95 @@
+"""The common decision of the bounded policies in one pass over the snapshot: every candidate up, at full weight,
+under its per-replica cap, not one this request failed on, and (unless a reservation decides) under the bound.
+
+Then no filter leaves a replica out and the bound excludes none, so the general pipeline's steps (filters.py, then
+the picker's bound, its cold-load rule and its score in pickers.py) reduce to one check of each candidate and the
+picker's last step: ``bounded_consistent_hash`` keeps the home; ``predicted_ttft`` takes the lowest predicted TTFT
+by the scorers' summed table (``pickers.lowest_predicted``, the same function the general picker scores with).
+Anything else (a replica down, in slow start, at its cap or over the bound, a retry, a scorer that is not linear)
+returns None and the general pipeline decides. A property test holds the two to the same decision.
+
+Why: a decision runs once per request and its cost was per candidate per step (about 1 us a candidate in all,
+where the target is 20 us at p99 for the whole decision).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from gateway.routing.costs import Regime
+from gateway.routing.decision import NO_PARTS, KeyStanding, Prediction, ReplicaLoad, RoutingDecision
+from gateway.routing.pickers import lowest_predicted
+from gateway.routing.scorers import Linear
+
+_HOME = ("home",)
+_FASTER = ("spill:faster",)
+
+
+def decide_plain(
+    order: Sequence[str],
+    key: str,
+    replicas: Sequence[ReplicaLoad],
+    pool: str,
+    policy: str,
+    balance_factor: float,
+    capacity_floor: int,
+    standing: KeyStanding,
+    resident: frozenset[str],
+    table: Mapping[Regime, Linear] | None,
+    also_home: frozenset[str],
+) -> RoutingDecision | None:
+    """The decision when the case is plain (see the module docstring), else None. ``replicas[i]`` describes
+    ``order[i]``; ``table``: predicted_ttft's summed scorers (None for bounded_consistent_hash)."""
+    if not replicas:
+        return None
+    total = 1  # this request
+    most = 0  # the highest load the bound judges
+    count_reserved = standing.in_flight > 0
+    for _, healthy, load, reserved, weight, at_cap, _, _ in replicas:
+        if not healthy or at_cap or weight < 1.0:
+            return None
+        total += load + reserved
+        if count_reserved:
+            load += reserved
+        if load > most:
+            most = load
+    capacity = math.ceil(balance_factor * total / len(replicas))
+    if capacity < capacity_floor:
+        capacity = capacity_floor
+    home = order[0]
+    if table is None:  # bounded_consistent_hash: a reservation takes home whatever the bound says
+        if standing.holds_reservation:
+            return _decision(order, key, replicas, pool, policy, resident, home, _HOME, capacity, True)
+        if most >= capacity:
+            return None
+        return _decision(order, key, replicas, pool, policy, resident, home, _HOME, capacity, False)
+    if most >= capacity:
+        return None
+    best, regime, best_ms = lowest_predicted(replicas, table, home, resident, also_home)
+    chosen = best.id
+    decision = _decision(
+        order, key, replicas, pool, policy, resident, chosen, _HOME if chosen == home else _FASTER, capacity, False
+    )
+    decision.predictions[chosen] = Prediction(regime, best.in_flight, NO_PARTS, best_ms)
+    return decision
+
+
+def _decision(
+    order: Sequence[str],
+    key: str,
+    replicas: Sequence[ReplicaLoad],
+    pool: str,
+    policy: str,
+    resident: frozenset[str],
+    chosen: str,
+    reasons: tuple[str, ...],
+    capacity: int,
+    used_reservation: bool,
+) -> RoutingDecision:
+    # Positional: RoutingDecision's fields in order (pool, policy, key, home, chosen, reasons, excluded, unavailable,
+    # capacity, used_reservation, predictions, snapshot, resident_on, kept); every candidate was kept.
+    return RoutingDecision(
+        pool, policy, key, order[0], chosen, list(reasons), {}, None, capacity, used_reservation, {}, replicas,
+        resident, replicas,
+    )  # fmt: skip
