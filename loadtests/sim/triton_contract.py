@@ -14,7 +14,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from loadtests.sim.triton_errors import TritonError, unknown_model
+from loadtests.sim.triton_errors import Kind, TritonError, unknown_model
 from loadtests.sim.triton_wire import decode_input
 
 MAX_BATCH_SIZE = 8
@@ -176,14 +176,7 @@ def parse_request(model: str, request: service_pb2.ModelInferRequest) -> Generat
             raise TritonError(f"{prefix}input '{tensor.name}' batch size does not match other inputs for '{model}'")
         batch = shape[0]
         values[tensor.name] = decode_input(tensor, raw[index] if raw else None)
-    missing = [spec.name for spec in INPUTS if not spec.optional and spec.name not in values]
-    if missing:
-        required = sum(1 for spec in INPUTS if not spec.optional)
-        raise TritonError(
-            f"{prefix}expected number of inputs between {required} and {len(INPUTS)} but got {len(values)} inputs "
-            f"for model '{model}'. Got input(s) {sorted(values)}, but missing required input(s) {missing}. Please "
-            "provide all required input(s)."
-        )
+    _check_required(model, prefix, values)
     if batch != 1:
         raise TritonError(f"{prefix}the simulated model serves a batch of 1 per request, got {batch}")
     for output in request.outputs:
@@ -192,7 +185,67 @@ def parse_request(model: str, request: service_pb2.ModelInferRequest) -> Generat
     return _read(request, values)
 
 
+def _check_required(model: str, prefix: str, values: dict[str, np.ndarray[Any, Any]]) -> None:
+    missing = [spec.name for spec in INPUTS if not spec.optional and spec.name not in values]
+    if missing:
+        required = sum(1 for spec in INPUTS if not spec.optional)
+        raise TritonError(
+            f"{prefix}expected number of inputs between {required} and {len(INPUTS)} but got {len(values)} inputs "
+            f"for model '{model}'. Got input(s) {sorted(values)}, but missing required input(s) {missing}. Please "
+            "provide all required input(s)."
+        )
+
+
 def _read(request: service_pb2.ModelInferRequest, values: dict[str, np.ndarray[Any, Any]]) -> GenerateRequest:
+    empty_final = request.parameters.get("triton_enable_empty_final_response")
+    return _values(
+        values,
+        request_id=request.id,
+        outputs=frozenset(output.name for output in request.outputs),
+        empty_final_response=empty_final is not None and empty_final.bool_param,
+    )
+
+
+def parse_json_request(model: str, body: object) -> GenerateRequest:
+    """A generate extension request (``POST /v2/models/{model}/generate_stream``): a JSON object whose keys that name
+    an input are that input's value (a scalar, or a flat list), batch of one; other keys are parameters. As Triton,
+    FP16 cannot come as JSON (the LoRA weights travel over gRPC only)."""
+    if not isinstance(body, dict):
+        raise TritonError("failed to parse the request JSON buffer: the body is not an object", Kind.INTERNAL)
+    values: dict[str, np.ndarray[Any, Any]] = {}
+    for name, value in body.items():
+        spec = _INPUTS.get(name)
+        if spec is not None:
+            values[name] = _json_input(spec, value)
+    _check_required(model, "[request id: <id_unknown>] ", values)
+    return _values(values, request_id=str(body.get("id", "")), outputs=frozenset(), empty_final_response=False)
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "BYTES": (str,), "BOOL": (bool,), "INT32": (int,), "UINT64": (int,), "FP32": (int, float),
+}  # fmt: skip
+
+
+def _json_input(spec: TensorSpec, value: object) -> np.ndarray[Any, Any]:
+    if spec.datatype == "FP16":
+        raise TritonError(
+            f"receiving FP16 data via JSON is not supported. Please use the binary data format for input {spec.name}"
+        )
+    elements = value if isinstance(value, list) else [value]
+    wanted = _JSON_TYPES[spec.datatype]
+    for element in elements:  # bool is an int in Python, not in JSON
+        if not isinstance(element, wanted) or (spec.datatype != "BOOL" and isinstance(element, bool)):
+            raise TritonError(
+                f"Unable to parse 'data': input '{spec.name}' expects {spec.datatype}, got {element!r}", Kind.INTERNAL
+            )
+    if spec.datatype == "BYTES":
+        return np.array([[str(element).encode() for element in elements]], dtype=object)
+    return np.array([elements])
+
+
+def _values(
+    values: dict[str, np.ndarray[Any, Any]], *, request_id: str, outputs: frozenset[str], empty_final_response: bool
+) -> GenerateRequest:
     def scalar(name: str) -> Any:
         array = values.get(name)
         return None if array is None else array.reshape(-1)[0]
@@ -204,9 +257,8 @@ def _read(request: service_pb2.ModelInferRequest, values: dict[str, np.ndarray[A
     if max_tokens <= 0:
         raise TritonError(f"max_tokens must be > 0 (got {max_tokens})")
     task_id = scalar("lora_task_id")
-    empty_final = request.parameters.get("triton_enable_empty_final_response")
     return GenerateRequest(
-        request_id=request.id,
+        request_id=request_id,
         prompt=_text(scalar("text_input")),
         max_tokens=max_tokens,
         stop_words=tuple(_text(word).strip() for word in values.get("stop_words", np.empty(0)).reshape(-1)),
@@ -217,8 +269,8 @@ def _read(request: service_pb2.ModelInferRequest, values: dict[str, np.ndarray[A
         lora_task_id=None if task_id is None else int(task_id),
         lora_weights=values.get("lora_weights"),
         lora_config=values.get("lora_config"),
-        outputs=frozenset(output.name for output in request.outputs),
-        empty_final_response=empty_final is not None and empty_final.bool_param,
+        outputs=outputs,
+        empty_final_response=empty_final_response,
     )
 
 

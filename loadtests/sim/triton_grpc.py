@@ -35,8 +35,8 @@ from loadtests.sim.triton_contract import (
     metadata_proto,
     parse_request,
 )
-from loadtests.sim.triton_errors import Kind, TritonError, decoupled_refused
-from loadtests.sim.triton_model import Reply, TrtLlmModel
+from loadtests.sim.triton_errors import TritonError, decoupled_refused
+from loadtests.sim.triton_model import Reply, TrtLlmModel, refuse_by_faults
 from loadtests.sim.triton_wire import add_output
 
 _FINAL = "triton_final_response"
@@ -121,7 +121,8 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         try:
             await self._faults.stall()
             parsed = parse_request(self._name, request)
-            self._inject_faults(parsed)
+            self._model.protocols["grpc"] += 1
+            refuse_by_faults(self._faults, parsed)
             cut_after = self._faults.cut_stream_after
             sent = 0
             async with contextlib.aclosing(self._model.generate(parsed)) as replies:
@@ -135,13 +136,6 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 send(service_pb2.ModelStreamInferResponse(infer_response=self._empty_final(parsed.request_id)))
         except TritonError as exc:
             send(self._error(request.id, str(exc)))
-
-    def _inject_faults(self, request: GenerateRequest) -> None:
-        if self._faults.error_status is not None:
-            raise TritonError(f"Injected fault (HTTP status {self._faults.error_status})", Kind.UNAVAILABLE)
-        adapter = None if request.lora_task_id is None else f"task-{request.lora_task_id}"
-        if adapter is not None and adapter in self._faults.failing_adapters:
-            raise TritonError(f"Injected failure of adapter {adapter}", Kind.INTERNAL)
 
     # --- responses --------------------------------------------------------------------------------------------
     def _head(self, request_id: str, final: bool) -> service_pb2.ModelInferResponse:

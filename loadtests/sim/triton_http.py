@@ -1,11 +1,22 @@
 """Triton's KServe v2 HTTP endpoint over the simulated TensorRT-LLM model: health, server and model metadata, the
-model config, ``/metrics``, and infer refused as Triton refuses it for a decoupled model. Errors are Triton's
-``{"error": "<message>"}``. The simulator's own /sim routes (loadtests/sim/control.py) add the PEFT cache."""
+model config, ``/metrics``, infer refused as Triton refuses it for a decoupled model, and the generate extension's
+``generate_stream`` (what the gateway's driver sends streaming requests over). Errors are Triton's
+``{"error": "<message>"}``. The simulator's own /sim routes (loadtests/sim/control.py) add the PEFT cache.
+
+``generate_stream`` as Triton 2.51 answers it (checked against the real server; server ``src/http_server.cc``):
+the body is a JSON object whose keys that name an input carry its value; the answer is server-sent events, one
+``data: {...}`` per model response (``model_name``, ``model_version`` and the outputs by name, one-element outputs as
+a scalar); the first response sets the status (an error first: its HTTP status, and one ``data: {"error": ...}``
+event); an error later is a ``data: {"error": ...}`` event; a request Triton cannot read (not JSON, a value of the
+wrong type, FP16) is a plain ``{"error": ...}`` with 400 or 500. A client that closes the connection cancels the
+request (Triton notices at the model's next response; here at once)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,13 +27,16 @@ from loadtests.sim.triton_contract import (
     EXTENSIONS,
     SERVER_NAME,
     SERVER_VERSION,
+    VERSION,
+    GenerateRequest,
     check_model,
     config_json,
     metadata_json,
+    parse_json_request,
 )
-from loadtests.sim.triton_errors import TritonError, decoupled_refused
+from loadtests.sim.triton_errors import Kind, TritonError, decoupled_refused
 from loadtests.sim.triton_metrics import triton_metrics
-from loadtests.sim.triton_model import TrtLlmModel
+from loadtests.sim.triton_model import Reply, TrtLlmModel, refuse_by_faults
 
 MODEL = web.AppKey("model", TrtLlmModel)
 MODEL_NAME = web.AppKey("model_name", str)
@@ -74,6 +88,53 @@ async def infer(request: web.Request) -> web.Response:
     raise decoupled_refused("HTTP end point")
 
 
+async def generate_stream(request: web.Request) -> web.StreamResponse:
+    name = _checked_model(request)
+    try:
+        body = json.loads(await request.read())
+    except ValueError as exc:
+        raise TritonError(f"failed to parse the request JSON buffer: {exc}", Kind.INTERNAL) from exc
+    parsed = parse_json_request(name, body)
+    request.app[MODEL].protocols["http"] += 1
+    faults = request.app[FAULTS]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+    try:
+        refuse_by_faults(faults, parsed)
+        sent = 0
+        async with contextlib.aclosing(request.app[MODEL].generate(parsed)) as replies:
+            async for reply in replies:
+                if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
+                    if request.transport is not None:  # an injected fault: the connection goes away mid-answer
+                        request.transport.abort()
+                    return response
+                if not response.prepared:
+                    await response.prepare(request)
+                await response.write(_event(_outputs(name, parsed, reply)))
+                sent += 1
+    except TritonError as exc:
+        if not response.prepared:  # the first response is the error: its status, then the event
+            response.set_status(exc.kind.http_status)
+            await response.prepare(request)
+        await response.write(_event({"error": str(exc)}))
+    if not response.prepared:
+        await response.prepare(request)
+    await response.write_eof()
+    return response
+
+
+def _outputs(model: str, request: GenerateRequest, reply: Reply) -> dict[str, Any]:
+    outputs: dict[str, Any] = {"model_name": model, "model_version": VERSION, "text_output": reply.text}
+    if request.return_num_input_tokens:
+        outputs["num_input_tokens"] = reply.num_input_tokens
+    if request.return_num_output_tokens:
+        outputs["num_output_tokens"] = reply.num_output_tokens
+    return outputs
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
 async def sim_stats(request: web.Request) -> web.Response:
     peft = request.app[MODEL].peft
     cache = {
@@ -83,7 +144,9 @@ async def sim_stats(request: web.Request) -> web.Response:
         "weights_at": {str(task): at for task, at in peft.weights_at.items()},
         "released_at": {str(task): at for task, at in peft.released_at.items()},
     }
-    return web.json_response({**engine_stats(request.app[MODEL].engine), "peft_cache": cache, **peft.stats.as_json()})
+    protocols = {"requests_by_protocol": dict(request.app[MODEL].protocols)}
+    stats = {**engine_stats(request.app[MODEL].engine), "peft_cache": cache, **peft.stats.as_json(), **protocols}
+    return web.json_response(stats)
 
 
 async def sim_control(request: web.Request) -> web.Response:
@@ -113,7 +176,7 @@ def create_app(model: TrtLlmModel, faults: Faults, model_name: str) -> web.Appli
         await model.engine.stop()
 
     app.cleanup_ctx.append(engine_running)
-    routes: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] = [
+    routes: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
         ("GET", "/v2", server_metadata),
         ("GET", "/v2/health/live", health),
         ("GET", "/v2/health/ready", health),
@@ -127,6 +190,7 @@ def create_app(model: TrtLlmModel, faults: Faults, model_name: str) -> web.Appli
             ("GET", f"{base}/ready", model_ready),
             ("GET", f"{base}/config", model_config),
             ("POST", f"{base}/infer", infer),
+            ("POST", f"{base}/generate_stream", generate_stream),
         ]
     for method, path, handler in routes:
         app.router.add_route(method, path, handler)

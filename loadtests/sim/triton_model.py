@@ -4,10 +4,12 @@ or one per token when streaming (each holding only that token's text, as TensorR
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from loadtests.sim.engine import SimEngine
+from loadtests.sim.faults import Faults
 from loadtests.sim.peft_cache import LoraTask, PeftCache, PeftError
 from loadtests.sim.tokenizer import tokenize
 from loadtests.sim.triton_contract import GenerateRequest
@@ -28,6 +30,7 @@ class TrtLlmModel:
     def __init__(self, engine: SimEngine, peft: PeftCache) -> None:
         self.engine = engine
         self.peft = peft
+        self.protocols: Counter[str] = Counter()  # requests by the protocol they came over: "grpc", "http"
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Reply, None]:
         """The request's responses. Close the iterator (``contextlib.aclosing``) to stop early: that aborts the
@@ -78,3 +81,13 @@ class TrtLlmModel:
             answer = " ".join(words)
             text = answer if request.exclude_input_in_output else " ".join(filter(None, (request.prompt, answer)))
             yield Reply(text, prompt_tokens, len(words), last=True)
+
+
+def refuse_by_faults(faults: Faults, request: GenerateRequest) -> None:
+    """The injected faults that refuse a request (either protocol): an engine error for every request, or for the
+    adapters named (as ``task-<lora_task_id>``, the only name the engine knows)."""
+    if faults.error_status is not None:
+        raise TritonError(f"Injected fault (HTTP status {faults.error_status})", Kind.UNAVAILABLE)
+    adapter = None if request.lora_task_id is None else f"task-{request.lora_task_id}"
+    if adapter is not None and adapter in faults.failing_adapters:
+        raise TritonError(f"Injected failure of adapter {adapter}", Kind.INTERNAL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -431,6 +432,92 @@ async def test_http_health_metadata_config_and_refused_infer(
         assert await response.json() == {
             "error": "HTTP end point doesn't support models with decoupled transaction policy"
         }
+
+
+async def _generate_stream(http: aiohttp.ClientSession, model: str, body: object) -> tuple[int, str, list[Any]]:
+    """POST generate_stream: (status, content type, each event's data, or the plain error body as one item)."""
+    async with http.post(f"/v2/models/{model}/generate_stream", json=body) as response:
+        text = await response.text()
+        kind = response.headers.get("Content-Type", "")
+    if not kind.startswith("text/event-stream"):
+        return response.status, kind, [json.loads(text)]
+    events = [event for event in text.split("\n\n") if event]
+    assert all(event.startswith("data: ") for event in events), text
+    return response.status, kind, [json.loads(event.removeprefix("data: ")) for event in events]
+
+
+async def test_generate_stream_sends_one_event_per_token_as_triton(
+    sim_triton_engine: TritonProcess, client: grpcclient.InferenceServerClient, http: aiohttp.ClientSession
+) -> None:
+    model = sim_triton_engine.model
+    fields = {"text_input": "how fast is it", "max_tokens": 5, "exclude_input_in_output": True}
+    flags = {"return_num_input_tokens": True, "return_num_output_tokens": True, "temperature": 0.5, "seed": 3}
+    before = (await _stats(http))["requests_by_protocol"].get("http", 0)
+    status, kind, events = await _generate_stream(http, model, {**fields, **flags, "stream": True, "id": "x"})
+    assert (status, kind) == (200, "text/event-stream; charset=utf-8")
+    assert [event["num_output_tokens"] for event in events] == [1, 2, 3, 4, 5]
+    assert all(event["num_input_tokens"] == 4 and event["model_name"] == model for event in events)
+    # The same answer as over gRPC, in the same pieces.
+    streamed = await _infer(sim_triton_engine, client, prompt="how fast is it", max_tokens=5, stream=True)
+    assert [event["text_output"] for event in events] == [_text(result) for result, _ in streamed]
+    # Not streaming: one event with the whole text; counts only when asked for.
+    status, _, events = await _generate_stream(http, model, {**fields, "stream": False})
+    assert status == 200 and len(events) == 1 and set(events[0]) == {"model_name", "model_version", "text_output"}
+    assert (await _stats(http))["requests_by_protocol"]["http"] == before + 2
+
+
+async def test_generate_stream_errors_as_triton_words_them(
+    sim_triton_engine: TritonProcess, http: aiohttp.ClientSession
+) -> None:
+    model = sim_triton_engine.model
+    # The engine's refusal is the first response: its status, as one event.
+    status, kind, events = await _generate_stream(http, model, {"text_input": "hi", "max_tokens": 2, "lora_task_id": 5})
+    assert (status, kind) == (500, "text/event-stream; charset=utf-8")
+    assert events == [{"error": "LoRA task 5 not found in cache. Please send LoRA weights with request"}]
+    # What Triton cannot read is a plain JSON error.
+    status, _, [body] = await _generate_stream(http, model, {"text_input": "hi", "max_tokens": "two"})
+    assert status == 500 and body["error"].startswith("Unable to parse 'data'")
+    status, _, [body] = await _generate_stream(
+        http, model, {"text_input": "hi", "max_tokens": 2, "lora_task_id": 5, "lora_weights": [0.5]}
+    )
+    assert status == 400 and body["error"].startswith("receiving FP16 data via JSON is not supported")
+    status, _, [body] = await _generate_stream(http, model, {"max_tokens": 2})
+    assert status == 400 and "missing required input(s) ['text_input']" in body["error"]
+    status, _, [body] = await _generate_stream(http, "nope", {"text_input": "hi", "max_tokens": 2})
+    assert status == 404 and body == {"error": "Request for unknown model: 'nope' is not found"}
+
+
+async def test_a_closed_generate_stream_aborts_its_engine_request(
+    sim_triton_engine: TritonProcess, http: aiohttp.ClientSession
+) -> None:
+    aborted = (await _stats(http))["aborted"]
+    await _control(http, {"run_steps": 1})  # one token, then the engine holds: the answer is open mid-way
+    try:
+        body = {"text_input": "a long answer", "max_tokens": 50, "stream": True}
+        async with http.post(f"/v2/models/{sim_triton_engine.model}/generate_stream", json=body) as response:
+            assert (await response.content.readline()).startswith(b"data: ")
+            response.close()  # the connection goes, mid-answer
+        await _until(http, lambda s: s["aborted"] == aborted + 1, "the request is aborted")
+    finally:
+        await _pause(http, False)
+
+
+async def test_faults_act_on_generate_stream(sim_triton_engine: TritonProcess, http: aiohttp.ClientSession) -> None:
+    await _control(http, {"faults": {"cut_stream_after": 2}})
+    try:
+        body = {"text_input": "a long answer", "max_tokens": 8, "stream": True}
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await _generate_stream(http, sim_triton_engine.model, body)
+        await _control(http, {"faults": {"cut_stream_after": None, "error_status": 503}})
+        status, _, events = await _generate_stream(http, sim_triton_engine.model, body)
+        assert status == 503 and events == [{"error": "Injected fault (HTTP status 503)"}]
+    finally:
+        await _control(http, {"faults": {"cut_stream_after": None, "error_status": None}})
+
+
+async def _control(http: aiohttp.ClientSession, body: dict[str, Any]) -> None:
+    async with http.post("/sim/control", json=body) as response:
+        assert response.status == 200, await response.text()
 
 
 async def test_metrics_report_queue_and_kv_cache(
