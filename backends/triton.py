@@ -1,36 +1,39 @@
-"""The Triton / TensorRT-LLM driver: OpenAI requests as calls to a TensorRT-LLM model over gRPC streaming
-(grpc.aio with tritonclient's generated stub), LoRA per TensorRT-LLM's contract, health and load from Triton's
-HTTP endpoints.
+"""The Triton / TensorRT-LLM driver: OpenAI requests as calls to a TensorRT-LLM model, LoRA per TensorRT-LLM's
+contract, health and load from Triton's HTTP endpoints.
 
-Every call is one request on its own ``ModelStreamInfer`` stream, streaming or not: decoupled models (the only
-ones that stream) refuse unary calls, and the end of the stream is the end of the answer whether or not the
-model sends an empty final response. Several requests are never carried on one stream: cancelling a gRPC stream
-cancels every request on it, and Triton has no message that cancels one request of a stream, so a client that
-leaves could not stop its own generation without stopping the others'. The call is made as gRPC unary-stream
-(``_STREAM_INFER``): on the wire that is the same stream (the request's message, the half-close, then the
-responses), sent by grpc.aio as one batch of operations where a stream-stream call awaits three (start, write,
-half-close; the write and the half-close were 13% of the gateway's profile in make bench-gateway's Triton pool).
-The messages are tritonclient's generated protobufs, built and read by ``backends/triton_wire.py``.
-docs/triton.md has the model contract and how adapters are handled. The pool's ``triton:`` section, its
-replicas' ``grpc`` and ``metrics_url`` and the checks on its adapters are in ``backends/triton_config.py``; this
-module registers them with the driver as engine ``triton``.
+Streaming requests go over Triton's generate extension on the gateway's HTTP/1.1 client (``backends/triton_http.py``:
+a third of gRPC's CPU per request; why only streaming ones is said there). The others, and every request carrying
+LoRA weights, go over gRPC (grpc.aio with tritonclient's generated stub), each one request on its own
+``ModelStreamInfer`` stream: decoupled models (the only ones that stream) refuse unary calls, and the end of the
+stream is the end of the answer whether or not the model sends an empty final response. Several requests are never
+carried on one stream: cancelling a gRPC stream cancels every request on it, and Triton has no message that cancels
+one request of a stream, so a client that leaves could not stop its own generation without stopping the others'.
+The call is made as gRPC unary-stream (``_STREAM_INFER``): on the wire that is the same stream (the request's
+message, the half-close, then the responses), sent by grpc.aio as one batch of operations where a stream-stream
+call awaits three (start, write, half-close; the write and the half-close were 13% of the gateway's profile in
+make bench-gateway's Triton pool). The messages are tritonclient's generated protobufs, built and read by
+``backends/triton_wire.py``. docs/triton.md has the model contract and how adapters are handled. The pool's
+``triton:`` section, its replicas' ``grpc`` and ``metrics_url`` and the checks on its adapters are in
+``backends/triton_config.py``; this module registers them with the driver as engine ``triton``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from yarl import URL
 
+from backends import http1
 from backends.base import AdapterEvent, AdapterRef, Endpoint, EngineLoad, EngineRequest
 from backends.errors import (
     AdapterCacheFull,
@@ -46,6 +49,8 @@ from backends.lora_weights import AdapterFormatError, TrtLoraWeights, convert_pe
 from backends.registry import EngineSpec, PoolSettings, register
 from backends.triton_config import TritonConfig, TritonEndpoint, TritonReplica, adapters_convert, task_id_collisions
 from backends.triton_config import triton_endpoint as _endpoint
+from backends.triton_http import Piece, SseStream, error_status, json_body
+from backends.triton_http import start as start_http
 from backends.triton_openai import AnswerWriter, ChatTemplate, TritonCall, parse_request, usage
 from backends.triton_wire import Input, array, first_int32, first_text, output, scalar, texts
 from backends.triton_wire import request as wire_request
@@ -57,7 +62,6 @@ CACHE_MISS = "not found in cache"
 CACHE_FULL = "Cache is full"
 # The adapter events this driver reports (backends.base.AdapterEvent): "cache_miss" (the engine had dropped the
 # adapter) and "cache_full" (it could not take one more).
-_CLIENT_FAULT = re.compile(r"\b(exceeds|invalid|must be)\b", re.IGNORECASE)
 _OLD_NAMES = {"seed": "random_seed", "min_tokens": "min_length"}
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
 # As tritonclient's channel: messages up to 2 GiB (adapter weights are large), keepalive so a half-open
@@ -73,16 +77,23 @@ Call = Any  # grpc.aio.UnaryStreamCall[ModelInferRequest, ModelStreamInferRespon
 _STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
+class ResponseStream(Protocol):
+    """The rest of one call's answer, model response by model response (gRPC or HTTP)."""
+
+    async def next(self) -> Piece | None: ...
+
+    def close(self) -> None: ...
+
+
 class TritonResponse:
     """An answer whose first model response has arrived; the rest is read or streamed once, as OpenAI bytes."""
 
     status = 200
 
-    def __init__(self, call: TritonCall, stream: Call, first: service_pb2.ModelInferResponse, replica_id: str) -> None:
-        self._stream, self._first, self._replica_id = stream, first, replica_id
+    def __init__(self, call: TritonCall, stream: ResponseStream, first: Piece) -> None:
+        self._stream, self._first = stream, first
         self._writer = AnswerWriter(call)
         self._counts: tuple[int | None, int | None] = (None, None)
-        self._done = False
         self.content_type = "text/event-stream" if call.stream else "application/json"
 
     async def read(self) -> bytes:
@@ -98,15 +109,28 @@ class TritonResponse:
         yield opening + self._writer.ending(usage(*self._counts))
 
     async def _pieces(self) -> AsyncIterator[str]:
-        result: service_pb2.ModelInferResponse | None = self._first
-        while result is not None:
-            yield self._read(result)
-            result = await self._next()
-        self._done = True
+        piece: Piece | None = self._first
+        while piece is not None:
+            text, prompt_tokens, completion_tokens = piece
+            if completion_tokens is not None:  # cumulative in streaming (docs/triton.md): the last one counts
+                self._counts = (prompt_tokens, completion_tokens)
+            yield text
+            piece = await self._stream.next()
 
-    async def _next(self) -> service_pb2.ModelInferResponse | None:
+    def release(self) -> None:
+        self._stream.close()  # before the end: the engine stops generating for a client that left
+
+
+class GrpcStream:
+    """The rest of one ``ModelStreamInfer`` call's answer."""
+
+    def __init__(self, call: Call, replica_id: str) -> None:
+        self._call, self._replica_id = call, replica_id
+        self._done = False
+
+    async def next(self) -> Piece | None:
         try:
-            message = await self._stream.read()
+            message = await self._call.read()
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise EngineTimeout(f"{self._replica_id} did not finish the answer in time") from exc
@@ -115,21 +139,34 @@ class TritonResponse:
             _reraise_if_cancelled()
             raise StreamBroken(f"{self._replica_id}: the call was cancelled (the pool is closing)") from None
         if message is grpc.aio.EOF:
+            self._done = True
             return None
         if message.error_message:  # the engine's own error, not a broken connection: whose fault it names
             text = f"{self._replica_id} failed mid-answer: {message.error_message}"
-            raise EngineRejected(400 if _CLIENT_FAULT.search(message.error_message) else 500, text)
-        return message.infer_response
+            raise EngineRejected(error_status(message.error_message), text)
+        return grpc_piece(message.infer_response)
 
-    def _read(self, result: service_pb2.ModelInferResponse) -> str:
-        completion_tokens = first_int32(output(result, "num_output_tokens"))
-        if completion_tokens is not None:  # cumulative in streaming (docs/triton.md): the last one counts
-            self._counts = (first_int32(output(result, "num_input_tokens")), completion_tokens)
-        return first_text(output(result, "text_output"))
-
-    def release(self) -> None:
+    def close(self) -> None:
         if not self._done:
-            self._stream.cancel()  # the engine stops generating for a client that left
+            self._call.cancel()
+
+
+class _Answered:
+    """The rest of an answer that came whole: nothing."""
+
+    async def next(self) -> Piece | None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+_ANSWERED = _Answered()
+
+
+def grpc_piece(result: service_pb2.ModelInferResponse) -> Piece:
+    text = first_text(output(result, "text_output"))
+    return text, first_int32(output(result, "num_input_tokens")), first_int32(output(result, "num_output_tokens"))
 
 
 class TritonDriver:
@@ -144,6 +181,8 @@ class TritonDriver:
         adapter_load_timeout_s: float,
         probe_timeout_s: float,
         weights_cache_bytes: int = 1 << 30,
+        connect_timeout_s: float = 5.0,
+        max_connections_per_replica: int = 1024,
         on_event: AdapterEvent | None = None,
     ) -> None:
         self._model = model
@@ -164,6 +203,11 @@ class TritonDriver:
         self._probe_timeout_s = probe_timeout_s
         self._unready: dict[str, str | None] = {}  # replica id -> why its last probe failed (None: ready)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=probe_timeout_s))
+        # Streaming requests: a keep-alive HTTP/1.1 pool per replica (backends/http1.py), and the answers still
+        # open, which close() breaks off.
+        self._connect_timeout_s, self._max_connections = connect_timeout_s, max_connections_per_replica
+        self._origins: dict[str, tuple[http1.Origin, str]] = {}
+        self._streams: weakref.WeakSet[SseStream] = weakref.WeakSet()
 
     # --- adapters ------------------------------------------------------------------------------------------
 
@@ -193,9 +237,9 @@ class TritonDriver:
         except EngineRejected as exc:
             raise AdapterLoadFailed(adapter.engine_name, exc.status, exc.message) from exc
         if error is not None:
-            stream.cancel()
+            stream.close()
             self._raise_engine_error(replica, adapter, error, weights_sent=True, loading=True)
-        response = TritonResponse(call, stream, first, replica.id)
+        response = TritonResponse(call, stream, first)
         try:
             await response.read()
         finally:
@@ -238,20 +282,38 @@ class TritonDriver:
         call = parse_request(chat, request.body, self._template, self._default_max_tokens)
         timeout = request.timeout_s if request.timeout_s is not None else self._request_timeout_s
         adapter, headers = request.adapter, dict(request.headers)
-        stream, first, error = await self._start(replica, call, adapter, None, headers, timeout)
+        if call.stream:
+            stream, first, error = await self._start_http(replica, call, adapter, headers, timeout)
+        else:
+            stream, first, error = await self._start(replica, call, adapter, None, headers, timeout)
         if error is not None:
-            stream.cancel()  # an error ends the request; the call must not outlive it
+            stream.close()  # an error ends the request; the call must not outlive it
         if error is not None and adapter is not None and CACHE_MISS in error:
             # The engine evicted it (or restarted): send this request again, once, with the weights.
             self._on_event(replica.id, adapter.engine_name, "cache_miss")
             weights = await self._adapter_weights(adapter)
             stream, first, error = await self._start(replica, call, adapter, weights, headers, timeout)
             if error is not None:
-                stream.cancel()
+                stream.close()
                 self._raise_engine_error(replica, adapter, error, weights_sent=True)
         elif error is not None:
             self._raise_engine_error(replica, adapter, error, weights_sent=False)
-        return TritonResponse(call, stream, first, replica.id)
+        return TritonResponse(call, stream, first)
+
+    async def _start_http(
+        self, replica: Endpoint, call: TritonCall, adapter: AdapterRef | None, headers: dict[str, str], timeout_s: float
+    ) -> tuple[ResponseStream, Piece, str | None]:
+        """Send the call over the generate extension and wait for its first response (backends/triton_http.py)."""
+        model_inputs = await self._model_inputs(replica)
+        body = json_body([(name, value) for name, _, value in _fields(call, model_inputs, adapter)])
+        origin, target = self._origin(replica)
+        try:
+            head = origin.request_head("POST", target, "application/json", headers, len(body))
+        except ValueError as exc:  # a header value that would break the request's head
+            raise EngineRejected(400, str(exc)) from exc
+        stream, first, error = await start_http(origin, head, body, timeout_s, replica.id)
+        self._streams.add(stream)
+        return stream, first, error
 
     async def _start(
         self,
@@ -261,15 +323,16 @@ class TritonDriver:
         weights: TrtLoraWeights | None,
         headers: dict[str, str],
         timeout_s: float,
-    ) -> tuple[Call, service_pb2.ModelInferResponse, str | None]:
-        """Open the call's stream and wait for its first response: (stream, first result, in-stream error)."""
+    ) -> tuple[ResponseStream, Piece, str | None]:
+        """Open the call's gRPC stream and wait for its first response: (stream, first response, in-stream error)."""
         model_inputs = await self._model_inputs(replica)
         outputs = self._outputs.get(replica.id, ())
         message = wire_request(self._model, _inputs(call, model_inputs, adapter, weights), outputs)
+        channel, metadata = self._channel(replica), tuple(headers.items()) or None
+        if not call.stream:
+            return await self._whole(replica, channel, message, metadata, timeout_s)
         # One request per stream, sent with its half-close: the end of the stream is the end of the answer.
-        stream = self._channel(replica).stream_infer(
-            message, metadata=tuple(headers.items()) or None, timeout=timeout_s
-        )
+        stream = channel.stream_infer(message, metadata=metadata, timeout=timeout_s)
         try:
             first = await stream.read()
         except grpc.aio.AioRpcError as exc:
@@ -280,7 +343,26 @@ class TritonDriver:
             raise EngineUnavailable(f"{replica.id}: the call was cancelled (the pool is closing)") from None
         if first is grpc.aio.EOF:
             raise StreamBroken(f"{replica.id} ended the stream without an answer")
-        return stream, first.infer_response, (first.error_message or None)
+        return GrpcStream(stream, replica.id), grpc_piece(first.infer_response), (first.error_message or None)
+
+    async def _whole(
+        self,
+        replica: Endpoint,
+        channel: _Channel,
+        message: service_pb2.ModelInferRequest,
+        metadata: tuple[tuple[str, str], ...] | None,
+        timeout_s: float,
+    ) -> tuple[ResponseStream, Piece, str | None]:
+        """A non-streaming call: the model answers with one response (its whole text, or its error), so the same
+        stream is read as gRPC unary-unary, the answer and the stream's end in one await (``_Channel``)."""
+        try:
+            answer = await channel.infer_whole(message, metadata=metadata, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _rpc_error(replica, exc) from exc
+        except asyncio.CancelledError:  # grpc.aio has cancelled the call (the engine stops generating)
+            _reraise_if_cancelled()
+            raise EngineUnavailable(f"{replica.id}: the call was cancelled (the pool is closing)") from None
+        return _ANSWERED, grpc_piece(answer.infer_response), (answer.error_message or None)
 
     def _raise_engine_error(
         self, replica: Endpoint, adapter: AdapterRef | None, message: str, *, weights_sent: bool, loading: bool = False
@@ -292,7 +374,7 @@ class TritonDriver:
             raise AdapterNotLoaded(404, message)
         if adapter is not None and (loading or (weights_sent and "lora" in message.lower())):
             raise AdapterLoadFailed(adapter.engine_name, 400, message)
-        raise EngineRejected(400 if _CLIENT_FAULT.search(message) else 500, message)
+        raise EngineRejected(error_status(message), message)
 
     # --- model metadata, clients ---------------------------------------------------------------------------
 
@@ -314,6 +396,14 @@ class TritonDriver:
         declared = {tensor.name for tensor in metadata.outputs}
         self._outputs[replica.id] = tuple(name for name in _OUTPUTS if name in declared)
         return inputs
+
+    def _origin(self, replica: Endpoint) -> tuple[http1.Origin, str]:
+        known = self._origins.get(replica.id)
+        if known is None:
+            url = URL(f"{replica.url}/v2/models/{quote(self._model, safe='')}/generate_stream")
+            origin = http1.Origin(url, limit=self._max_connections, connect_timeout_s=self._connect_timeout_s)
+            known = self._origins[replica.id] = (origin, url.raw_path)
+        return known
 
     def _channel(self, replica: Endpoint) -> _Channel:
         known = self._channels.get(replica.id)
@@ -387,6 +477,11 @@ class TritonDriver:
         )
 
     async def close(self) -> None:
+        for stream in list(self._streams):
+            stream.close()  # an answer still open breaks off (StreamBroken for its reader)
+        for origin, _ in self._origins.values():
+            origin.close()
+        self._origins.clear()
         await asyncio.gather(*(known.channel.close() for known in self._channels.values()))
         self._channels.clear()
         await self._http.close()
@@ -403,15 +498,27 @@ class _Channel:
             request_serializer=service_pb2.ModelInferRequest.SerializeToString,
             response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
         )
+        # The same method read as unary-unary, for non-streaming calls: one response, then the stream's end, in one
+        # await. The driver's CPU per call fell from 417-448 to 277 us against the real Triton lane (the unary-stream
+        # call's two reads each hand a completion from grpc's poller thread to the event loop). It assumes what
+        # TensorRT-LLM does, one response to a non-streaming request (n > 1 is refused): a model that sent a second
+        # would leave the call waiting until the request's timeout (EngineTimeout), never pass half an answer.
+        self.infer_whole = self.channel.unary_unary(
+            _STREAM_INFER,
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
 
 
-def _inputs(
-    call: TritonCall, model_inputs: dict[str, str], adapter: AdapterRef | None, weights: TrtLoraWeights | None
-) -> list[Input]:
-    """The call as the model's input tensors (batch of one), sending only what the model declares."""
-    tensors = [texts("text_input", [call.prompt.encode()]), scalar("max_tokens", "INT32", call.max_tokens)]
+def _fields(call: TritonCall, model_inputs: dict[str, str], adapter: AdapterRef | None) -> list[tuple[str, str, Any]]:
+    """The call's inputs as (name, datatype, value), sending only what the model declares; the value is a scalar,
+    or a list for ``stop_words``."""
+    fields: list[tuple[str, str, Any]] = [
+        ("text_input", "BYTES", call.prompt),
+        ("max_tokens", "INT32", call.max_tokens),
+    ]
     if "stream" in model_inputs:
-        tensors.append(scalar("stream", "BOOL", call.stream))
+        fields.append(("stream", "BOOL", call.stream))
     elif call.stream:
         raise EngineRejected(400, "this model's engine does not stream")
     for name, value in call.sampling.items():
@@ -419,25 +526,38 @@ def _inputs(
         datatype = model_inputs.get(wire)
         if datatype not in ("INT32", "UINT64", "FP32"):
             raise EngineRejected(400, f"'{name}' is not supported by this model's engine")
-        tensors.append(scalar(wire, datatype, value))
+        fields.append((wire, datatype, value))
     if call.stop:
         if "stop_words" not in model_inputs:
             raise EngineRejected(400, "'stop' is not supported by this model's engine")
-        tensors.append(texts("stop_words", [word.encode() for word in call.stop]))
+        fields.append(("stop_words", "BYTES", list(call.stop)))
     if "exclude_input_in_output" in model_inputs:
-        tensors.append(scalar("exclude_input_in_output", "BOOL", not call.echo))
+        fields.append(("exclude_input_in_output", "BOOL", not call.echo))
     elif call.echo:
         raise EngineRejected(400, "'echo' is not supported by this model's engine")
     for flag in ("return_num_input_tokens", "return_num_output_tokens"):
         if flag in model_inputs:
-            tensors.append(scalar(flag, "BOOL", True))
+            fields.append((flag, "BOOL", True))
     if adapter is not None:
         if "lora_task_id" not in model_inputs:
             raise EngineRejected(400, "this model's engine serves no adapters (it has no lora_task_id input)")
-        tensors.append(scalar("lora_task_id", "UINT64", task_id(adapter.engine_name, adapter.source)))
-        if weights is not None:
-            tensors.append(array("lora_weights", weights.weights_datatype, weights.weights))
-            tensors.append(array("lora_config", "INT32", weights.config))
+        fields.append(("lora_task_id", "UINT64", task_id(adapter.engine_name, adapter.source)))
+    return fields
+
+
+def _inputs(
+    call: TritonCall, model_inputs: dict[str, str], adapter: AdapterRef | None, weights: TrtLoraWeights | None
+) -> list[Input]:
+    """The call as the model's input tensors (batch of one), with the adapter's weights when given."""
+    tensors = [
+        texts(name, [value.encode()] if isinstance(value, str) else [word.encode() for word in value])
+        if datatype == "BYTES"
+        else scalar(name, datatype, value)
+        for name, datatype, value in _fields(call, model_inputs, adapter)
+    ]
+    if adapter is not None and weights is not None:
+        tensors.append(array("lora_weights", weights.weights_datatype, weights.weights))
+        tensors.append(array("lora_config", "INT32", weights.config))
     return tensors
 
 
@@ -476,6 +596,8 @@ def _driver(settings: TritonConfig, pool: PoolSettings) -> TritonDriver:
         adapter_load_timeout_s=pool.adapter_load_timeout_s,
         probe_timeout_s=pool.probe_timeout_s,
         weights_cache_bytes=settings.weights_cache_mib << 20,
+        connect_timeout_s=pool.connect_timeout_s,
+        max_connections_per_replica=pool.max_connections_per_replica,
         on_event=pool.on_adapter_event,
     )
 

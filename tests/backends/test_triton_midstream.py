@@ -8,7 +8,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from backends.errors import EngineRejected
-from backends.triton import TritonResponse
+from backends.triton import GrpcStream, TritonResponse, grpc_piece
 from backends.triton_openai import TritonCall
 from gateway.failures import classify
 from loadtests.sim.triton_wire import add_output
@@ -38,7 +38,7 @@ async def test_an_error_mid_stream_is_the_engines_answer(message: str, status: i
     first = service_pb2.ModelInferResponse()
     add_output(first, "text_output", "BYTES", b"hello")
     call = TritonCall(chat=False, model="m", prompt="p", max_tokens=8, stream=True)
-    response = TritonResponse(call, StreamThatFails(message), first, "r0")
+    response = TritonResponse(call, GrpcStream(StreamThatFails(message), "r0"), grpc_piece(first))
     with pytest.raises(EngineRejected) as failed:
         async for _chunk in response.chunks():
             pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,6 +13,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcclient
 
+from backends.base import EngineRequest
+from backends.triton import TritonDriver
+from backends.triton_config import TritonEndpoint
 from tests.engines.triton_real import running_triton
 from tests.servers import TritonProcess
 from tests.triton_client import Arrays, Result, answer, request_arrays, text
@@ -23,6 +27,7 @@ from tests.triton_client import text as _text
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(180)]
 
+_CANCELLED = "tensorrt_llm_bls: request cancelled after"  # what the stand-in logs (triton_model/.../model.py)
 _task_ids = itertools.count(1000)  # the engine is shared by the session: each test loads fresh task ids
 
 
@@ -163,3 +168,28 @@ async def test_full_cache_of_busy_tasks_refuses_and_cancel_frees_it(slow_triton:
         assert _tokens(results[0][0]) == (3, 1)
     finally:
         await client.close()
+
+
+async def test_a_client_that_closes_a_generate_stream_cancels_its_request(slow_triton: TritonProcess) -> None:
+    """Why the driver sends streaming requests over HTTP (backends/triton_http.py): Triton cancels a
+    ``generate_stream`` request whose client closed the connection, at the model's next response."""
+    driver = TritonDriver(
+        model=slow_triton.model, lora_dtype="float16", default_max_tokens=8, chat_template=None,
+        request_timeout_s=60, adapter_load_timeout_s=60, probe_timeout_s=5,
+    )  # fmt: skip
+    replica = TritonEndpoint("r0", slow_triton.http_url, slow_triton.grpc_address, slow_triton.metrics_url)
+    body = json.dumps({"model": "m", "prompt": "a long answer", "max_tokens": 20, "stream": True}).encode()
+    log = slow_triton.log_path
+    assert log is not None
+    cancelled = log.read_text().count(_CANCELLED)
+    try:
+        response = await driver.send(replica, EngineRequest("/v1/completions", body, True))
+        await anext(response.chunks())  # the first token: the answer is open, the model sleeps before the next
+        response.release()
+    finally:
+        await driver.close()
+    for _ in range(100):  # bounded: the model checks for cancellation before each token (one a second here)
+        if log.read_text().count(_CANCELLED) == cancelled + 1:
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail("the engine did not cancel the request whose client left")

@@ -148,6 +148,21 @@ def test_triton_weights_go_once_per_replica_and_task(fleet: MixedFleet) -> None:
     assert all(sim_stats(sim.http_url)["weights_received"].get(task, 0) == 0 for sim in others)
 
 
+def test_streaming_requests_go_over_http_and_the_others_over_grpc(fleet: MixedFleet) -> None:
+    """Streaming requests take Triton's generate extension (a third of gRPC's CPU in the gateway); non-streaming
+    ones stay on gRPC, which cancels them at once when their client leaves (docs/triton.md)."""
+    home = fleet.home("tt2")
+    client = fleet.client("tt2")
+    assert client.completions.create(model="t-b", prompt="warm", max_tokens=2).choices  # loaded here
+    before = sim_stats(home.http_url)["requests_by_protocol"]
+    chat: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
+    assert _streamed(client.completions.create(model="t-b", prompt="one", max_tokens=3, stream=True))
+    assert _streamed(client.chat.completions.create(model="t-b", messages=chat, max_tokens=3, stream=True))
+    assert client.completions.create(model="t-b", prompt="two", max_tokens=3).choices[0].text
+    after = sim_stats(home.http_url)["requests_by_protocol"]
+    assert after["http"] == before.get("http", 0) + 2 and after["grpc"] == before["grpc"] + 1
+
+
 async def test_a_forced_eviction_costs_one_resend_with_the_weights(fleet: MixedFleet) -> None:
     client = fleet.client("tt")
     assert client.completions.create(model="t-a", prompt="warm", max_tokens=2).choices

@@ -1,0 +1,84 @@
+"""Reading Triton's generate_stream answer (backends/triton_http.py) from the bytes as they come off the connection:
+events split across reads or several in one, an engine error mid-answer, an answer that ends inside an event. The
+answer against the simulator and the real server is in tests/gateway/test_triton_e2e.py and tests/engines/."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import cast
+
+import pytest
+
+from backends import http1
+from backends.errors import EngineRejected, StreamBroken
+from backends.triton_http import Piece, SseStream
+from gateway.failures import classify
+
+
+class Arriving:
+    """An answer's body as the connection hands it over, in these pieces."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self._pieces = pieces
+        self.released = 0
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for piece in self._pieces:
+            yield piece
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def _stream(body: Arriving) -> SseStream:
+    return SseStream(cast(http1.Response, body), "r0")
+
+
+def _event(text: str, tokens: int) -> bytes:
+    return b'data: {"model_name":"m","model_version":"1","text_output":"%s","num_input_tokens":3,' % text.encode() + (
+        b'"num_output_tokens":%d}\n\n' % tokens
+    )
+
+
+async def _all(stream: SseStream) -> list[Piece]:
+    pieces = []
+    while (piece := await stream.next()) is not None:
+        pieces.append(piece)
+    return pieces
+
+
+async def test_events_split_across_reads_or_several_in_one() -> None:
+    one, two, three = _event(" a", 1), _event(" b", 2), _event(" c", 3)
+    body = Arriving(one[:10], one[10:] + two + three[:-1], three[-1:])
+    stream = _stream(body)
+    assert await stream.first() == ((" a", 3, 1), None)
+    assert await _all(stream) == [(" b", 3, 2), (" c", 3, 3)]
+    assert body.released == 1  # read to its end: the connection goes back to the pool at once
+
+
+async def test_a_first_error_is_the_engines_text_for_the_driver() -> None:
+    stream = _stream(Arriving(b'data: {"error":"LoRA task 5 not found in cache. Please send LoRA weights"}\n\n'))
+    assert await stream.first() == (("", None, None), "LoRA task 5 not found in cache. Please send LoRA weights")
+
+
+@pytest.mark.parametrize(
+    ("message", "status", "blame"),
+    [
+        pytest.param("Encountered an error in forwardAsync function: CUDA error", 500, "suspect", id="engine"),
+        pytest.param("Input length exceeds the maximum", 400, "none", id="the-clients"),
+    ],
+)
+async def test_an_error_mid_answer_is_the_engines_answer_as_over_grpc(message: str, status: int, blame: str) -> None:
+    stream = _stream(Arriving(_event(" a", 1), b'data: {"error":"%s"}\n\n' % message.encode()))
+    await stream.first()
+    with pytest.raises(EngineRejected) as failed:
+        await stream.next()
+    assert failed.value.status == status and classify(failed.value).blame == blame
+
+
+@pytest.mark.parametrize(
+    "body", [_event(" a", 1)[:-1], b"data: not json\n\n", b"data: [1]\n\n"], ids=["cut", "not-json", "not-object"]
+)
+async def test_an_answer_that_cannot_be_read_is_a_broken_stream(body: bytes) -> None:
+    with pytest.raises(StreamBroken):
+        await _all(_stream(Arriving(body)))
