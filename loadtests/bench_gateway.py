@@ -38,9 +38,11 @@ from loadtests.processes import free_port
 TENANTS = {"bench": ["bench-lora"]}
 
 
-async def _phase(url: str, headers: dict[str, str], requests: int, concurrency: int) -> tuple[list[float], float]:
+async def _phase(
+    url: str, headers: dict[str, str], requests: int, concurrency: int, stream: bool = False
+) -> tuple[list[float], float]:
     latencies: list[float] = []
-    body = {"model": "bench-lora", "prompt": "how fast is the gateway", "max_tokens": 4}
+    body = {"model": "bench-lora", "prompt": "how fast is the gateway", "max_tokens": 4, "stream": stream}
     remaining = iter(range(requests))
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as session:
@@ -107,7 +109,8 @@ def main() -> None:
 
 
 def _triton_pool(root: Path, requests: int, concurrency: int) -> None:
-    """The same requests through a Triton pool (gRPC streaming, OpenAI translation, LoRA by task id)."""
+    """The same requests through a Triton pool (OpenAI translation, LoRA by task id), then the same streamed: the
+    driver sends non-streaming requests over gRPC and streaming ones over HTTP (backends/triton_http.py)."""
     model = "tensorrt_llm_bls"
     adapter = str(write_peft_adapter(root / "triton-adapter", 8))
     with simulated_triton_replicas(root, 1, model, "--time-scale", "0") as replicas:
@@ -116,13 +119,15 @@ def _triton_pool(root: Path, requests: int, concurrency: int) -> None:
         config["adapters"] = [{"name": "bench-lora", "pool": "trt", "source": adapter}]
         headers = {"Authorization": f"Bearer {api_key('bench')}"}
         with gateway_process(root, config, "triton") as (gateway_url, pid):
-            asyncio.run(_phase(gateway_url, headers, 200, concurrency))
-            cpu_before = process_cpu_s(pid)
-            through = asyncio.run(_phase(gateway_url, headers, requests, concurrency))
-            cpu_per_request_us = 1e6 * (process_cpu_s(pid) - cpu_before) / requests
-        _line("triton pool", *through)
-        print(f"{'':16} gateway CPU per request: {cpu_per_request_us:.0f} us (telemetry off; no direct line: the")
-        print(f"{'':16} gateway translates OpenAI to Triton gRPC, so there is no like-for-like direct request)")
+            for label, stream in (("triton pool", False), ("triton streamed", True)):
+                asyncio.run(_phase(gateway_url, headers, 200, concurrency, stream))
+                cpu_before = process_cpu_s(pid)
+                through = asyncio.run(_phase(gateway_url, headers, requests, concurrency, stream))
+                cpu_per_request_us = 1e6 * (process_cpu_s(pid) - cpu_before) / requests
+                _line(label, *through)
+                print(f"{'':16} gateway CPU per request: {cpu_per_request_us:.0f} us (telemetry off)")
+        print(f"{'':16} (no direct line: the gateway translates OpenAI to Triton's protocol, so there is no")
+        print(f"{'':16} like-for-like direct request)")
 
 
 if __name__ == "__main__":
