@@ -1,18 +1,26 @@
 """Reading Triton's generate_stream answer (backends/triton_http.py) from the bytes as they come off the connection:
-events split across reads or several in one, an engine error mid-answer, an answer that ends inside an event. The
-answer against the simulator and the real server is in tests/gateway/test_triton_e2e.py and tests/engines/."""
+events split across reads or several in one, an engine error mid-answer, an answer that ends inside an event; and
+the connections per replica, against the simulator. Answers against the simulator and the real server are in
+tests/gateway/test_triton_e2e.py and tests/engines/."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import cast
 
+import aiohttp
 import pytest
 
 from backends import http1
+from backends.base import EngineRequest
 from backends.errors import EngineRejected, StreamBroken
+from backends.triton import TritonDriver
+from backends.triton_config import TritonEndpoint
 from backends.triton_http import Piece, SseStream
 from gateway.failures import classify
+from tests.servers import TritonProcess
 
 
 class Arriving:
@@ -82,3 +90,32 @@ async def test_an_error_mid_answer_is_the_engines_answer_as_over_grpc(message: s
 async def test_an_answer_that_cannot_be_read_is_a_broken_stream(body: bytes) -> None:
     with pytest.raises(StreamBroken):
         await _all(_stream(Arriving(body)))
+
+
+async def test_open_streams_hold_a_connection_each_up_to_the_pools_limit(sim_triton_engine: TritonProcess) -> None:
+    """A Triton pool's streaming requests share ``max_connections_per_replica`` connections per replica (docs/
+    triton.md): at the limit, the next one waits for an open stream to end."""
+    driver = TritonDriver(
+        model=sim_triton_engine.model, lora_dtype="float16", default_max_tokens=8, chat_template=None,
+        request_timeout_s=30, adapter_load_timeout_s=30, probe_timeout_s=5, max_connections_per_replica=1,
+    )  # fmt: skip
+    replica = TritonEndpoint("r0", sim_triton_engine.http_url, sim_triton_engine.grpc_address, "")
+    body = json.dumps({"model": "m", "prompt": "a long answer", "max_tokens": 50, "stream": True}).encode()
+    request = EngineRequest("/v1/completions", body, True)
+    async with aiohttp.ClientSession(sim_triton_engine.http_url) as http:
+        await http.post("/sim/control", json={"run_steps": 1})  # one token, then the engine holds
+        try:
+            first = await driver.send(replica, request)
+            second = asyncio.create_task(driver.send(replica, request))
+            origin, _ = driver._origin(replica)
+            for _ in range(3000):  # bounded: about 30 s
+                if len(origin._waiters) == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(origin._waiters) == 1 and not second.done()
+            first.release()  # the client left: its connection goes, and the waiting stream takes the turn
+        finally:
+            await http.post("/sim/control", json={"paused": False})
+        answer = b"".join([chunk async for chunk in (await second).chunks()])
+    assert answer.endswith(b"data: [DONE]\n\n")
+    await driver.close()
