@@ -32,6 +32,9 @@ from backends.errors import EngineRejected, EngineTimeout, EngineUnavailable, St
 # One model response: (its text, the prompt's tokens, the answer's tokens so far); counts None when not reported.
 Piece = tuple[str, int | None, int | None]
 _ERROR_BODY_LIMIT = 1 << 20
+# One event is one model response (a token's text and two counts): an event this long is no answer but a broken
+# engine or something else on the port, read no further rather than held in memory without bound.
+EVENT_LIMIT = 1 << 20
 # An engine error whose text names the request's fault (TensorRT-LLM's "exceeds", "invalid", "must be").
 _CLIENT_FAULT = re.compile(r"\b(exceeds|invalid|must be)\b", re.IGNORECASE)
 
@@ -74,7 +77,12 @@ class SseStream:
         self._response.release()
 
     async def _event(self) -> dict[str, Any] | None:
-        while (end := self._buffer.find(b"\n\n")) < 0:
+        searched = 0  # the buffer's bytes already searched for the event's end (no rescan per read)
+        while (end := self._buffer.find(b"\n\n", searched)) < 0:
+            if len(self._buffer) > EVENT_LIMIT:
+                self.close()
+                raise StreamBroken(f"{self._replica_id} sent an event over {EVENT_LIMIT} bytes")
+            searched = max(0, len(self._buffer) - 1)
             try:
                 chunk = await anext(self._chunks, None)
             except TimeoutError as exc:  # before OSError: TimeoutError is one

@@ -18,7 +18,7 @@ from backends.base import EngineRequest
 from backends.errors import EngineRejected, StreamBroken
 from backends.triton import TritonDriver
 from backends.triton_config import TritonEndpoint
-from backends.triton_http import Piece, SseStream
+from backends.triton_http import EVENT_LIMIT, Piece, SseStream
 from gateway.failures import classify
 from tests.servers import TritonProcess
 
@@ -90,6 +90,15 @@ async def test_an_error_mid_answer_is_the_engines_answer_as_over_grpc(message: s
 async def test_an_answer_that_cannot_be_read_is_a_broken_stream(body: bytes) -> None:
     with pytest.raises(StreamBroken):
         await _all(_stream(Arriving(body)))
+
+
+async def test_an_event_that_never_ends_is_a_broken_stream_not_a_growing_buffer() -> None:
+    """An engine (or something else on its port) that sends bytes without ever ending an event: read no further
+    than the event limit, and the connection is dropped, not handed back."""
+    endless = Arriving(b"data: {", *(b"x" * 65536 for _ in range(EVENT_LIMIT // 65536 + 2)), _event(" a", 1))
+    with pytest.raises(StreamBroken, match="over"):
+        await _all(_stream(endless))
+    assert endless.released == 1
 
 
 async def test_open_streams_hold_a_connection_each_up_to_the_pools_limit(sim_triton_engine: TritonProcess) -> None:
