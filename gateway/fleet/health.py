@@ -23,12 +23,6 @@ class ReplicaHealth:
     outlier: OutlierConfig
     slow_start_s: float
     clock: Callable[[], float] = time.monotonic
-    # What the probes say, after thresholds. A replica starts up: the gateway probes it once before serving.
-    up: bool = True
-    # Back from down and being re-warmed: not taking traffic until that is done.
-    returning: bool = False
-    # Drained by an operator: no new requests; those in flight finish.
-    drained: bool = False
     consecutive_failures: int = 0
     # When the last failure was counted (clock time): a success only clears failures from before it started.
     last_failure_at: float = -math.inf
@@ -42,10 +36,15 @@ class ReplicaHealth:
     # Suspect failures held back until evidence points at the replica, and the engine's progress (outlier.py).
     suspects: SuspectLedger = field(default_factory=SuspectLedger)
     progress: EngineProgress = field(init=False)
-    # From when it takes its full weight, unless its probes, a re-warm or a drain say otherwise (``up``,
-    # ``returning``, ``drained``): max(serving_since, ejected_until) + slow_start_s, kept by the two methods that
-    # move those. The pool reads it per candidate per decision: one comparison instead of a call to routing_state.
+    # From when it takes traffic at its full weight: max(serving_since, ejected_until) + slow_start_s, or never
+    # (inf) while its probes, a re-warm or a drain keep it out. Restated by everything that moves one of those; the
+    # pool reads it per candidate per decision: one comparison instead of a call to routing_state.
     full_weight_at: float = field(init=False)
+    # What the probes say, after thresholds (``up``); back from down and being re-warmed (``returning``); drained
+    # by an operator (``drained``): properties, so that setting one restates full_weight_at.
+    _up: bool = field(default=True, init=False)
+    _returning: bool = field(default=False, init=False)
+    _drained: bool = field(default=False, init=False)
     _probe_streak: int = field(default=0, repr=False)
     _probed: bool = field(default=False, repr=False)
 
@@ -54,7 +53,40 @@ class ReplicaHealth:
         self._restate()
 
     def _restate(self) -> None:
-        self.full_weight_at = max(self.serving_since, self.ejected_until) + max(0.0, self.slow_start_s)
+        if not self._up or self._returning or self._drained:
+            self.full_weight_at = math.inf
+        else:
+            self.full_weight_at = max(self.serving_since, self.ejected_until) + max(0.0, self.slow_start_s)
+
+    @property
+    def up(self) -> bool:
+        """What the probes say, after thresholds. A replica starts up: the gateway probes it once before serving."""
+        return self._up
+
+    @up.setter
+    def up(self, value: bool) -> None:
+        self._up = value
+        self._restate()
+
+    @property
+    def returning(self) -> bool:
+        """Back from down and being re-warmed: not taking traffic until that is done."""
+        return self._returning
+
+    @returning.setter
+    def returning(self, value: bool) -> None:
+        self._returning = value
+        self._restate()
+
+    @property
+    def drained(self) -> bool:
+        """Drained by an operator: no new requests; those in flight finish."""
+        return self._drained
+
+    @drained.setter
+    def drained(self, value: bool) -> None:
+        self._drained = value
+        self._restate()
 
     def available(self, now: float | None = None) -> bool:
         """Takes traffic at ``now`` (health's clock; read when not given)."""

@@ -19,7 +19,7 @@ from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
 from gateway.routing.costs import Line, Regime, TtftModel
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
-from gateway.routing.pipeline import decide
+from gateway.routing.pipeline import Router
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
 from gateway.routing.scorers import ScorerSettings, Scoring, build_scoring
@@ -33,6 +33,7 @@ _RESERVING = frozenset({"bounded_consistent_hash", "predicted_ttft"})
 # Keys whose recent replicas predicted_ttft remembers (the least recently routed go first): session keys are
 # unbounded in number.
 _RECENT_KEYS = 65_536
+_NEVER = -math.inf
 # Resident sets whose sorted order is kept (one per adapter with a distinct set; cleared when full).
 _RESIDENT_ORDERS = 4_096
 
@@ -115,8 +116,11 @@ class Pool:
             model = TtftModel(lines, routing.ttft_learning_rate)
             self.scoring = build_scoring(routing.scorers, ScorerSettings(routing.affinity_margin_ms), model)
         self.prefix_warm_s = routing.prefix_warm_s
+        self.router = Router(self.name, config.policy, self.balance_factor, self.capacity_floor, self.scoring)
         self._recent: dict[str, dict[str, float]] = {}
         self._resident_order: dict[frozenset[str], tuple[str, ...]] = {}
+        # Per key, its candidates with the resident set and ring version they were built from (_candidates).
+        self._orders: dict[str, tuple[frozenset[str], int, tuple[str, ...]]] = {}
         self._welcomes: set[asyncio.Task[None]] = set()
         self.in_flight = 0
         # Set while no request is in flight: a retired pool waits on it before it closes.
@@ -144,7 +148,8 @@ class Pool:
         if decision.chosen is not None:
             self.replicas[decision.chosen].in_flight += 1
             self.in_flight += 1
-            self.idle.clear()
+            if self.in_flight == 1:  # it is set only when the count reaches 0
+                self.idle.clear()
             self.reservations.arrived(key, decision.home, decision.chosen)
             if self.scoring is not None:
                 self._served(key, decision.chosen)
@@ -185,6 +190,7 @@ class Pool:
         warm_since = now - self.prefix_warm_s
         recent = self._recent.get(key, {}) if predicting else {}
         reserved = reservations.by_replica
+        likely_on_gpu = self.residency.likely_on_gpu
         # The named tuple's own __new__ without its Python-level argument handling: 0.10 us against 0.23 per
         # candidate per decision (every field is passed, in order).
         new_load = tuple.__new__
@@ -192,8 +198,8 @@ class Pool:
         for replica_id in order:
             replica = replicas[replica_id]
             health = replica.health
-            # Up and past any ejection and slow start: one comparison (health.full_weight_at says why it holds).
-            if now >= health.full_weight_at and health.up and not health.returning and not health.drained:
+            # In service at full weight: one comparison (health.full_weight_at says why it holds).
+            if now >= health.full_weight_at:
                 healthy, weight = True, 1.0
             else:
                 healthy, weight = health.routing_state(now)
@@ -204,10 +210,13 @@ class Pool:
                 if engine_model is None:  # the base model is on every GPU
                     on_gpu = True
                 elif in_flight or replica_id in resident:
-                    on_gpu = self._running_on(replica_id, replica, engine_model, now)
+                    if replica.engine_load is None:  # _running_on's first case, without its call
+                        on_gpu = likely_on_gpu(replica_id, engine_model, 1)
+                    else:
+                        on_gpu = self._running_on(replica_id, replica, engine_model, now)
                 else:  # no request of this gateway's there and not resident: only a scrape can list it running
                     on_gpu = replica.engine_load is not None and self._listed_running(replica, engine_model, now)
-                key_recent = bool(recent) and recent.get(replica_id, -math.inf) >= warm_since
+                key_recent = bool(recent) and recent.get(replica_id, _NEVER) >= warm_since
             loads.append(
                 new_load(
                     ReplicaLoad,
@@ -223,22 +232,16 @@ class Pool:
                     ),
                 )
             )
-        return decide(
+        return self.router.decide(
             order,
             key,
             loads,
-            pool=self.name,
-            policy=self.config.policy,
-            balance_factor=self.balance_factor,
-            capacity_floor=self.capacity_floor,
-            tick=self._ticks,
-            standing=reservations.standing(key),
-            resident=resident,
-            avoid=avoid,
-            scoring=scoring,
-            explain=explain,
-            aligned=True,
-            also_home=self.ring.also_home(key),
+            self._ticks,
+            reservations.standing(key),
+            resident,
+            avoid,
+            explain,
+            self.ring.also_home(key),
         )
 
     def _running_on(self, replica_id: str, replica: Replica, engine_model: str, now: float) -> bool:
@@ -271,15 +274,23 @@ class Pool:
         room = count // 2
         if not resident or not room:
             return head
-        # Not resident.issubset(head): that builds a set of the head and looks up every resident replica (1 us at
-        # 100 resident); this loop stops at the first K/2 outside the head.
+        # The key's last answer, while the ring and the resident set (the same object until it changes) are the
+        # ones it was built from: finding the resident replicas outside the head costs 1 us at 100 resident.
+        ring = self.ring
+        known = self._orders.get(key)
+        if known is not None and known[0] is resident and known[1] == ring.version:
+            return known[2]
         warm: list[str] = []
         for replica_id in self._by_name(resident):
             if replica_id not in head:
                 warm.append(replica_id)
                 if len(warm) >= room:
                     break
-        return head[: count - len(warm)] + tuple(warm) if warm else head
+        order = head[: count - len(warm)] + tuple(warm) if warm else head
+        if len(self._orders) >= _RECENT_KEYS:
+            self._orders.clear()
+        self._orders[key] = (resident, ring.version, order)
+        return order
 
     def _by_name(self, resident: frozenset[str]) -> tuple[str, ...]:
         """``resident`` sorted, once per distinct set (residency hands out the same set until it changes)."""

@@ -22,6 +22,8 @@ from gateway.routing.decision import NO_PARTS, KeyStanding, Prediction, ReplicaL
 from gateway.routing.pickers import lowest_predicted
 from gateway.routing.scorers import Linear
 
+# A named tuple's own __new__ without its Python-level argument handling (every field is passed, in order).
+_new = tuple.__new__
 _HOME = ("home",)
 _FASTER = ("spill:faster",)
 
@@ -43,36 +45,48 @@ def decide_plain(
     ``order[i]``; ``table``: predicted_ttft's summed scorers (None for bounded_consistent_hash)."""
     if not replicas:
         return None
-    total = 1  # this request
-    most = 0  # the highest load the bound judges
+    home = order[0]
     count_reserved = standing.in_flight > 0
+    if table is None:  # bounded_consistent_hash
+        plain, total, most = _plain_bounded(replicas, count_reserved)
+    else:  # predicted_ttft: scored in the same pass
+        best, regime, best_ms, plain, total, most = lowest_predicted(
+            replicas, table, home, resident, also_home, count_reserved
+        )
+    if not plain:
+        return None
+    capacity = math.ceil(balance_factor * total / len(replicas))
+    if capacity < capacity_floor:
+        capacity = capacity_floor
+    if table is None:
+        if most >= capacity and not standing.holds_reservation:  # a reservation takes home whatever the bound says
+            return None
+        return _decision(
+            order, key, replicas, pool, policy, resident, home, _HOME, capacity, standing.holds_reservation
+        )
+    if most >= capacity:
+        return None
+    chosen = best.id
+    decision = _decision(
+        order, key, replicas, pool, policy, resident, chosen, _HOME if chosen == home else _FASTER, capacity, False
+    )
+    decision.predictions[chosen] = _new(Prediction, (regime, best.in_flight, NO_PARTS, best_ms))
+    return decision
+
+
+def _plain_bounded(replicas: Sequence[ReplicaLoad], count_reserved: bool) -> tuple[bool, int, int]:
+    """lowest_predicted's second half for a policy that does not score: whether every candidate is up, at full
+    weight and under its cap, the load total and the highest load the bound judges."""
+    total, most = 1, 0
     for _, healthy, load, reserved, weight, at_cap, _, _ in replicas:
         if not healthy or at_cap or weight < 1.0:
-            return None
+            return False, 0, 0
         total += load + reserved
         if count_reserved:
             load += reserved
         if load > most:
             most = load
-    capacity = math.ceil(balance_factor * total / len(replicas))
-    if capacity < capacity_floor:
-        capacity = capacity_floor
-    home = order[0]
-    if table is None:  # bounded_consistent_hash: a reservation takes home whatever the bound says
-        if standing.holds_reservation:
-            return _decision(order, key, replicas, pool, policy, resident, home, _HOME, capacity, True)
-        if most >= capacity:
-            return None
-        return _decision(order, key, replicas, pool, policy, resident, home, _HOME, capacity, False)
-    if most >= capacity:
-        return None
-    best, regime, best_ms = lowest_predicted(replicas, table, home, resident, also_home)
-    chosen = best.id
-    decision = _decision(
-        order, key, replicas, pool, policy, resident, chosen, _HOME if chosen == home else _FASTER, capacity, False
-    )
-    decision.predictions[chosen] = Prediction(regime, best.in_flight, NO_PARTS, best_ms)
-    return decision
+    return True, total, most
 
 
 def _decision(

@@ -102,7 +102,7 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     # not linear, each scorer is asked per candidate; explaining keeps every candidate's prediction and parts.
     table = None if given.explain else scoring.table()
     if table is not None:
-        chosen, regime, best_ms = lowest_predicted(allowed, table, home, resident, given.also_home)
+        chosen, regime, best_ms, _, _, _ = lowest_predicted(allowed, table, home, resident, given.also_home)
         best = chosen.id
         decision.predictions[best] = Prediction(regime, chosen.in_flight, NO_PARTS, best_ms)
     else:
@@ -114,36 +114,55 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
 
 
 def lowest_predicted(
-    allowed: Sequence[ReplicaLoad],
+    candidates: Sequence[ReplicaLoad],
     table: Mapping[Regime, Linear],
     home: str,
     resident: frozenset[str],
     also_home: frozenset[str],
-) -> tuple[ReplicaLoad, Regime, float]:
+    count_reserved: bool = False,
+) -> tuple[ReplicaLoad, Regime, float, bool, int, int]:
     """The candidate with the lowest predicted TTFT by the scorers' summed table (scorers/base.py), its regime and
-    its prediction: one lookup and two multiplications per candidate. A tie keeps the earlier one in ring order."""
-    warm, kv_cold, host, cold = table["warm"], table["kv_cold"], table["host"], table["cold"]
-    best, best_ms = allowed[0], math.inf
+    its prediction: one lookup and two multiplications per candidate (a tie keeps the earlier one in ring order).
+    In the same pass, what one_pass.py needs to know the case is plain: whether every candidate is up, at full
+    weight and under its cap, the load total the bound is taken over (this request included) and the highest load
+    the bound judges (reserved slots count when ``count_reserved``)."""
+    # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
+    warm_c, warm_p, warm_o = table["warm"]
+    kv_cold_c, kv_cold_p, kv_cold_o = table["kv_cold"]
+    host_c, host_p, host_o = table["host"]
+    cold_c, cold_p, cold_o = table["cold"]
+    best, best_ms = candidates[0], math.inf
     regime: Regime
     best_regime: Regime = "cold"
-    for replica in allowed:
-        replica_id, _, load, _, _, _, on_gpu, key_recent = replica  # unpacked: cheaper than four attribute reads
+    plain, total, most = True, 1, 0
+    for replica in candidates:
+        replica_id, healthy, load, reserved, weight, at_cap, on_gpu, key_recent = replica  # cheaper than 8 reads
+        if not healthy or at_cap or weight < 1.0:
+            plain = False
+        total += load + reserved
+        judged = load + reserved if count_reserved else load
+        if judged > most:
+            most = judged
         # regime_of (costs.py), inline: this runs per candidate per decision.
         if on_gpu:
             if key_recent:
-                regime, row = "warm", warm
+                regime = "warm"
+                constant, per_request, off_home = warm_c, warm_p, warm_o
             else:
-                regime, row = "kv_cold", kv_cold
+                regime = "kv_cold"
+                constant, per_request, off_home = kv_cold_c, kv_cold_p, kv_cold_o
         elif replica_id in resident:
-            regime, row = "host", host
+            regime = "host"
+            constant, per_request, off_home = host_c, host_p, host_o
         else:
-            regime, row = "cold", cold
-        total = row.constant_ms + row.per_request_ms * load
+            regime = "cold"
+            constant, per_request, off_home = cold_c, cold_p, cold_o
+        ms = constant + per_request * load
         if replica_id != home and replica_id not in also_home:
-            total += row.off_home_ms
-        if total < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
-            best, best_ms, best_regime = replica, total, regime
-    return best, best_regime, best_ms
+            ms += off_home
+        if ms < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
+            best, best_ms, best_regime = replica, ms, regime
+    return best, best_regime, best_ms, plain, total, most
 
 
 def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given: PickInput, scoring: Scoring) -> str:

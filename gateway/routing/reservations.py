@@ -26,7 +26,7 @@ from gateway.routing.decision import NEW_KEY, KeyStanding
 _IDLE_HOLDING = KeyStanding(0, holds_reservation=True)
 
 
-@dataclass
+@dataclass(slots=True)  # one per active key, read and written on every request of it
 class _KeyState:
     home: str
     in_flight: int
@@ -74,7 +74,7 @@ class HomeReservations:
             self.by_replica[state.home] -= 1
 
     def arrived(self, key: str, home: str, chosen: str) -> None:
-        if not self.enabled:
+        if self.window_s <= 0:  # not ``enabled``: a property call per request
             return
         state = self._keys.get(key)
         if state is None:

@@ -14,6 +14,7 @@ in every gateway, with no coordination. Other keys (sessions, tenants added at r
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from bisect import bisect
@@ -26,6 +27,7 @@ from uhashring import HashRing
 _MEMO_LIMIT = 65_536
 _SPACE = float(2**128)  # ketama's md5 positions
 _NONE: frozenset[str] = frozenset()
+_VERSIONS = itertools.count()
 
 
 class Ring:
@@ -37,6 +39,9 @@ class Ring:
         self._owners: list[str] = [owner for _, owner in points]
         self._shift, self._buckets = _bucket_index(self._positions)
         self._heads: dict[tuple[str, int], tuple[str, ...]] = {}
+        # Renewed whenever a key's order may change (balanced homes, the placement table): what callers derived
+        # from the orders under another version is stale. Unique across rings, so a new ring is never mistaken.
+        self.version = next(_VERSIONS)
         self._homes: dict[str, str] = {}  # balanced homes that differ from the ring's
         # Replica sets from the placement table (homes from traffic), home first: they come before the ring's order.
         self._sets: dict[str, tuple[str, ...]] = {}
@@ -75,6 +80,7 @@ class Ring:
         """Balance the homes of ``keys`` (replacing the previous set; empty: ring homes for every key)."""
         self._homes = balanced_homes(self, set(keys))
         self._heads.clear()
+        self.version = next(_VERSIONS)
 
     def balanced_home(self, key: str) -> str:
         """The home without the placement table: balanced, else the ring's; "" while the pool is empty."""
@@ -87,6 +93,7 @@ class Ring:
         self._sets = {key: kept for key, members in sets.items() if (kept := tuple(r for r in members if r in known))}
         self._also_home = {key: frozenset(kept[1:]) for key, kept in self._sets.items() if len(kept) > 1}
         self._heads.clear()
+        self.version = next(_VERSIONS)
 
     def also_home(self, key: str) -> frozenset[str]:
         """The key's replica set beyond its home (empty without a placement table, or for a set of one)."""

@@ -94,13 +94,16 @@ def test_a_long_request_that_ends_well_does_not_clear_failures_counted_while_it_
 @settings(max_examples=200, deadline=None)
 @given(
     events=st.lists(
-        st.tuples(st.sampled_from(["probe_ok", "probe_fail", "fail", "back", "drain", "undrain"]), st.floats(0, 8)),
+        st.tuples(
+            st.sampled_from(["probe_ok", "probe_fail", "fail", "back", "drain", "undrain", "return"]), st.floats(0, 8)
+        ),
         max_size=40,
     )
 )
 def test_full_weight_at_never_says_more_than_routing_state(events: list[tuple[str, float]]) -> None:
-    """The pool's shortcut (past ``full_weight_at``, up, not returning, not drained: in at full weight) agrees with
-    ``routing_state`` whatever probes, ejections, returns and drains came before."""
+    """The pool's shortcut (past ``full_weight_at``: in service at full weight) agrees with ``routing_state``
+    whatever probes, ejections, returns and drains came before: it never says more, and it says it once slow
+    start is over."""
     clock = Clock(START)
     replica = ReplicaHealth(
         HealthConfig(unhealthy_after=1, healthy_after=1),
@@ -115,10 +118,13 @@ def test_full_weight_at_never_says_more_than_routing_state(events: list[tuple[st
             replica.request_failed(may_eject=True)
         elif event == "back":
             replica.back_in_service()
+        elif event == "return":
+            replica.returning = True
         else:
             replica.drained = event == "drain"
         clock.advance(elapsed)
         now = clock()
-        shortcut = now >= replica.full_weight_at and replica.up and not replica.returning and not replica.drained
-        if shortcut:
+        if now >= replica.full_weight_at:
             assert replica.routing_state(now) == (True, 1.0)
+        elif replica.up and not replica.returning and not replica.drained and now >= replica.ejected_until:
+            assert replica.routing_state(now)[1] < 1.0  # in slow start: not yet at its full weight

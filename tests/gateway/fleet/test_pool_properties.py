@@ -20,7 +20,7 @@ from gateway.routing.decision import RoutingDecision
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
 from tests.clock import Clock
-from tests.gateway.residency.fakes import FakeDriver, FakeEngine
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
 
 
 def pool_of(size: int, routing: RoutingConfig, cap: int = 512, policy: str = "bounded_consistent_hash") -> Pool:
@@ -200,3 +200,17 @@ def test_resident_replicas_take_the_ring_tails_places_up_to_half_of_the_candidat
         pool.residency.views[replica_id].resident["a"] = 1.0
     kept = min(resident_count, 4)
     assert pool.explain("acme", "a").candidates == [*head[: 8 - kept], *resident[:kept]]
+
+
+async def test_a_keys_candidates_follow_its_adapters_residency_and_the_placement_table() -> None:
+    """The pool keeps a key's candidates between decisions (finding the resident ones outside its head costs a
+    microsecond): a load elsewhere and a new placement table are seen at the next decision all the same."""
+    pool = pool_of(200, RoutingConfig(candidates=8, capacity_floor=1, home_reservation_s=0), cap=100)
+    head = pool.ring.head("acme", 8)
+    outside = sorted(set(pool.replicas) - set(head))
+    await pool.residency.ensure(outside[1], ref("a"))
+    assert pool.lease("acme", ref("a")).decision.candidates == [*head[:7], outside[1]]
+    await pool.residency.ensure(outside[0], ref("a"))  # first by name: it takes the place of the next in the head
+    assert pool.lease("acme", ref("a")).decision.candidates == [*head[:6], outside[0], outside[1]]
+    pool.ring.install({"acme": (outside[2],)})
+    assert pool.lease("acme", ref("a")).decision.candidates[0] == outside[2]
