@@ -34,6 +34,9 @@ _RESERVING = frozenset({"bounded_consistent_hash", "predicted_ttft"})
 # unbounded in number.
 _RECENT_KEYS = 65_536
 _NEVER = -math.inf
+# The resident set of a request without an adapter (or a policy that does not read residency): one object, so a
+# key's kept candidates (_candidates) are seen to hold.
+_NOWHERE: frozenset[str] = frozenset()
 # Resident sets whose sorted order is kept (one per adapter with a distinct set; cleared when full).
 _RESIDENT_ORDERS = 4_096
 
@@ -119,8 +122,9 @@ class Pool:
         self.router = Router(self.name, config.policy, self.balance_factor, self.capacity_floor, self.scoring)
         self._recent: dict[str, dict[str, float]] = {}
         self._resident_order: dict[frozenset[str], tuple[str, ...]] = {}
-        # Per key, its candidates with the resident set and ring version they were built from (_candidates).
-        self._orders: dict[str, tuple[frozenset[str], int, tuple[str, ...]]] = {}
+        # Per key, its candidates and the rest of its replica set, with the resident set and ring version they were
+        # built from (_candidates).
+        self._orders: dict[str, tuple[frozenset[str], int, tuple[str, ...], frozenset[str]]] = {}
         self._welcomes: set[asyncio.Task[None]] = set()
         self.in_flight = 0
         # Set while no request is in flight: a retired pool waits on it before it closes.
@@ -180,8 +184,8 @@ class Pool:
         # Where the adapter is resident: where a spill looks first, and (predicted_ttft) the host regime's evidence,
         # whatever prefer_resident says.
         wants_resident = self.prefer_resident or self.scoring is not None
-        resident = self.residency.resident_on(engine_model) if engine_model and wants_resident else frozenset()
-        order = self._candidates(key, resident)
+        resident = self.residency.resident_on(engine_model) if engine_model and wants_resident else _NOWHERE
+        order, also_home = self._candidates(key, resident)
         replicas, max_age, scoring = self.replicas, self.engine_view_max_age_s, self.scoring
         # One clock read for the whole snapshot: health's clock and the scrapes' are both time.monotonic here.
         now = time.monotonic()
@@ -224,7 +228,7 @@ class Pool:
                         replica_id,
                         healthy,
                         in_flight if max_age is None else replica.load_view(now, max_age),
-                        reserved.get(replica_id, 0),
+                        reserved[replica_id],
                         weight,
                         in_flight >= cap,
                         on_gpu,
@@ -241,7 +245,7 @@ class Pool:
             resident,
             avoid,
             explain,
-            self.ring.also_home(key),
+            also_home,
         )
 
     def _running_on(self, replica_id: str, replica: Replica, engine_model: str, now: float) -> bool:
@@ -262,35 +266,34 @@ class Pool:
         assert load is not None
         return engine_model in load.running_adapters and now - replica.scraped_at <= self.scrape_fresh_s
 
-    def _candidates(self, key: str, resident: frozenset[str]) -> tuple[str, ...]:
+    def _candidates(self, key: str, resident: frozenset[str]) -> tuple[tuple[str, ...], frozenset[str]]:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at
         most, so a decision costs the same at any fleet size: the first K of the key's ring order, of which the
         last up to K/2 give way to replicas where the adapter is resident outside them (by name: a spill finds a
-        warm one). The baselines that spread load (round robin, least loaded) weigh every replica."""
-        if self.config.policy in _SPREADING:
-            return self.ring.preference(key)
-        count = self.candidate_count
-        head = self.ring.head(key, count)
-        room = count // 2
-        if not resident or not room:
-            return head
-        # The key's last answer, while the ring and the resident set (the same object until it changes) are the
-        # ones it was built from: finding the resident replicas outside the head costs 1 us at 100 resident.
+        warm one). The baselines that spread load (round robin, least loaded) weigh every replica. With them, the
+        rest of the key's placement replica set (``Ring.also_home``)."""
         ring = self.ring
+        if self.config.policy in _SPREADING:
+            return ring.preference(key), ring.also_home(key)
+        # The key's last answer, while the ring and the resident set (the same object until it changes) are the
+        # ones it was built from: one lookup for a key seen before, and one memo (not the ring's too) for a new one.
         known = self._orders.get(key)
         if known is not None and known[0] is resident and known[1] == ring.version:
-            return known[2]
-        warm: list[str] = []
-        for replica_id in self._by_name(resident):
-            if replica_id not in head:
-                warm.append(replica_id)
-                if len(warm) >= room:
-                    break
-        order = head[: count - len(warm)] + tuple(warm) if warm else head
+            return known[2], known[3]
+        count = self.candidate_count
+        order = ring.head_unremembered(key, count)
+        room = count // 2
+        if resident and room:
+            # The first K/2 resident replicas by name outside the head: of the first K/2 + those inside it.
+            inside = resident.intersection(order)
+            warm = [r for r in self._by_name(resident)[: room + len(inside)] if r not in inside][:room]
+            if warm:
+                order = order[: count - len(warm)] + tuple(warm)
+        also_home = ring.also_home(key)
         if len(self._orders) >= _RECENT_KEYS:
             self._orders.clear()
-        self._orders[key] = (resident, ring.version, order)
-        return order
+        self._orders[key] = (resident, ring.version, order, also_home)
+        return order, also_home
 
     def _by_name(self, resident: frozenset[str]) -> tuple[str, ...]:
         """``resident`` sorted, once per distinct set (residency hands out the same set until it changes)."""

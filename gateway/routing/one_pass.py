@@ -2,11 +2,12 @@
 under its per-replica cap, not one this request failed on, and (unless a reservation decides) under the bound.
 
 Then no filter leaves a replica out and the bound excludes none, so the general pipeline's steps (filters.py, then
-the picker's bound, its cold-load rule and its score in pickers.py) reduce to one check of each candidate and the
-picker's last step: ``bounded_consistent_hash`` keeps the home; ``predicted_ttft`` takes the lowest predicted TTFT
-by the scorers' summed table (``pickers.lowest_predicted``, the same function the general picker scores with).
-Anything else (a replica down, in slow start, at its cap or over the bound, a retry, a scorer that is not linear)
-returns None and the general pipeline decides. A property test holds the two to the same decision.
+the picker's bound, its cold-load rule and its score in pickers.py) reduce to one loop over the candidates that
+checks each and keeps the load total and the highest load, and the picker's last step: ``bounded_consistent_hash``
+keeps the home; ``predicted_ttft`` takes the lowest predicted TTFT by the scorers' summed table, scored in that same
+loop (``pickers.lowest_predicted``, the function the general picker scores with). Anything else (a replica down, in
+slow start, at its cap or over the bound, a retry, a scorer that is not linear, an explanation) returns None or is
+not tried, and the general pipeline decides. A property test holds the two to the same decision.
 
 Why: a decision runs once per request and its cost was per candidate per step (about 1 us a candidate in all,
 where the target is 20 us at p99 for the whole decision).
@@ -24,8 +25,6 @@ from gateway.routing.scorers import Linear
 
 # A named tuple's own __new__ without its Python-level argument handling (every field is passed, in order).
 _new = tuple.__new__
-_HOME = ("home",)
-_FASTER = ("spill:faster",)
 
 
 def decide_plain(
@@ -62,13 +61,22 @@ def decide_plain(
         if most >= capacity and not standing.holds_reservation:  # a reservation takes home whatever the bound says
             return None
         return _decision(
-            order, key, replicas, pool, policy, resident, home, _HOME, capacity, standing.holds_reservation
+            order, key, replicas, pool, policy, resident, home, "home", capacity, standing.holds_reservation
         )
     if most >= capacity:
         return None
     chosen = best.id
     decision = _decision(
-        order, key, replicas, pool, policy, resident, chosen, _HOME if chosen == home else _FASTER, capacity, False
+        order,
+        key,
+        replicas,
+        pool,
+        policy,
+        resident,
+        chosen,
+        "home" if chosen == home else "spill:faster",
+        capacity,
+        False,
     )
     decision.predictions[chosen] = _new(Prediction, (regime, best.in_flight, NO_PARTS, best_ms))
     return decision
@@ -97,13 +105,13 @@ def _decision(
     policy: str,
     resident: frozenset[str],
     chosen: str,
-    reasons: tuple[str, ...],
+    reason: str,
     capacity: int,
     used_reservation: bool,
 ) -> RoutingDecision:
     # Positional: RoutingDecision's fields in order (pool, policy, key, home, chosen, reasons, excluded, unavailable,
     # capacity, used_reservation, predictions, snapshot, resident_on, kept); every candidate was kept.
     return RoutingDecision(
-        pool, policy, key, order[0], chosen, list(reasons), {}, None, capacity, used_reservation, {}, replicas,
+        pool, policy, key, order[0], chosen, [reason], {}, None, capacity, used_reservation, {}, replicas,
         resident, replicas,
     )  # fmt: skip

@@ -17,7 +17,7 @@ OrderedDict by last activity, and lapsed ones are dropped from its front on each
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,8 +39,9 @@ class HomeReservations:
         self.window_s = window_s
         self._clock = clock
         self._keys: OrderedDict[str, _KeyState] = OrderedDict()
-        # Slots held per replica (read per candidate per decision: a plain dict; see ``reserved``).
-        self.by_replica: dict[str, int] = {}
+        # Slots held per replica, read per candidate per decision: a defaultdict, so the reader indexes it (a
+        # replica never reserved reads 0) rather than calling get; see ``reserved``.
+        self.by_replica: defaultdict[str, int] = defaultdict(int)
 
     @property
     def enabled(self) -> bool:
@@ -79,7 +80,7 @@ class HomeReservations:
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _KeyState(home, 0, 0, self._clock())
-            self.by_replica[home] = self.by_replica.get(home, 0) + 1
+            self.by_replica[home] += 1
         else:
             state.last_active = self._clock()
             self._keys.move_to_end(key)

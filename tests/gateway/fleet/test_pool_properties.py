@@ -214,3 +214,21 @@ async def test_a_keys_candidates_follow_its_adapters_residency_and_the_placement
     assert pool.lease("acme", ref("a")).decision.candidates == [*head[:6], outside[0], outside[1]]
     pool.ring.install({"acme": (outside[2],)})
     assert pool.lease("acme", ref("a")).decision.candidates[0] == outside[2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, 70), vnodes=st.sampled_from([40, 160]), count=st.integers(1, 12), salt=st.integers(0, 10_000)
+)
+def test_a_walk_after_a_balanced_home_is_the_rings_own_order_without_it(
+    size: int, vnodes: int, count: int, salt: int
+) -> None:
+    """With balanced homes (a home before the ring's order), on small rings (a table per point) and large ones
+    (a slice), the head is the home, then the ring's own order without it."""
+    ring = Ring([f"r{i}" for i in range(size)], vnodes=vnodes)
+    keys = [f"tenant-{salt}-{i}" for i in range(3 * size)]
+    ring.balance(keys)
+    for key in keys[:20]:
+        home = ring.balanced_home(key)
+        rest = [r for r in ring._ring.iterate_nodes(key, distinct=True) if r != home]  # uhashring's own walk
+        assert ring.head(key, count) == (home, *rest)[: min(count, size)]
