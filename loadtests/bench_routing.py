@@ -252,6 +252,8 @@ class Observed:
     cold_loads_over_time: list[tuple[float, int]] = field(default_factory=list)
     # Per replica, the most requests running + waiting seen at once in the engine's own metrics.
     peak_queue: dict[str, float] = field(default_factory=dict)
+    # When the trace started (time.monotonic: the simulators on this host share the clock).
+    started: float = 0.0
 
 
 def headers_for(router: str, tenant: str) -> dict[str, str]:
@@ -263,8 +265,8 @@ def headers_for(router: str, tenant: str) -> dict[str, str]:
 
 
 async def replay(urls: list[str], router: str, trace: list[Arrival], replicas: dict[str, str]) -> Observed:
-    observed = Observed()
     started = time.monotonic()
+    observed = Observed(started=started)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
 
@@ -450,7 +452,7 @@ def summarize(
         per_replica = [counts.get(f"lora-{tenant}", 0) for counts in served.values()]
         if sum(per_replica):
             shares.append(max(per_replica) / sum(per_replica))
-    events = cold_load_events(before, after)
+    events = cold_load_events(before, after, observed.started)
     hits, misses = delta("prefix_hit_tokens"), delta("prefix_miss_tokens")
     ttft, e2e = sorted(observed.ttft), sorted(observed.e2e)
     start_cold = observed.cold_loads_over_time[0][1] if observed.cold_loads_over_time else 0
@@ -483,16 +485,18 @@ def summarize(
 REGRET_S = 10.0
 
 
-def cold_load_events(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[float, str, str, str, list[str]]]:
-    """The cold loads of the run, oldest first: (seconds since the first, replica, adapter, cause, evicted)."""
+def cold_load_events(
+    before: dict[str, Any], after: dict[str, Any], started: float
+) -> list[tuple[float, str, str, str, list[str]]]:
+    """The cold loads of the run, oldest first: (seconds since the trace started at ``started``, a
+    ``time.monotonic`` reading; replica, adapter, cause, evicted)."""
     events = []
     for replica, stats in after.items():
         seen = max((event[0] for event in before[replica]["cold_load_log"]), default=float("-inf"))
         events += [(t, replica, adapter, cause, evicted) for t, adapter, cause, evicted in stats["cold_load_log"]
                    if t > seen]  # fmt: skip
     events.sort()
-    start = events[0][0] if events else 0.0
-    return [(round(t - start, 3), replica, adapter, cause, evicted) for t, replica, adapter, cause, evicted in events]
+    return [(round(t - started, 3), replica, adapter, cause, evicted) for t, replica, adapter, cause, evicted in events]
 
 
 def cold_load_sources(events: list[tuple[float, str, str, str, list[str]]]) -> dict[str, Any]:

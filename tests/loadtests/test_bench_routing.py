@@ -39,8 +39,9 @@ def test_cold_load_sources_count_first_sights_causes_and_regretted_evictions() -
             },
             "r1": {"cold_load_log": [[3.0, "a2", "request", []], [30.0, "a3", "load", []]]},
         },
+        started=2.0,
     )
-    # Only what happened after the first snapshot, oldest first, timed from the first.
+    # Only what happened after the first snapshot, oldest first, timed from the trace's start.
     assert [(t, replica, adapter) for t, replica, adapter, _, _ in events] == [
         (0.0, "r0", "a1"), (1.0, "r1", "a2"), (3.0, "r0", "a2"), (28.0, "r1", "a3"),
     ]  # fmt: skip
