@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import trace
@@ -27,13 +28,14 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from gateway.config import TelemetryConfig, TracingConfig
 from gateway.observe import logs
-from gateway.observe.metrics import UNRESOLVED, GatewayMetrics
+from gateway.observe.metrics import UNRESOLVED, Add, GatewayMetrics, adder, observer
 
 access_log = logging.getLogger("tenantgate.access")
 log = logging.getLogger(__name__)
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
@@ -141,10 +143,17 @@ class Telemetry:
         kind = trace.SpanKind.CLIENT if name == "upstream" else trace.SpanKind.INTERNAL
         return self.tracer.start_as_current_span(name, kind=kind, attributes=attributes)
 
-    def upstream_headers(self) -> dict[str, str]:
+    def upstream_span(self, replica: str) -> contextlib.AbstractContextManager[Any]:
+        """The span of the call to the engine on ``replica`` (``span("upstream", ...)``, without building its
+        attributes when tracing is off)."""
+        if self.tracer is None:
+            return _NO_SPAN
+        return self.span("upstream", **{"server.address": replica})
+
+    def upstream_headers(self) -> Mapping[str, str]:
         """``traceparent`` for the engine from the current (upstream) span; empty when tracing is off."""
         if self.tracer is None:
-            return {}
+            return _NO_HEADERS
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier)
         return carrier
@@ -163,7 +172,12 @@ class Telemetry:
 
     def finish(self, record: RequestRecord) -> None:
         try:
-            self._count(record)
+            now = time.perf_counter()
+            key = (record.tenant, record.adapter, record.pool, record.replica)
+            series = self._series.get(key)
+            if series is None:  # label children are looked up once per label set: .labels() costs a microsecond
+                series = self._series[key] = _Series(self.metrics, *key)
+            series.count(record, now)
             if record.adapter != UNRESOLVED:
                 ttft = None if record.first_byte is None else record.first_byte - record.started
                 self.metrics.activity.request(
@@ -172,61 +186,62 @@ class Telemetry:
             if self.access_log and access_log.isEnabledFor(logging.INFO):
                 # The line's fields are made on the log's writer thread (gateway/observe/logs.py), from the record
                 # as it is now (it is finished) and the duration taken here.
-                logs.access_line(access_log, "request", functools.partial(_log_line, record, time.perf_counter()))
+                logs.access_line(access_log, "request", functools.partial(_log_line, record, now))
         except Exception:  # telemetry must never fail a request
             log.exception("recording a request's telemetry failed")
 
-    def _count(self, record: RequestRecord) -> None:
-        key = (record.tenant, record.adapter, record.pool, record.replica)
-        series = self._series.get(key)
-        if series is None:  # label children are looked up once per label set: .labels() costs a microsecond
-            series = self._series[key] = _Series(self.metrics, *key)
-        series.count(record, time.perf_counter())
-
 
 class _Series:
-    """One label set's metric children. The number of sets is bounded by config (tenants x their adapters x
-    replicas, plus the unresolved ``-``), so the cache is too."""
+    """One label set's metric children, as the functions that add to them (metrics.adder, metrics.observer). The
+    number of sets is bounded by config (tenants x their adapters x replicas, plus the unresolved ``-``), so the
+    cache is too."""
 
     def __init__(self, m: GatewayMetrics, tenant: str, adapter: str, pool: str, replica: str) -> None:
         self._metrics, self._labels = m, (tenant, adapter, pool, replica)
-        self._requests: dict[int, Any] = {}
-        self._routing: dict[str, Any] = {}
+        self._requests: dict[int, Add] = {}
+        self._routing: dict[str, Add] = {}
         self._errors: dict[tuple[str, str], Any] = {}
-        self.ttft = m.ttft.labels(tenant, adapter, pool)
-        self.duration = m.duration.labels(tenant, adapter, pool)
-        self.prompt_tokens = m.prompt_tokens.labels(tenant, adapter)
-        self.completion_tokens = m.completion_tokens.labels(tenant, adapter)
+        self.ttft = observer(m.ttft.labels(tenant, adapter, pool))
+        self.duration = observer(m.duration.labels(tenant, adapter, pool))
+        self.prompt_tokens = adder(m.prompt_tokens.labels(tenant, adapter))
+        self.completion_tokens = adder(m.completion_tokens.labels(tenant, adapter))
 
     def count(self, record: RequestRecord, now: float) -> None:
-        m, (tenant, adapter, pool, replica) = self._metrics, self._labels
         requests = self._requests.get(record.status)
         if requests is None:
-            requests = self._requests[record.status] = m.requests.labels(tenant, adapter, pool, replica, record.status)
-        requests.inc()
-        if pool == UNRESOLVED:
+            m, (tenant, adapter, pool, replica) = self._metrics, self._labels
+            requests = self._requests[record.status] = adder(
+                m.requests.labels(tenant, adapter, pool, replica, record.status)
+            )
+        requests(1)
+        if self._labels[2] == UNRESOLVED:
             return
-        self.duration.observe(now - record.started)
+        self.duration(now - record.started)
         # Only a stream's first byte is its first token: a whole answer's first byte is its last.
         if record.first_byte is not None and record.stream:
-            self.ttft.observe(record.first_byte - record.started)
+            self.ttft(record.first_byte - record.started)
         if record.prompt_tokens is not None:
-            self.prompt_tokens.inc(record.prompt_tokens)
+            self.prompt_tokens(record.prompt_tokens)
         if record.completion_tokens is not None:
-            self.completion_tokens.inc(record.completion_tokens)
+            self.completion_tokens(record.completion_tokens)
         for reason in record.reasons:
             routing = self._routing.get(reason)
             if routing is None:
-                routing = self._routing[reason] = m.routing.labels(tenant, pool, reason)
-            routing.inc()
-        if record.error is not None and replica != UNRESOLVED:
-            failed_on = record.error_replica if record.error_replica != UNRESOLVED else replica
-            errors = self._errors.get((record.error, failed_on))
-            if errors is None:
-                errors = self._errors[(record.error, failed_on)] = m.upstream_errors.labels(
-                    pool, failed_on, record.error
+                routing = self._routing[reason] = adder(
+                    self._metrics.routing.labels(self._labels[0], self._labels[2], reason)
                 )
-            errors.inc()
+            routing(1)
+        if record.error is not None and self._labels[3] != UNRESOLVED:
+            self._error(record)
+
+    def _error(self, record: RequestRecord) -> None:
+        m, (_, _, pool, replica) = self._metrics, self._labels
+        assert record.error is not None
+        failed_on = record.error_replica if record.error_replica != UNRESOLVED else replica
+        errors = self._errors.get((record.error, failed_on))
+        if errors is None:
+            errors = self._errors[(record.error, failed_on)] = m.upstream_errors.labels(pool, failed_on, record.error)
+        errors.inc()
 
 
 def _span_attributes(record: RequestRecord) -> dict[str, Any]:

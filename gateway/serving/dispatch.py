@@ -86,7 +86,7 @@ async def _attempt(
     byte (None if it did not). Raises ``BackendError`` only before the client has seen a byte."""
     if ctx.adapter is not None and not lease.adapter_resident():
         await _load_within_deadline(telemetry, lease, ctx.deadline)
-    with telemetry.span("upstream", **{"server.address": lease.replica_id}):
+    with telemetry.upstream_span(lease.replica_id):
         upstream = await _send(telemetry, lease, ctx)
         try:
             if not ctx.stream:
