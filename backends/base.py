@@ -4,8 +4,9 @@ registers itself (backends/registry.py)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple, Protocol
 
 
 @dataclass(frozen=True)
@@ -30,15 +31,15 @@ class AdapterRef:
     source: str
 
 
-@dataclass(frozen=True)
-class EngineRequest:
-    """An OpenAI request ready for the engine: ``body`` already names the engine's model."""
+class EngineRequest(NamedTuple):
+    """An OpenAI request ready for the engine: ``body`` already names the engine's model. Immutable; a named tuple
+    because one is built per request (a frozen dataclass costs three times as much to build)."""
 
     path: str
     body: bytes
     stream: bool
     # Extra headers for the engine, e.g. W3C ``traceparent`` so its spans join the request's trace.
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = MappingProxyType({})
     # What is left of the request's deadline; None: the driver's own request timeout.
     timeout_s: float | None = None
     # The adapter the request runs through (None: the base model), for engines that take adapters per request.

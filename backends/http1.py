@@ -197,7 +197,12 @@ class _Connection(asyncio.Protocol):
 
     async def head(self) -> None:
         while self._state == _HEAD and self._exc is None:
-            await self._wait()
+            # _wait's work, written out: a coroutine less per request (the answer's head is always waited for)
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         if self._state == _HEAD and self._exc is not None:
             raise self._exc
 
@@ -351,13 +356,14 @@ class Origin:
         key = f"{method} {target} {content_type}"
         prefix = self._prefixes.get(key)
         if prefix is None:
-            line = f"{_check_line(method)} {_check_line(target)} HTTP/1.1\r\nHost: {self._authority}\r\n"
-            prefix = f"{line}Content-Type: {_check_line(content_type)}\r\n".encode("latin-1")
-            self._prefixes[key] = prefix
-        if not headers:
-            return prefix + b"Content-Length: %d\r\n\r\n" % length
-        extra = "".join(f"{_check_line(name)}: {_check_line(value)}\r\n" for name, value in headers.items())
-        return prefix + extra.encode("latin-1") + b"Content-Length: %d\r\n\r\n" % length
+            prefix = self._prefixes[key] = self.head_prefix(method, target, content_type)
+        return head(prefix, headers, length)
+
+    def head_prefix(self, method: str, target: str, content_type: str) -> bytes:
+        """What every request's head of this method, target and content type starts with (for ``head``): made once
+        by a caller that sends many."""
+        line = f"{_check_line(method)} {_check_line(target)} HTTP/1.1\r\nHost: {self._authority}\r\n"
+        return f"{line}Content-Type: {_check_line(content_type)}\r\n".encode("latin-1")
 
     async def request(self, head: bytes, body: bytes, timeout_s: float) -> Response:
         """Send one request (``head`` from ``request_head``) and return once its answer's head has arrived."""
@@ -452,6 +458,15 @@ class Origin:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+
+def head(prefix: bytes, headers: Mapping[str, str], length: int) -> bytes:
+    """A request's head: ``prefix`` (``Origin.head_prefix``), ``headers`` (checked as ``request_head`` says) and the
+    body's length."""
+    if not headers:
+        return prefix + b"Content-Length: %d\r\n\r\n" % length
+    extra = "".join(f"{_check_line(name)}: {_check_line(value)}\r\n" for name, value in headers.items())
+    return prefix + extra.encode("latin-1") + b"Content-Length: %d\r\n\r\n" % length
 
 
 def _check_line(text: str) -> str:

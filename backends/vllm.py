@@ -86,10 +86,10 @@ class VllmDriver:
         self._request_timeout_s, self._connect_timeout_s = request_timeout_s, connect_timeout_s
         self._max_connections = max_connections_per_replica
         self._origins: dict[str, http1.Origin] = {}
-        self._targets: dict[tuple[str, str], tuple[http1.Origin, str]] = {}
+        self._targets: dict[tuple[str, str], tuple[http1.Origin, bytes]] = {}
 
-    def _target(self, replica: Endpoint, path: str) -> tuple[http1.Origin, str]:
-        """The replica's connection pool and the request target, made once per replica and path."""
+    def _target(self, replica: Endpoint, path: str) -> tuple[http1.Origin, bytes]:
+        """The replica's connection pool and the start of the request's head, made once per replica and path."""
         found = self._targets.get((replica.url, path))
         if found is None:
             url = URL(replica.url + path)
@@ -99,7 +99,8 @@ class VllmDriver:
                     url, limit=self._max_connections, connect_timeout_s=self._connect_timeout_s,
                     idle_timeout_s=_IDLE_TIMEOUT_S,
                 )  # fmt: skip
-            found = self._targets[(replica.url, path)] = (origin, url.raw_path_qs)
+            prefix = origin.head_prefix("POST", url.raw_path_qs, "application/json")
+            found = self._targets[(replica.url, path)] = (origin, prefix)
         return found
 
     async def prepare_adapter(self, adapter: AdapterRef) -> None:
@@ -145,9 +146,9 @@ class VllmDriver:
         return {str(model["id"]) for model in models if isinstance(model, dict) and model.get("parent")}
 
     async def send(self, replica: Endpoint, request: EngineRequest) -> VllmResponse:
-        origin, target = self._target(replica, request.path)
+        origin, prefix = self._target(replica, request.path)
         timeout_s = self._request_timeout_s if request.timeout_s is None else request.timeout_s
-        head = origin.request_head("POST", target, "application/json", request.headers, len(request.body))
+        head = http1.head(prefix, request.headers, len(request.body))
         try:
             response = await origin.request(head, request.body, timeout_s)
         except TimeoutError as exc:  # before OSError: TimeoutError is one
