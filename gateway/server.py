@@ -12,7 +12,7 @@ import uvloop
 from aiohttp import web
 
 from gateway.admin.operator import OperatorSite
-from gateway.app import create_app
+from gateway.app import GatewayRunner, create_app
 from gateway.appkeys import METRICS, STATE
 from gateway.config import GatewayConfig
 from gateway.observe import logs
@@ -31,7 +31,8 @@ async def _run(config: GatewayConfig, config_path: Path | None, worker: WorkerSo
     # shutdown_timeout: on shutdown, in-flight handlers get this long to finish before they are cancelled.
     # keepalive_timeout: aiohttp's own idle timer (an hour by default), as a backstop behind the guard's, which
     # adds the other client deadlines and the connection caps (gateway/serving/connections.py).
-    runner = web.AppRunner(
+    # GatewayRunner: aiohttp's, with the inference endpoints served without the router (gateway/app.py).
+    runner = GatewayRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=config.shutdown.drain_timeout_s,
         keepalive_timeout=keepalive_timeout(config.listen),
     )  # fmt: skip

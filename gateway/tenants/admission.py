@@ -159,6 +159,10 @@ class Ticket:
             self.limiter.settle(self, actual_tokens)
 
 
+# The ticket of every request of a tenant without limits: it takes nothing, so it has nothing to settle.
+_UNLIMITED = Ticket(0, None)
+
+
 class TenantLimiter:
     def __init__(self, tenant: str, limits: TenantLimits, shared: SharedBuckets | None) -> None:
         self.tenant, self.limits = tenant, limits
@@ -264,6 +268,11 @@ class Admission:
             yield
         finally:
             limiter.release()
+
+    def unlimited(self, tenant: str) -> Ticket | None:
+        """The ticket of a tenant without limits (nothing taken, nothing to settle), at once; None for a tenant with
+        limits, whose request ``admit`` takes its place."""
+        return _UNLIMITED if tenant not in self._limiters else None
 
     async def admit(self, tenant: str, estimated_tokens: int) -> Ticket:
         limiter = self._limiters.get(tenant)
