@@ -370,30 +370,30 @@ class Origin:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         connection = self._idle_connection(loop)
-        if connection is not None:
+        kept_alive = connection is not None
+        while True:  # the exchange written out here rather than in a coroutine of its own: a frame less to resume
+            if connection is None:
+                async with asyncio.timeout_at(deadline):
+                    connection = await self._new_connection(loop, deadline)
             try:
-                return await self._exchange(connection, head, body, deadline)
+                connection.send(head + body if len(body) < 65536 else head, deadline)
+                if len(body) >= 65536 and connection.transport is not None:  # no copy of a large body
+                    connection.transport.write(body)
+                await connection.head()
             except ResponseError:
-                # The kept-alive connection ended before any byte of an answer: most likely the engine closed it
-                # for its keep-alive timeout as the request arrived (vLLM's is 5 s, ours 15 s), which says nothing
-                # of the replica. Once more, on a new connection (else the gateway tries another replica and blames
-                # this one); a new connection that ends so is an error as before.
-                if connection.answered:
+                self.put_back(connection)  # not complete: dropped
+                # A kept-alive connection that ended before any byte of an answer: most likely the engine closed
+                # it for its keep-alive timeout as the request arrived (vLLM's is 5 s, ours 15 s), which says
+                # nothing of the replica. Once more, on a new connection (else the gateway tries another replica
+                # and blames this one); a new connection that ends so is an error as before.
+                if not kept_alive or connection.answered:
                     raise
-        async with asyncio.timeout_at(deadline):
-            connection = await self._new_connection(loop, deadline)
-        return await self._exchange(connection, head, body, deadline)
-
-    async def _exchange(self, connection: _Connection, head: bytes, body: bytes, deadline: float) -> Response:
-        try:
-            connection.send(head + body if len(body) < 65536 else head, deadline)
-            if len(body) >= 65536 and connection.transport is not None:  # no copy of a large body
-                connection.transport.write(body)
-            await connection.head()
-        except BaseException:
-            self.put_back(connection)  # not complete: dropped
-            raise
-        return Response(self, connection)
+                connection, kept_alive = None, False
+                continue
+            except BaseException:
+                self.put_back(connection)  # not complete: dropped
+                raise
+            return Response(self, connection)
 
     def put_back(self, connection: _Connection) -> None:
         if connection.complete and connection.usable and not self._closed:

@@ -87,7 +87,11 @@ async def _attempt(
     if ctx.adapter is not None and not lease.adapter_resident():
         await _load_within_deadline(telemetry, lease, ctx.deadline)
     with telemetry.upstream_span(lease.replica_id):
-        upstream = await _send(telemetry, lease, ctx)
+        driver, endpoint = lease.pool.driver, lease.pool.replicas[lease.replica_id].endpoint
+        try:  # the driver is awaited here, not in a helper coroutine: a frame less for the request to resume
+            upstream = await driver.send(endpoint, _engine_request(telemetry, ctx))
+        except (AdapterCacheFull, AdapterNotLoaded) as exc:
+            upstream = await _adapter_missing(exc, telemetry, lease, ctx)
         try:
             if not ctx.stream:
                 answer = await upstream.read()
@@ -111,26 +115,25 @@ async def _attempt(
             upstream.release()
 
 
-async def _send(telemetry: Telemetry, lease: Lease, ctx: RequestContext) -> EngineResponse:
-    """Send to the leased replica; an engine that no longer holds the adapter gets it once more, within the
-    request's deadline."""
-    driver, endpoint = lease.pool.driver, lease.pool.replicas[lease.replica_id].endpoint
-    try:
-        return await driver.send(endpoint, _engine_request(telemetry, ctx))
-    except AdapterCacheFull:
+async def _adapter_missing(
+    exc: AdapterCacheFull | AdapterNotLoaded, telemetry: Telemetry, lease: Lease, ctx: RequestContext
+) -> EngineResponse:
+    """The engine did not hold the request's adapter when it was sent: a full adapter cache is raised on (the
+    record stops counting the adapter there); an engine that lost the adapter gets it once more, and the request
+    again, within its deadline."""
+    if isinstance(exc, AdapterCacheFull):
         if lease.adapter is not None:  # the engine does not hold it: stop routing by it being there
             await lease.adapter_lost()
-        raise
-    except AdapterNotLoaded:
-        if lease.adapter is None:
-            raise
-        # The engine lost the adapter (restart, manual unload) since we loaded it: load it again, once.
-        log.warning(
-            "adapter %s vanished from %s/%s; reloading", lease.adapter.engine_name, lease.pool.name, lease.replica_id
-        )
-        await lease.adapter_lost()
-        await _load_within_deadline(telemetry, lease, ctx.deadline)
-        return await driver.send(endpoint, _engine_request(telemetry, ctx))
+        raise exc
+    if lease.adapter is None:
+        raise exc
+    # The engine lost the adapter (restart, manual unload) since we loaded it: load it again, once.
+    log.warning(
+        "adapter %s vanished from %s/%s; reloading", lease.adapter.engine_name, lease.pool.name, lease.replica_id
+    )
+    await lease.adapter_lost()
+    await _load_within_deadline(telemetry, lease, ctx.deadline)
+    return await lease.pool.driver.send(lease.pool.replicas[lease.replica_id].endpoint, _engine_request(telemetry, ctx))
 
 
 def _engine_request(telemetry: Telemetry, ctx: RequestContext) -> EngineRequest:
