@@ -362,6 +362,8 @@ class TritonDriver:
         except asyncio.CancelledError:  # grpc.aio has cancelled the call (the engine stops generating)
             _reraise_if_cancelled()
             raise EngineUnavailable(f"{replica.id}: the call was cancelled (the pool is closing)") from None
+        if answer is None:  # the call ended with no response at all: grpc.aio reads that as None, not an error
+            raise StreamBroken(f"{replica.id} ended the stream without an answer")
         return _ANSWERED, grpc_piece(answer.infer_response), (answer.error_message or None)
 
     def _raise_engine_error(
