@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# At most 15 digits (a float counts them exactly): the figure is the engine's, and a longer one (more digits than
+# int() converts, at 4,300) raised on the request path; it is left out.
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,15})(?!\d)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,15})(?!\d)')
 
 
 @dataclass
