@@ -133,10 +133,16 @@ def json_body(inputs: list[tuple[str, Any]]) -> bytes:
 
 
 def _decode(event: bytes, replica_id: str) -> dict[str, Any]:
+    payload = event.removeprefix(b"data:")
     try:
-        data = orjson.loads(event.removeprefix(b"data:"))
-    except orjson.JSONDecodeError as exc:
-        raise StreamBroken(f"{replica_id} sent an event that is not JSON: {event[:80]!r}") from exc
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        # Triton's JSON writer copies a text output's bytes as they are: a token that ends mid-character is not
+        # UTF-8, which orjson refuses. Read it as gRPC's reader does (replacement characters), not as a broken stream.
+        try:
+            data = orjson.loads(payload.decode("utf-8", "replace"))
+        except orjson.JSONDecodeError as exc:
+            raise StreamBroken(f"{replica_id} sent an event that is not JSON: {event[:80]!r}") from exc
     if not isinstance(data, dict):
         raise StreamBroken(f"{replica_id} sent an event that is not an object: {event[:80]!r}")
     return data

@@ -92,6 +92,16 @@ async def test_an_answer_that_cannot_be_read_is_a_broken_stream(body: bytes) -> 
         await _all(_stream(Arriving(body)))
 
 
+async def test_text_that_is_not_utf8_is_read_as_over_grpc_not_a_broken_stream() -> None:
+    """Triton's JSON writer copies a BYTES output's bytes as they are: a model whose token ends mid-character puts
+    bytes that are not UTF-8 in the event. gRPC's reader decodes them with replacement characters
+    (triton_wire.first_text); so does this one, rather than breaking the stream and blaming the replica."""
+    body = Arriving(b'data: {"text_output":"caf\xc3","num_input_tokens":3,"num_output_tokens":1}\n\n', _event("e", 2))
+    stream = _stream(body)
+    assert await stream.first() == (("caf\ufffd", 3, 1), None)
+    assert await _all(stream) == [("e", 3, 2)]
+
+
 async def test_an_event_that_never_ends_is_a_broken_stream_not_a_growing_buffer() -> None:
     """An engine (or something else on its port) that sends bytes without ever ending an event: read no further
     than the event limit, and the connection is dropped, not handed back."""
