@@ -123,14 +123,17 @@ class Telemetry:
         if self.provider is not None:
             self.provider.shutdown()
 
-    @contextlib.contextmanager
-    def request_span(self, record: RequestRecord, headers: Mapping[str, str]) -> Iterator[None]:
-        """The request's root span, continuing the client's trace when it sent a ``traceparent``."""
+    def request_span(self, record: RequestRecord, headers: Mapping[str, str]) -> contextlib.AbstractContextManager[Any]:
+        """The request's root span, continuing the client's trace when it sent a ``traceparent``; the shared null
+        context when tracing is off (no generator made and run per request)."""
         if self.tracer is None:
-            yield
-            return
+            return _NO_SPAN
+        return self._request_span(self.tracer, record, headers)
+
+    @contextlib.contextmanager
+    def _request_span(self, tracer: trace.Tracer, record: RequestRecord, headers: Mapping[str, str]) -> Iterator[None]:
         parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else None
-        with self.tracer.start_as_current_span(
+        with tracer.start_as_current_span(
             "tenantgate.request", context=parent, kind=trace.SpanKind.SERVER, attributes={"http.route": record.path}
         ) as span:
             record.trace_id = format(span.get_span_context().trace_id, "032x")

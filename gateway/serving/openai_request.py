@@ -106,14 +106,12 @@ def parse_inference(
     if body.keys() - _ALLOWED[kind]:
         unknown = sorted(body.keys() - _ALLOWED[kind])
         raise InvalidRequest(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
-    model = _optional(body, "model", str, "a string") or None
-    stream = _optional(body, "stream", bool, "a boolean")
-    _optional(body, "stream_options", dict, "an object")
-    user = _optional(body, "user", str, "a string")
-    for field in ("max_tokens", "max_completion_tokens", "n"):
-        value = _optional(body, field, int, "an integer")
-        if value is not None and (isinstance(value, bool) or value < 1):
-            raise InvalidRequest(f"'{field}' must be an integer of at least 1.", param=field)
+    for field, kind_of, described in _TYPED:
+        if field in body:  # most requests set few of them: only those are checked
+            value = _optional(body, field, kind_of, described)
+            if kind_of is int and value is not None and value < 1:
+                raise InvalidRequest(f"'{field}' must be an integer of at least 1.", param=field)
+    model, stream, user = body.get("model") or None, body.get("stream"), body.get("user")
     part_types: set[str] = set()
     part_urls: list[str] = []
     template_kwargs: frozenset[str] = frozenset()
@@ -133,6 +131,14 @@ def parse_inference(
         body, model, bool(stream), user, max_tokens, prompt_chars, choices, frozenset(part_types), template_kwargs,
         tuple(part_urls),
     )  # fmt: skip
+
+
+# The fields whose type is checked, in the order they are (the first wrong one is the error); integers at least 1.
+_TYPED: tuple[tuple[str, type, str], ...] = (
+    ("model", str, "a string"), ("stream", bool, "a boolean"), ("stream_options", dict, "an object"),
+    ("user", str, "a string"), ("max_tokens", int, "an integer"), ("max_completion_tokens", int, "an integer"),
+    ("n", int, "an integer"),
+)  # fmt: skip
 
 
 def _fetchable(url: str) -> bool:
