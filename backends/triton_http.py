@@ -35,6 +35,7 @@ _ERROR_BODY_LIMIT = 1 << 20
 # One event is one model response (a token's text and two counts): an event this long is no answer but a broken
 # engine or something else on the port, read no further rather than held in memory without bound.
 EVENT_LIMIT = 1 << 20
+_INT32_MAX = 2**31 - 1  # the token counts' type (INT32 outputs)
 # An engine error whose text names the request's fault (TensorRT-LLM's "exceeds", "invalid", "must be").
 _CLIENT_FAULT = re.compile(r"\b(exceeds|invalid|must be)\b", re.IGNORECASE)
 
@@ -162,8 +163,12 @@ def _first(value: Any) -> Any:
 
 
 def _count(value: Any) -> int | None:
+    """A token count: the model's INT32 output (as gRPC's reader takes it), so a number outside 0..2**31-1 is none
+    (a total over 64 bits could not be written into the answer's usage)."""
     value = _first(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT32_MAX:
+        return value
+    return None
 
 
 def _error_text(text: str, status: int) -> str:

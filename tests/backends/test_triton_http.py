@@ -16,9 +16,10 @@ import pytest
 from backends import http1
 from backends.base import EngineRequest
 from backends.errors import EngineRejected, StreamBroken
-from backends.triton import TritonDriver
+from backends.triton import TritonDriver, TritonResponse
 from backends.triton_config import TritonEndpoint
 from backends.triton_http import EVENT_LIMIT, Piece, SseStream
+from backends.triton_openai import TritonCall
 from gateway.failures import classify
 from tests.servers import TritonProcess
 
@@ -100,6 +101,20 @@ async def test_text_that_is_not_utf8_is_read_as_over_grpc_not_a_broken_stream() 
     stream = _stream(body)
     assert await stream.first() == (("caf\ufffd", 3, 1), None)
     assert await _all(stream) == [("e", 3, 2)]
+
+
+@pytest.mark.parametrize("count", [-1, 2**31, 2**64 - 1], ids=["negative", "over-int32", "u64-max"])
+async def test_a_count_that_is_no_int32_is_not_reported(count: int) -> None:
+    """The model's token counts are INT32 outputs (as gRPC's reader takes them): a JSON number outside that range is
+    no count. Taken as one, the usage it made could not be written (its total over 64 bits: the stream ended
+    without [DONE]), or was negative."""
+    event = b'data: {"text_output":"a","num_input_tokens":%d,"num_output_tokens":1}\n\n' % count
+    stream = _stream(Arriving(event))
+    call = TritonCall(chat=False, model="m", prompt="p", max_tokens=8, stream=True, include_usage=True)
+    first, _ = await stream.first()
+    assert first == ("a", None, 1)
+    answer = b"".join([chunk async for chunk in TritonResponse(call, stream, first).chunks()])
+    assert answer.endswith(b"data: [DONE]\n\n") and b"usage" not in answer
 
 
 async def test_an_event_that_never_ends_is_a_broken_stream_not_a_growing_buffer() -> None:
