@@ -193,6 +193,8 @@ class Pool:
         predicting = scoring is not None
         warm_since = now - self.prefix_warm_s
         recent = self._recent.get(key, {}) if predicting else {}
+        # Where other gateways have requests in flight with the adapter (their loads under way included).
+        flying = self.residency.signal.flying_on(self.name, engine_model) if predicting and engine_model else ()
         reserved = reservations.by_replica
         likely_on_gpu = self.residency.likely_on_gpu
         # The named tuple's own __new__ without its Python-level argument handling: 0.10 us against 0.23 per
@@ -213,12 +215,12 @@ class Pool:
             if predicting and healthy:
                 if engine_model is None:  # the base model is on every GPU
                     on_gpu = True
-                elif in_flight or replica_id in resident:
+                elif in_flight or replica_id in resident or replica_id in flying:
                     if replica.engine_load is None:  # _running_on's first case, without its call
                         on_gpu = likely_on_gpu(replica_id, engine_model, 1)
                     else:
                         on_gpu = self._running_on(replica_id, replica, engine_model, now)
-                else:  # no request of this gateway's there and not resident: only a scrape can list it running
+                else:  # no gateway's request there and not resident: only a scrape can list it running
                     on_gpu = replica.engine_load is not None and self._listed_running(replica, engine_model, now)
                 key_recent = bool(recent) and recent.get(replica_id, _NEVER) >= warm_since
             loads.append(

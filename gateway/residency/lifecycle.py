@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
@@ -142,11 +142,12 @@ class PoolResidency:
         self._resident_on.clear()
 
     def likely_on_gpu(self, replica_id: str, engine_name: str, gpu_slots: int) -> bool:
-        """Whether the adapter is likely in one of the replica's ``gpu_slots`` GPU slots: this gateway has requests
-        in flight with it there, or it is among the replica's ``gpu_slots`` most recently used adapters (engines
-        replace the least recently used slot; the use times are every gateway's when they share a store)."""
+        """Whether the adapter is likely in one of the replica's ``gpu_slots`` GPU slots: a gateway has requests in
+        flight with it there (this one, or another as the slot signal last shared: so a load another gateway has
+        under way is seen), or it is among the replica's ``gpu_slots`` most recently used adapters (engines replace
+        the least recently used slot; the use times are every gateway's when they share a store)."""
         view = self.views[replica_id]
-        if engine_name in view.in_flight:
+        if engine_name in view.in_flight or self.signal.flying_elsewhere(self.pool, replica_id, engine_name):
             return True
         used = view.resident.get(engine_name)
         if used is None:
@@ -312,6 +313,11 @@ class PoolResidency:
     def held_here(self, replica_id: str) -> frozenset[str]:
         view = self.views.get(replica_id)
         return frozenset(view.in_flight) if view is not None else frozenset()
+
+    def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
+        for replica_id, view in self.views.items():
+            if view.in_flight:
+                yield replica_id, frozenset(view.in_flight)
 
     def remote_release(self, replica_id: str) -> None:
         if replica_id in self._remote_news:

@@ -32,6 +32,17 @@ unload, never per request: routing by a record seconds old sends a key where its
 from where it was just loaded, and each such miss costs a cold load (several gateways then load one adapter on
 several replicas).
 
+The channel also carries which adapters each gateway has requests in flight for, per replica (``flying``), so that
+every gateway's routing counts an adapter in flight anywhere as on that replica's GPU (``flying_elsewhere``, read by
+``PoolResidency.likely_on_gpu``). Without it, a request placed by one gateway where its adapter is cold (the
+gateway then loads it: 300-500 ms on a GPU) is invisible to the others until the load ends, and they load the same
+adapter on other replicas meanwhile (measured: 6-7 such duplicate loads per 30 s of the hot trace with 3 gateways,
+none with one). Batched, never per request: every ``SHARE_S`` a gateway whose held sets changed since its last
+message publishes all of them (absolute, so a lost message is made good by the next; at most
+``MAX_SHARED_PAIRS`` replica-adapter pairs), and repeats them every ``RENEW_S`` while it holds something; a gateway
+that holds nothing says so once, then stays silent. Another gateway's sets not heard again within ``REMOTE_TTL_S``
+are forgotten (it stopped, or died).
+
 The transport is a callable that publishes one message (gateway/residency/signal_redis.py: Redis pub/sub); the
 in-process store has ``NO_SIGNAL``, which does nothing: one gateway sees its own releases at once.
 """
@@ -44,7 +55,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -59,8 +70,13 @@ REMOTE_TTL_S = 3 * RENEW_S
 # After an announcement reached Redis, the time every listening gateway has to answer with its held set: a round
 # trip through Redis and an event loop's turn, with room for a busy loop. A wait may end this much after a release.
 SETTLE_S = 0.05
+# A gateway whose in-flight adapters changed says so at most this often (batched: the request path only marks the
+# change), in one message of at most MAX_SHARED_PAIRS (replica, adapter) pairs.
+SHARE_S = 0.05
+MAX_SHARED_PAIRS = 4096
 
 Key = tuple[str, str]  # (pool, replica)
+_NOWHERE: frozenset[str] = frozenset()
 
 
 class SlotListener(Protocol):
@@ -76,6 +92,10 @@ class SlotListener(Protocol):
 
     def remote_set_changed(self, replica_id: str) -> None:
         """Another gateway changed the replica's resident set: read its record again."""
+        ...
+
+    def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
+        """Per replica where this gateway has requests in flight, their adapters."""
         ...
 
 
@@ -115,6 +135,16 @@ class SlotSignal:
         # Numbers this gateway's messages: publishes run concurrently and may reach Redis out of order, so a
         # waiter keeps each gateway's newest held set, not the last to arrive.
         self._sent_count = 0
+        # This gateway's in-flight adapters as last shared (``share``): whether they changed since, when last sent,
+        # and whether that message named any.
+        self._flying_changed = False
+        self._flying_sent_at = float("-inf")
+        self._said_flying = False
+        # Other gateways' in-flight adapters: per sender its sets and when heard, the newest message's number, and
+        # per (pool, adapter) how many senders hold it on each replica (what routing reads: one lookup a decision).
+        self._flying_from: dict[str, tuple[dict[Key, frozenset[str]], float]] = {}
+        self._flying_n: dict[str, int] = {}
+        self._flying: dict[tuple[str, str], dict[str, int]] = {}
         self.listening = False  # this gateway's subscription is up: it hears the others
         metrics.slot_signal_up.set(0)
 
@@ -146,7 +176,9 @@ class SlotSignal:
 
     def changed(self, pool: str, replica: str, *, freed: bool) -> None:
         """This gateway's held set on the replica changed (``freed``: a slot freed, an adapter's last request here
-        ended or it was unloaded). A dict lookup unless another gateway waits there; then one publish."""
+        ended or it was unloaded). A dict lookup unless another gateway waits there; then one publish. The change is
+        also shared with every gateway at the next ``share``."""
+        self._flying_changed = True
         if not self._remote_waits or not self.remote_waiting(pool, replica):
             return
         holding = self._held(pool, replica)
@@ -160,6 +192,36 @@ class SlotSignal:
         """This gateway changed the replica's resident set (and wrote it to the store): the others read it again.
         One publish per load or unload."""
         self._send({"t": "set", "p": pool, "r": replica}, None)
+
+    def flying_on(self, pool: str, adapter: str) -> Collection[str]:
+        """The replicas where another gateway has requests in flight for the adapter (as it last shared them)."""
+        return self._flying.get((pool, adapter), _NOWHERE)
+
+    def flying_elsewhere(self, pool: str, replica: str, adapter: str) -> bool:
+        """Whether another gateway has requests in flight for the adapter on the replica (as it last shared them)."""
+        return replica in self._flying.get((pool, adapter), _NOWHERE)
+
+    def share(self) -> None:
+        """Publish this gateway's in-flight adapters if they changed since the last message, or again every
+        ``RENEW_S`` while it holds any (the transport calls this every ``SHARE_S``)."""
+        now = self._clock()
+        if not self._flying_changed and not (self._said_flying and now - self._flying_sent_at >= RENEW_S):
+            return
+        self._flying_changed = False
+        held: dict[str, dict[str, list[str]]] = {}
+        pairs = 0
+        for pool, listeners in self._listeners.items():
+            for listener in listeners:
+                for replica, adapters in listener.flying():
+                    if pairs + len(adapters) > MAX_SHARED_PAIRS:
+                        continue  # bounded: what does not fit is left out (the receivers keep to it too)
+                    named = held.setdefault(pool, {}).setdefault(replica, [])
+                    named.extend(sorted(adapters))
+                    pairs += len(adapters)
+        if not held and not self._said_flying:
+            return  # silence already says so
+        self._flying_sent_at, self._said_flying = now, bool(held)
+        self._send({"t": "flying", "h": held}, None)
 
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
         """The adapters other gateways hold on the replica, once this gateway waits there and every listening
@@ -179,15 +241,21 @@ class SlotSignal:
         """One message from the channel."""
         try:
             message = json.loads(raw)
-            kind, sender, key = message["t"], message["g"], (str(message["p"]), str(message["r"]))
+            kind, sender = message["t"], message["g"]
             if not isinstance(sender, str):  # it keys dicts below: a list there would raise, and end the subscription
                 raise TypeError("the sender is not a string")
+            key = ("", "") if kind == "flying" else (str(message["p"]), str(message["r"]))
         except (ValueError, KeyError, TypeError):
             log.warning("slot signal: unreadable message %.200r", raw)
             return
         if sender == self.gateway_id:
             return
-        if kind == "set":
+        if kind == "flying":
+            number = message.get("n")
+            if isinstance(number, int) and number > self._flying_n.get(sender, -1):
+                self._flying_n[sender] = number
+                self._heard_flying(sender, message.get("h"))
+        elif kind == "set":
             for listener in self._listeners.get(key[0], ()):
                 listener.remote_set_changed(key[1])
         elif kind == "wait":
@@ -222,6 +290,9 @@ class SlotSignal:
         if up == self.listening:
             return
         self.listening = up
+        for sender in list(self._flying_from):  # what was said while down is lost: trust only what comes next
+            self._forget_flying(sender)
+        self._flying_n.clear()
         self.metrics.slot_signal_up.set(1 if up else 0)
         for key, wait in self._waits.items():
             wait.announced_at, wait.holds, wait.last = None, {}, {}
@@ -238,6 +309,9 @@ class SlotSignal:
         is free, so the waits look again)."""
         now = self._clock()
         self._remote_waits = {key: until for key, until in self._remote_waits.items() if until > now}
+        for sender in [g for g, (_, heard_at) in self._flying_from.items() if heard_at <= now - REMOTE_TTL_S]:
+            self._forget_flying(sender)
+            del self._flying_n[sender]
         self._waits = {key: w for key, w in self._waits.items() if w.count or w.left_at > now - RENEW_S}
         for key, wait in self._waits.items():
             gone = [sender for sender, (_, heard_at) in wait.holds.items() if heard_at <= now - REMOTE_TTL_S]
@@ -263,6 +337,42 @@ class SlotSignal:
         for listener in self._listeners.get(pool, ()):
             held |= listener.held_here(replica)
         return sorted(held)
+
+    def _heard_flying(self, sender: str, held: object) -> None:
+        """Another gateway's in-flight adapters replace what it said before. Entries that are not a pool's map of
+        replicas to lists of names are left out (another gateway's bug, or anyone with Redis access), as are
+        those past ``MAX_SHARED_PAIRS``."""
+        sets: dict[Key, frozenset[str]] = {}
+        pairs = 0
+        if isinstance(held, dict):
+            for pool, replicas in held.items():
+                if not isinstance(replicas, dict):
+                    continue
+                for replica, adapters in replicas.items():
+                    if not isinstance(adapters, list) or pairs + len(adapters) > MAX_SHARED_PAIRS:
+                        continue
+                    names = frozenset(name for name in adapters if isinstance(name, str))
+                    if names:
+                        sets[(pool, replica)] = names
+                        pairs += len(names)
+        self._forget_flying(sender)
+        self._flying_from[sender] = (sets, self._clock())
+        for (pool, replica), names in sets.items():
+            for name in names:
+                counts = self._flying.setdefault((pool, name), {})
+                counts[replica] = counts.get(replica, 0) + 1
+
+    def _forget_flying(self, sender: str) -> None:
+        sets, _ = self._flying_from.pop(sender, ({}, 0.0))
+        for (pool, replica), names in sets.items():
+            for name in names:
+                counts = self._flying[(pool, name)]
+                if counts[replica] > 1:
+                    counts[replica] -= 1
+                else:
+                    del counts[replica]
+                    if not counts:
+                        del self._flying[(pool, name)]
 
     def _announce(self, key: Key, wait: _Wait) -> None:
         wait.sent_at = self._clock()
@@ -315,6 +425,12 @@ class NoSignal:
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
         return None
 
+    def flying_on(self, pool: str, adapter: str) -> Collection[str]:
+        return _NOWHERE
+
+    def flying_elsewhere(self, pool: str, replica: str, adapter: str) -> bool:
+        return False
+
 
 class Signal(Protocol):
     """What the lifecycle uses: ``SlotSignal`` or ``NoSignal``."""
@@ -328,6 +444,10 @@ class Signal(Protocol):
     def set_changed(self, pool: str, replica: str) -> None: ...
 
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None: ...
+
+    def flying_on(self, pool: str, adapter: str) -> Collection[str]: ...
+
+    def flying_elsewhere(self, pool: str, replica: str, adapter: str) -> bool: ...
 
 
 NO_SIGNAL = NoSignal()

@@ -9,12 +9,12 @@ is down the signal says so (``SlotSignal.listening``) and waits fall back on the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections.abc import Callable
 
 from gateway.observe.metrics import GatewayMetrics
 from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
-from gateway.residency.signal import RENEW_S, SlotSignal
+from gateway.residency.signal import RENEW_S, SHARE_S, SlotSignal
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,16 @@ class RedisSlotChannel:
 
     async def run(self) -> None:
         """Follow the channel and renew this gateway's waits until cancelled."""
-        renewing = asyncio.create_task(self._renew(), name="slot signal renewal")
+        timers = [
+            asyncio.create_task(self._every(RENEW_S, self.signal.renew), name="slot signal renewal"),
+            asyncio.create_task(self._every(SHARE_S, self.signal.share), name="in-flight adapters shared"),
+        ]
         try:
             await self._follow()
         finally:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            for timer in timers:
+                timer.cancel()
+            await asyncio.gather(*timers, return_exceptions=True)
 
     async def close(self) -> None:
         await self.signal.close()
@@ -72,7 +75,8 @@ class RedisSlotChannel:
             self.signal.subscribed(False)
             await asyncio.sleep(RECONNECT_S)
 
-    async def _renew(self) -> None:
+    @staticmethod
+    async def _every(interval_s: float, work: Callable[[], None]) -> None:
         while True:
-            await asyncio.sleep(RENEW_S)
-            self.signal.renew()
+            await asyncio.sleep(interval_s)
+            work()

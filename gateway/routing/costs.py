@@ -4,7 +4,8 @@ A request's *regime* on a replica is what the gateway knows there when it routes
 table describes the three the engines have; the adapter-warm case splits by where the adapter is):
 
 - ``warm``: the adapter is likely in a GPU slot there (the engine's ``vllm:lora_requests_info`` lists it running,
-  this gateway has requests in flight with it, or it is among the replica's most recently used adapters, as
+  a gateway has requests in flight with it there (this one, or another as the slot signal shares them), or it is
+  among the replica's most recently used adapters, as
   many as the engine has GPU slots) and the key was served there within ``routing.prefix_warm_s``: its prefix is
   likely in the KV cache;
 - ``kv_cold``: the adapter is likely on the GPU there, the key was not served there: prefill pays for the whole

@@ -16,6 +16,7 @@ from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
 from gateway.fleet.pool import Lease, Pool
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
+from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.routing.decision import RoutingDecision
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.ring import Ring
@@ -23,8 +24,15 @@ from tests.clock import Clock
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
 
 
-def pool_of(size: int, routing: RoutingConfig, cap: int = 512, policy: str = "bounded_consistent_hash") -> Pool:
-    """A real pool of ``size`` replicas over a fake engine, every replica up."""
+def pool_of(
+    size: int,
+    routing: RoutingConfig,
+    cap: int = 512,
+    policy: str = "bounded_consistent_hash",
+    signal: Signal = NO_SIGNAL,
+) -> Pool:
+    """A real pool of ``size`` replicas over a fake engine, every replica up; ``signal``: the slot signal its
+    residency shares with other gateways' (the in-process store's, which shares nothing, by default)."""
     replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(size)]
     config = PoolConfig.model_validate(
         {"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas, "policy": policy}
@@ -32,7 +40,15 @@ def pool_of(size: int, routing: RoutingConfig, cap: int = 512, policy: str = "bo
     endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
     driver = FakeDriver(FakeEngine())
     residency = PoolResidency(
-        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+        "llama",
+        endpoints,
+        driver,
+        MemoryStore(),
+        ResidencyConfig(),
+        max_adapters=2,
+        load_timeout_s=5,
+        shared=False,
+        signal=signal,
     )
     pool = Pool(config, routing, driver, residency, max_in_flight_per_replica=cap)
     for replica in pool.replicas.values():

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from backends.base import AdapterRef, EngineLoad
 from gateway.config import RoutingConfig, TtftPriors
 from gateway.fleet.pool import Pool
+from gateway.residency.signal import NO_SIGNAL, Signal, SlotSignal
 from tests.gateway.fleet.test_pool_properties import pool_of
 from tests.gateway.residency.fakes import ref
+from tests.gateway.residency.test_slot_signal import Bus, until
 
 ADAPTER: AdapterRef = ref("a")
 
@@ -26,12 +28,13 @@ def predicting_pool(
     prefix_warm_s: float = 30.0,
     policy: str = "predicted_ttft",
     routing: RoutingConfig | None = None,
+    signal: Signal = NO_SIGNAL,
 ) -> Pool:
     """Three replicas; the priors above, frozen unless ``learning_rate``; no reservations."""
     routing = routing or RoutingConfig(
         ttft_priors=PRIORS, ttft_learning_rate=learning_rate, prefix_warm_s=prefix_warm_s, home_reservation_s=0
     )
-    return pool_of(3, routing, policy=policy)
+    return pool_of(3, routing, policy=policy, signal=signal)
 
 
 def test_the_replica_that_served_a_key_has_its_prefix_warm_for_the_window() -> None:
@@ -75,6 +78,27 @@ async def test_the_engines_gpu_slots_say_how_many_recent_adapters_are_on_the_gpu
     assert pool.explain("k", "a").predictions["r1"].regime == "host"
     pool.replicas["r1"].engine_load = EngineLoad(0, 0, 0.0, gpu_slots=2)
     assert pool.explain("k", "a").predictions["r1"].regime == "kv_cold"
+
+
+async def test_a_request_another_gateway_placed_makes_its_adapter_warm_there_so_no_second_cold_load() -> None:
+    """Gateway A placed a request for adapter "a" on a replica where it was cold (A loads it there: hundreds of
+    milliseconds on a GPU). Once A's in-flight adapters are shared (the slot signal's batch), gateway B's next
+    request for "a" goes there too rather than loading it cold at its own choice: with three gateways on the hot
+    trace, such duplicate loads were 6-7 per run, none with one gateway."""
+    bus = Bus()
+    a, b = predicting_pool(signal=bus.signal()), predicting_pool(signal=bus.signal())
+    home = b.explain("k", "a").chosen
+    assert home is not None
+    elsewhere = next(replica for replica in sorted(b.replicas) if replica != home)
+    assert {p.regime for p in b.explain("k", "a").predictions.values()} == {"cold"}
+    a.residency.begin_use(elsewhere, "a")
+    assert isinstance(a.residency.signal, SlotSignal)
+    a.residency.signal.share()
+    await until(lambda: b.explain("k", "a").chosen == elsewhere, lambda: f"B still goes home: {bus.published}")
+    assert b.explain("k", "a").predictions[elsewhere].regime == "kv_cold"
+    a.residency.end_use(elsewhere, "a")
+    a.residency.signal.share()
+    await until(lambda: b.explain("k", "a").chosen == home, lambda: "B still counts A's ended request")
 
 
 def test_the_engines_running_adapters_count_while_the_scrape_is_fresh() -> None:

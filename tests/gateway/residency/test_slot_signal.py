@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from backends.errors import AdapterCacheFull
 from gateway.config import ResidencyConfig
 from gateway.observe.metrics import GatewayMetrics
+from gateway.residency import signal as signal_module
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
 from gateway.residency.signal import REMOTE_TTL_S, RENEW_S, SETTLE_S, SlotSignal
@@ -208,6 +209,9 @@ class Holding:
     def remote_set_changed(self, replica_id: str) -> None:
         pass
 
+    def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
+        return iter([("r0", self.held)] if self.held else [])
+
 
 async def test_only_gateways_that_hold_something_answer_a_wait_and_once_more_after_they_let_go() -> None:
     """Silence is an empty held set: of 6 gateways hearing a wait, only the one holding an adapter there answers,
@@ -306,20 +310,15 @@ async def test_a_lost_release_is_made_good_by_the_answer_to_the_next_renewal(sto
     assert engine.loaded["r0"] == {"y"} and releases(b, "received") == 0
 
 
-class Woken:
+class Woken(Holding):
     """A pool's lifecycle as the signal sees it: holds nothing, notes each wake."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.woken: list[str] = []
-
-    def held_here(self, replica_id: str) -> frozenset[str]:
-        return frozenset()
 
     def remote_release(self, replica_id: str) -> None:
         self.woken.append(replica_id)
-
-    def remote_set_changed(self, replica_id: str) -> None:
-        pass
 
 
 async def test_the_held_set_of_a_gateway_that_stopped_answering_is_dropped_and_the_wait_looks_again() -> None:
@@ -419,3 +418,113 @@ async def test_a_gateway_reads_a_replica_once_for_news_that_arrive_together(stor
     assert len(pending) == 1
     await pending[0]
     assert reads == ["r0"]
+
+
+# --- in-flight adapters shared between gateways (``share``, ``flying_elsewhere``) ------------------------------------
+
+
+def flying(bus: Bus) -> list[dict[str, dict[str, list[str]]]]:
+    return [m["h"] for m in bus.published if m["t"] == "flying"]
+
+
+async def test_an_adapter_in_flight_on_one_gateway_is_in_flight_there_for_the_others() -> None:
+    """A request one gateway placed (its adapter's load may be under way) is seen by another gateway's
+    ``likely_on_gpu`` once shared, and no longer once it ended and that was shared."""
+    bus, store, engine = Bus(), MemoryStore(), FakeEngine()
+    a, b = gateway(store, engine, bus), gateway(store, engine, bus)
+    a.begin_use("r1", "x")
+    assert not b.likely_on_gpu("r1", "x", 1)
+    assert isinstance(a.signal, SlotSignal)
+    a.signal.share()
+    await until(lambda: b.likely_on_gpu("r1", "x", 1), lambda: f"B never heard: {bus.published}")
+    assert not b.likely_on_gpu("r0", "x", 1) and not b.likely_on_gpu("r1", "y", 1)
+    a.end_use("r1", "x")
+    a.signal.share()
+    await until(lambda: not b.likely_on_gpu("r1", "x", 1), lambda: f"B still counts x: {bus.published}")
+
+
+async def test_in_flight_adapters_are_shared_in_batches_never_per_request() -> None:
+    """Requests only mark a change; ``share`` (every SHARE_S) publishes all of a gateway's in-flight adapters in one
+    message if they changed, again every RENEW_S while it holds any, once empty after it let go, then nothing."""
+    bus, clock = Bus(), Clock(100.0)
+    signal, holder = bus.signal(clock), Holding()
+    signal.attach("llama", holder)
+    holder.held = frozenset({"x", "y"})
+    for _ in range(50):  # requests beginning and ending: no message
+        signal.changed("llama", "r0", freed=False)
+        signal.changed("llama", "r0", freed=True)
+    await asyncio.sleep(0)
+    assert flying(bus) == []
+    signal.share()
+    signal.share()  # nothing changed since
+    clock.advance(RENEW_S / 2)
+    signal.share()
+    await asyncio.sleep(0)
+    assert flying(bus) == [{"llama": {"r0": ["x", "y"]}}]
+    clock.advance(RENEW_S / 2)
+    signal.share()  # repeated while it holds something: a gateway that hears it late, or lost it, learns it
+    holder.held = frozenset()
+    signal.changed("llama", "r0", freed=True)
+    signal.share()  # said once, empty
+    clock.advance(10 * RENEW_S)
+    signal.share()
+    signal.changed("llama", "r0", freed=True)
+    signal.share()  # nothing held, and said so already
+    await asyncio.sleep(0)
+    assert flying(bus) == [{"llama": {"r0": ["x", "y"]}}, {"llama": {"r0": ["x", "y"]}}, {}]
+
+
+async def test_a_gateway_that_stops_sharing_is_forgotten_and_an_older_message_never_replaces_a_newer_one() -> None:
+    clock = Clock(100.0)
+    signal = Bus().signal(clock)
+
+    def heard(number: int, adapters: list[str]) -> None:
+        held = {"llama": {"r0": adapters}}
+        signal.heard(json.dumps({"t": "flying", "g": "other", "n": number, "h": held}))
+
+    heard(2, ["x"])
+    heard(1, ["y"])  # published before the other, arrived after it
+    assert signal.flying_elsewhere("llama", "r0", "x") and not signal.flying_elsewhere("llama", "r0", "y")
+    clock.advance(REMOTE_TTL_S / 2)
+    signal.renew()
+    assert signal.flying_elsewhere("llama", "r0", "x")
+    clock.advance(REMOTE_TTL_S / 2)  # not heard again within REMOTE_TTL_S: gone
+    signal.renew()
+    assert not signal.flying_elsewhere("llama", "r0", "x")
+
+
+async def test_unreadable_in_flight_messages_are_left_out_and_never_break_the_subscriber() -> None:
+    signal = Bus().signal()
+    junk: list[object] = [
+        [1, 2],
+        {"llama": ["x"]},
+        {"llama": {"r0": "x"}},
+        {"llama": {"r0": [1, {"a": 1}, None]}},
+        {"llama": {"r0": ["x", 3], "r1": None}, "other": 7},
+    ]
+    for number, held in enumerate(junk, 1):
+        signal.heard(json.dumps({"t": "flying", "g": "other", "n": number, "h": held}))
+    signal.heard(json.dumps({"t": "flying", "g": "other", "n": "9", "h": {"llama": {"r2": ["z"]}}}))
+    signal.heard(json.dumps({"t": "flying", "g": ["not", "a", "string"], "n": 10, "h": {}}))
+    assert signal.flying_elsewhere("llama", "r0", "x")  # the one readable entry of the last readable message
+    assert not signal.flying_elsewhere("llama", "r1", "x") and not signal.flying_elsewhere("llama", "r2", "z")
+
+
+async def test_a_message_names_at_most_max_shared_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However much a gateway has in flight, its message is bounded (and so is what a receiver takes from one)."""
+    monkeypatch.setattr(signal_module, "MAX_SHARED_PAIRS", 3)
+    bus = Bus()
+    sender, receiver = bus.signal(), bus.signal()
+
+    class Busy(Holding):
+        def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
+            return iter([("r0", frozenset({"a", "b"})), ("r1", frozenset({"c", "d"})), ("r2", frozenset({"e"}))])
+
+    sender.attach("llama", Busy())
+    sender.changed("llama", "r0", freed=False)
+    sender.share()
+    await until(lambda: receiver.flying_elsewhere("llama", "r0", "a"), lambda: "never heard")
+    assert flying(bus) == [{"llama": {"r0": ["a", "b"], "r2": ["e"]}}]
+    big = {"llama": {f"r{i}": ["a", "b"] for i in range(3)}}
+    receiver.heard(json.dumps({"t": "flying", "g": "other", "n": 1, "h": big}))
+    assert [receiver.flying_elsewhere("llama", f"r{i}", "a") for i in range(3)] == [True, False, False]  # 2 fit

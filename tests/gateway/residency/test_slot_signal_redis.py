@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,9 @@ class Listener:
 
     def remote_set_changed(self, replica_id: str) -> None:
         self.changed.append(replica_id)
+
+    def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
+        return iter([("r0", self.held)] if self.held else [])
 
 
 @contextlib.asynccontextmanager
@@ -88,6 +91,10 @@ async def test_a_wait_and_a_release_reach_the_other_gateway(kind: str, request: 
         a.signal.set_changed("llama", "r1")  # A loaded or unloaded an adapter there: B reads r1 again
         await until(lambda: waiter.changed == ["r1"], "B hears that r1's resident set changed")
         assert holder.changed == []  # a gateway's own news is not news to it
+        holder.held = frozenset({"y"})  # a request of A's with y began on r0: shared at A's next batch
+        a.signal.changed("llama", "r0", freed=False)
+        await until(lambda: b.signal.flying_elsewhere("llama", "r0", "y"), "B knows A has y in flight on r0")
+        assert not a.signal.flying_elsewhere("llama", "r0", "y")  # its own, not another gateway's
 
 
 async def test_the_subscription_drops_with_redis_and_comes_back_with_it(
