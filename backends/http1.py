@@ -10,7 +10,8 @@ bytes go through httptools' response parser (llhttp, Node.js's parser: the frami
 What it does, as aiohttp did for the driver:
 - keep-alive: a connection whose answer was read to the end (and that the engine did not ask to close) goes back
   to its origin's pool; idle connections older than ``idle_timeout_s`` or closed by the engine are not reused;
-  at most ``limit`` connections per origin (waiters queue for a free one).
+  at most ``limit`` connections per origin (waiters queue for a free one, served in their order:
+  a request that arrives meanwhile queues behind them).
 - framing: ``Content-Length``, ``Transfer-Encoding: chunked`` (chunk extensions and trailers skipped) and a body
   read until the engine closes; 1xx interim answers skipped; 204/304 have no body.
 - timeouts: the connect within ``connect_timeout_s``, and the whole exchange (waiting for a connection, connect,
@@ -344,6 +345,7 @@ class Origin:
         self._idle: list[_Connection] = []
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._woken = 0  # waiters woken that have not yet taken their turn
         self._closed = False
         self._prefixes: dict[str, bytes] = {}
 
@@ -369,7 +371,8 @@ class Origin:
         """Send one request (``head`` from ``request_head``) and return once its answer's head has arrived."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        connection = self._idle_connection(loop)
+        # An idle connection, unless requests wait for one: they are served first (_new_connection).
+        connection = None if self._waiters or self._woken else self._idle_connection(loop)
         kept_alive = connection is not None
         while True:  # the exchange written out here rather than in a coroutine of its own: a frame less to resume
             if connection is None:
@@ -426,20 +429,27 @@ class Origin:
     async def _new_connection(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Connection:
         if self._closed:
             raise ResponseError("the engine's connection pool is closed")
-        while self._open >= self._limit:  # wait for a connection to come back or close
+        # At the limit, wait for a connection to come back or close; behind requests already waiting (or woken and
+        # about to take what came back) in any case: one that arrived as a connection came back would otherwise
+        # take it from the first waiter, which then waited again at the back (at a busy replica, at every turn).
+        must_wait = self._open >= self._limit or bool(self._waiters) or self._woken > 0
+        while must_wait:
             waiter = loop.create_future()
             self._waiters.append(waiter)
             try:
                 await waiter
             except BaseException:
                 if waiter.done() and not waiter.cancelled():  # woken, then gave up: pass the turn on
+                    self._woken -= 1
                     self._wake_one()
                 elif waiter in self._waiters:  # a wake may have taken the cancelled waiter off already
                     self._waiters.remove(waiter)
                 raise
+            self._woken -= 1
             connection = self._idle_connection(loop)
             if connection is not None:
                 return connection
+            must_wait = self._open >= self._limit
         self._open += 1
         try:
             async with asyncio.timeout(min(self._connect_timeout_s, max(0.0, deadline - loop.time()))):
@@ -457,6 +467,7 @@ class Origin:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+                self._woken += 1
                 return
 
 

@@ -459,6 +459,28 @@ async def test_a_waiter_cancelled_just_before_its_turn_raises_its_cancellation_n
         assert server.connections == 1 and origin._open == 1
 
 
+async def test_at_the_limit_the_connection_that_comes_back_goes_to_the_request_waiting_first() -> None:
+    """Waiters are served in their order, and a request that arrives as a connection comes back queues behind them:
+    it does not take the connection the wake handed to the first waiter (which, overtaken so at every turn by new
+    arrivals at a busy replica, would wait on to its deadline while later requests were served)."""
+    async with answers(OK, OK, OK) as server:
+        origin = server.origin(limit=1)
+        held = await post(origin)
+        first_waiter = asyncio.create_task(post(origin))
+        await until(lambda: len(origin._waiters) == 1, "a request waits for the one connection")
+        await held.read()
+        newcomer = asyncio.create_task(post(origin))  # ready to run before the waiter's wake-up
+        held.release()
+        served = await within(first_waiter, 2)
+        assert not newcomer.done() and len(origin._waiters) == 1  # the newcomer waits its turn
+        assert await served.read() == b"{}"
+        served.release()
+        last = await within(newcomer)
+        assert await last.read() == b"{}"
+        last.release()
+        assert server.connections == 1 and origin._open == 1 and origin._woken == 0
+
+
 @pytest.mark.parametrize(
     "answer",
     [
