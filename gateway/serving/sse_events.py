@@ -48,6 +48,9 @@ def _events(data: bytes) -> list[bytes]:
     events, start = [], 0
     while start < len(data):
         end = data.find(_END, start)
+        if end < 0:  # a blank line after the last event's end (SSE allows them): as it is. Read as an event's end
+            events.append(data[start:])  # at -1, it sent the walk back to the start, round forever.
+            break
         events.append(data[start : end + 2])
         start = end + 2
     return events

@@ -52,3 +52,13 @@ def test_bytes_that_never_end_an_event_are_not_held_forever() -> None:
     blob = b"x" * (1 << 20)
     assert events.feed(blob) == (b"", b"")
     assert events.feed(b"y") == (blob + b"y", blob + b"y")
+
+
+@pytest.mark.timeout(3)  # the loop this guards against never ended, and grew a list as it went
+@pytest.mark.parametrize("blank", [b"\n", b"\n\n", b"\n\n\n"], ids=["one", "two", "three"])
+def test_blank_lines_after_an_event_pass_on_as_they_are(blank: bytes) -> None:
+    """SSE lets blank lines follow an event (clients skip them); an engine that sends some after its usage event
+    sent the splitting of a stream into events round forever (the event loop, and so the gateway, hung)."""
+    events = StreamEvents(strip_usage=True)
+    assert events.feed(TOKEN + USAGE + blank) == (TOKEN + USAGE + blank, TOKEN + blank)
+    assert events.feed(DONE) == (DONE, DONE)
