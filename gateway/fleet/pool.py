@@ -366,6 +366,8 @@ class Pool:
             replica = self.replicas.get(replica_id)
             if replica is None:  # a sibling worker serving another config for a moment (a reload under way)
                 continue
+            if load is not None and not math.isfinite(load.running + load.waiting + load.kv_cache_usage):
+                load = None  # NaN or inf on the engine's page is no reading (routing rounds the queue: it raised)
             replica.engine_load = load
             replica.health.progress.scraped(load, replica.health.clock())
             replica.scraped_at = at

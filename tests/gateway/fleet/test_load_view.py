@@ -77,3 +77,14 @@ async def test_other_gateways_queue_at_the_home_pushes_a_request_off_it_only_wit
         assert lease.decision.chosen != home and lease.decision.excluded[home] == "over_capacity"
     with own_view.lease("acme", None) as lease:  # blind to the other gateways: it piles onto the busy home
         assert lease.decision.chosen == home
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+async def test_a_load_that_is_no_number_is_no_reading(bad: float) -> None:
+    """An engine's metrics page may say NaN or +Inf (a broken engine, or anything else on its port): that scrape is
+    no reading (the replica counts this gateway's own requests), not carried into routing, where rounding it raised
+    for every request that weighed the replica."""
+    pool = await pool_seeing("engine", EngineLoad(running=bad, waiting=0, kv_cache_usage=0.0))
+    with pool.lease("acme", None) as lease:
+        assert lease.decision.chosen == pool.ring.home("acme")
+    assert all(replica.engine_load is None for replica in pool.replicas.values())
