@@ -267,5 +267,11 @@ def parse_load_signals(text: str) -> EngineLoad | None:
         kv_cache_usage=wanted["vllm:kv_cache_usage_perc"],
         running_adapters=frozenset(name for name in running.split(",") if name),
         generated_tokens=generated,
-        gpu_slots=int(slots) if slots and slots.isdigit() else None,
+        gpu_slots=_count(slots),
     )
+
+
+def _count(text: str | None) -> int | None:
+    """A label's count (``max_lora``), or None: the engine's text, and int() refuses what str.isdigit accepts (a
+    Unicode digit) and long numbers; raised here, it failed the pool's whole scrape."""
+    return int(text) if text and len(text) <= 9 and text.isascii() and text.isdigit() else None

@@ -3,6 +3,8 @@ and the GPU adapter slots (the real engine's page is checked in tests/engines/te
 
 from __future__ import annotations
 
+import pytest
+
 from backends.vllm import parse_load_signals
 
 PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -61,3 +63,14 @@ def test_of_many_lora_series_the_newest_is_read_wherever_it_is() -> None:
 def test_a_lora_series_whose_value_does_not_read_is_left_to_the_parser() -> None:
     broken = 'vllm:lora_requests_info{max_lora="4",running_lora_adapters="x",waiting_lora_adapters=""} soon\n'
     assert parse_load_signals(PAGE + broken) is None  # the page does not parse: no signal, as before
+
+
+@pytest.mark.parametrize(
+    "slots", ["²", "9" * 5000, "-1", "4.0"], ids=["unicode-digit", "5000-digits", "negative", "float"]
+)
+def test_a_gpu_slot_count_that_is_no_count_reads_as_unknown(slots: str) -> None:
+    """The max_lora label is the engine's text: one int() refuses (a Unicode digit, which str.isdigit accepts, or
+    more digits than it converts) raised out of the parse, and failed the whole pool's scrape, every replica's."""
+    page = PAGE.replace('max_lora="4",running_lora_adapters="a3"', f'max_lora="{slots}",running_lora_adapters="a3"')
+    load = parse_load_signals(page)
+    assert load is not None and load.running_adapters == frozenset({"a3"}) and load.gpu_slots is None
