@@ -452,7 +452,7 @@ class TritonDriver:
             async with self._http.get(replica.metrics_url) as response:
                 if response.status != 200:
                     return None
-                text = await response.text()
+                text = await response.text(errors="replace")  # an odd byte spoils one line at most
         except (TimeoutError, aiohttp.ClientError):
             return None
         families = ("nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics", "nv_inference_pending")

@@ -126,7 +126,7 @@ class VllmDriver:
             async with self._session.post(
                 replica.url + path, data=json.dumps(body).encode(), headers=_JSON, timeout=self._load_timeout
             ) as response:
-                return response.status, await response.text()
+                return response.status, await response.text(errors="replace")
         except TimeoutError as exc:
             raise EngineTimeout(f"{what} on {replica.id} timed out") from exc
         except aiohttp.ClientError as exc:
@@ -182,7 +182,7 @@ class VllmDriver:
             async with self._session.get(replica.url + "/metrics", timeout=self._probe_timeout) as response:
                 if response.status != 200:
                     return None
-                text = await response.text()
+                text = await response.text(errors="replace")  # an odd byte spoils one line at most
         except (TimeoutError, aiohttp.ClientError):
             return None
         return parse_load_signals(text)

@@ -93,3 +93,22 @@ async def test_no_signals_from_a_bad_page(driver: TritonDriver, page: str, statu
         assert await driver.load_signals(_replica(server)) is None
     finally:
         await server.close()
+
+
+async def test_a_page_with_bytes_that_are_not_utf8_is_still_read(driver: TritonDriver) -> None:
+    """A byte that is not UTF-8 in the page (a HELP text, a label): the text is decoded with replacement characters
+    and the gauges read. Decoding it strictly raised out of load_signals, which failed the pool's whole scrape."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = b"# HELP nv_gpu_utilization GPU \xff utilization\n" + TRT_LLM_PAGE.encode()
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        load = await driver.load_signals(_replica(server))
+    finally:
+        await server.close()
+    assert load is not None and (load.running, load.waiting, load.kv_cache_usage) == (5.0, 2.0, 0.25)
