@@ -202,7 +202,7 @@ def _error_of(text: str) -> tuple[str, str]:
     try:
         error = json.loads(text).get("error", {})
         return str(error.get("message", text)), str(error.get("type") or "")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # not JSON, not vLLM's shape, or nested past the parser
         return text[:500], ""
 
 
