@@ -245,7 +245,7 @@ class SlotSignal:
             if not isinstance(sender, str):  # it keys dicts below: a list there would raise, and end the subscription
                 raise TypeError("the sender is not a string")
             key = ("", "") if kind == "flying" else (str(message["p"]), str(message["r"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # the last: nested past the parser's depth
             log.warning("slot signal: unreadable message %.200r", raw)
             return
         if sender == self.gateway_id:

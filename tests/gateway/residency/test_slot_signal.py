@@ -510,6 +510,17 @@ async def test_unreadable_in_flight_messages_are_left_out_and_never_break_the_su
     assert not signal.flying_elsewhere("llama", "r1", "x") and not signal.flying_elsewhere("llama", "r2", "z")
 
 
+async def test_a_message_nested_past_the_parsers_depth_is_unreadable_not_the_end_of_the_subscription() -> None:
+    """A message nested deeper than the JSON parser recurses (another gateway's bug, or anyone with Redis access):
+    heard() raised RecursionError, which the channel reads as a lost subscription (gateway/residency/signal_redis.py:
+    subscribe again, the waits fall back on the in-use window and every other gateway's in-flight sets forgotten),
+    once per such message. It is an unreadable message like any other."""
+    signal = Bus().signal()
+    signal.heard(json.dumps({"t": "flying", "g": "other", "n": 1, "h": {"llama": {"r0": ["x"]}}}))
+    signal.heard('{"t": "flying", "g": "other", "n": 2, "h": ' + "[" * 100_000)
+    assert signal.listening and signal.flying_elsewhere("llama", "r0", "x")
+
+
 async def test_a_message_names_at_most_max_shared_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     """However much a gateway has in flight, its message is bounded (and so is what a receiver takes from one)."""
     monkeypatch.setattr(signal_module, "MAX_SHARED_PAIRS", 3)
