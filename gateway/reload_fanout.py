@@ -141,7 +141,7 @@ def _request(data: str) -> dict[str, Any] | None:
     not end the subscription or the reload (another version's message, or anyone's with Redis access)."""
     try:
         request = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # the last: nested past the parser's depth
         request = None
     if not isinstance(request, dict):
         log.warning("reload fan-out: unreadable message %.200r", data)

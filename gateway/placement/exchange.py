@@ -65,7 +65,10 @@ def encode(traffic: Traffic) -> str:
 
 def decode(text: str) -> Traffic:
     """``encode``'s inverse; raises ValueError (or a subclass) on anything else."""
-    body = json.loads(text)
+    try:
+        body = json.loads(text)
+    except RecursionError as exc:  # nested past the parser's depth: as unreadable as any other noise
+        raise ValueError("traffic figures are nested too deep") from exc
     if not isinstance(body, dict):
         raise ValueError("traffic figures are not an object")
     traffic: dict[str, PoolTraffic] = {}

@@ -117,7 +117,7 @@ async def test_an_unreadable_message_on_the_channel_is_skipped_and_the_next_requ
             await asyncio.sleep(0.01)
         async with client.pubsub() as pubsub:
             await pubsub.subscribe("answers")
-            for junk in ("not json", "[1]", '"text"'):
+            for junk in ("not json", "[1]", '"text"', "[" * 100_000):  # the last: past the parser's depth
                 await client.publish(f"{prefix}:reload", junk)
             await client.publish(f"{prefix}:reload", json.dumps({"from": "another", "reply": "answers"}))
             async with asyncio.timeout(5):

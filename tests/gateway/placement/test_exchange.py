@@ -131,3 +131,10 @@ def test_figures_that_are_no_rate_leave_the_gateway_out(bad: str) -> None:
         with pytest.raises(ValueError):
             decode(text)
     assert decode('{"llama": [1, 2, {"acme": [0.5, 3, 0.1]}]}')["llama"].keys["acme"].spills_per_s == 0.1
+
+
+def test_figures_nested_past_the_parsers_depth_are_unreadable() -> None:
+    """Nested deeper than the JSON parser recurses (anyone with Redis access): unreadable, as any other noise (a
+    RecursionError went past the exchange's handling, and failed the traffic read)."""
+    with pytest.raises(ValueError):
+        decode('{"llama": ' + "[" * 100_000)

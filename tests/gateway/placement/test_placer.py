@@ -26,6 +26,7 @@ from gateway.observe.traffic import PoolTraffic, Rate, Traffic
 from gateway.placement.placer import Placer
 from gateway.placement.store import LocalHomesStore, RedisHomesStore
 from gateway.placement.table import PoolTable
+from gateway.placement.table import decode as decode_table
 from gateway.redis_client import make_client
 from loadtests.fleet import gateway_config, simulated_replicas, write_adapters
 from loadtests.processes import free_port
@@ -466,3 +467,10 @@ async def test_a_stored_table_whose_warming_has_no_start_does_not_stop_its_leade
         await client.aclose()
         await placer.close()
         await fleet.close()
+
+
+def test_a_table_nested_past_the_parsers_depth_is_unreadable() -> None:
+    """Nested deeper than the JSON parser recurses (anyone with Redis access): unreadable, not installed, as any
+    other table that does not decode (a RecursionError went past the store's handling, and failed the poll)."""
+    with pytest.raises(ValueError):
+        decode_table('{"sets": ' + "[" * 100_000)
