@@ -98,7 +98,7 @@ class Signer:
             change, version, mac = envelope["change"], envelope["version"], envelope["mac"]
             if not isinstance(change, dict) or type(version) is not int or version < 1:
                 raise TypeError
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # the last: nested past the parser
             raise Refused("forged", "not a signed registry entry") from exc
         self._check(_ENTRY, {"change": change, "version": version}, mac)
         entity(change)  # a kind this gateway knows
@@ -115,7 +115,7 @@ class Signer:
             version, signed_digest, mac = head["version"], head["digest"], head["mac"]
             if type(version) is not int or not isinstance(signed_digest, str):
                 raise TypeError
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # the last: nested past the parser
             raise Refused("altered", "the registry's head is not a signed head") from exc
         try:
             self._check(_HEAD, {"version": version, "digest": signed_digest}, mac)

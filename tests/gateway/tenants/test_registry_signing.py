@@ -59,6 +59,19 @@ def test_an_envelope_opens_only_unchanged_and_under_its_key() -> None:
         signer.open_head(json.dumps({**head, "version": 9}))
 
 
+def test_an_entry_or_head_nested_past_the_parsers_depth_is_refused() -> None:
+    """Anyone with Redis access can write an entry nested deeper than the JSON parser recurses: it is refused like
+    any other forgery (a RecursionError went past the checks, out of the registry's read)."""
+    signer = Signer(KEY)
+    deep = '{"change": ' + "[" * 100_000
+    with pytest.raises(Refused) as refused:
+        signer.open(deep)
+    assert refused.value.reason == "forged"
+    with pytest.raises(Refused) as refused:
+        signer.open_head(deep)
+    assert refused.value.reason == "altered"
+
+
 def test_the_signing_key_is_configured_or_derived_from_the_admin_token() -> None:
     configured = StateConfig(registry_key_env="TEST_REGISTRY_KEY")
     assert registry_key(configured, "an-admin-token", {"TEST_REGISTRY_KEY": "k1"}) == b"k1"
