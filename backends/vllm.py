@@ -138,12 +138,19 @@ class VllmDriver:
             async with self._session.get(replica.url + "/v1/models", timeout=self._load_timeout) as response:
                 if response.status != 200:
                     raise EngineUnavailable(f"{replica.id} answered /v1/models with {response.status}")
-                models = (await response.json()).get("data", [])
+                body = await response.json()
         except TimeoutError as exc:
             raise EngineTimeout(f"{replica.id} did not list its models in time") from exc
         except (aiohttp.ClientError, ValueError) as exc:
             raise EngineUnavailable(f"{replica.id} did not list its models: {exc!r}") from exc
-        return {str(model["id"]) for model in models if isinstance(model, dict) and model.get("parent")}
+        models = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(models, list):  # another shape: no listing (not an exception reconciliation does not expect)
+            raise EngineUnavailable(f"{replica.id} did not list its models: no 'data' list in its answer")
+        return {
+            model["id"]
+            for model in models
+            if isinstance(model, dict) and model.get("parent") and isinstance(model.get("id"), str)
+        }
 
     async def send(self, replica: Endpoint, request: EngineRequest) -> VllmResponse:
         origin, prefix = self._target(replica, request.path)

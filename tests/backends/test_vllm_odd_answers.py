@@ -8,7 +8,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from backends.base import AdapterRef, Endpoint, EngineRequest
-from backends.errors import AdapterLoadFailed, EngineRejected
+from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable
 from backends.vllm import VllmDriver
 
 
@@ -58,6 +58,46 @@ async def test_an_error_answer_nested_past_the_parsers_depth_is_the_engines_refu
             replica = Endpoint("r0", str(server.make_url("")).rstrip("/"))
             await driver.send(replica, EngineRequest("/v1/completions", b"{}", False))
         assert refused.value.status == 500
+    finally:
+        await driver.close()
+        await server.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "listed"),
+    [
+        pytest.param(b"[1]", None, id="a-list"),
+        pytest.param(b'{"data": 5}', None, id="data-not-a-list"),
+        pytest.param(b'{"data": [{"parent": "m"}, {"id": "a", "parent": "m"}, {"id": 7, "parent": "m"}]}', {"a"},
+                     id="entries-without-a-name"),
+    ],
+)  # fmt: skip
+async def test_a_model_list_of_another_shape_is_no_listing_or_its_readable_entries(
+    body: bytes, listed: set[str] | None
+) -> None:
+    """GET /v1/models of another shape (a broken engine, or anything on its port) is the replica not listing its
+    models (EngineUnavailable, which reconciliation skips), and entries without a name are left out: an
+    AttributeError, TypeError or KeyError out of the driver ended reconciliation for the pool's other replicas, and
+    at start-up the gateway never became ready."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    driver = VllmDriver(
+        connect_timeout_s=2, request_timeout_s=5, adapter_load_timeout_s=5, max_connections_per_replica=4,
+        probe_timeout_s=5,
+    )  # fmt: skip
+    replica = Endpoint("r0", str(server.make_url("")).rstrip("/"))
+    try:
+        if listed is None:
+            with pytest.raises(EngineUnavailable):
+                await driver.list_adapters(replica)
+        else:
+            assert await driver.list_adapters(replica) == listed
     finally:
         await driver.close()
         await server.close()
