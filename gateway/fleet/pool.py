@@ -272,7 +272,7 @@ class Pool:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at
         most, so a decision costs the same at any fleet size: the first K of the key's ring order, of which the
         last up to K/2 give way to replicas where the adapter is resident outside them (by name: a spill finds a
-        warm one). The baselines that spread load (round robin, least loaded) weigh every replica. With them, the
+        warm one). The baselines that spread load (round robin, least loaded) weigh every replica. Returned with the
         rest of the key's placement replica set (``Ring.also_home``)."""
         ring = self.ring
         if self.config.policy in _SPREADING:
