@@ -36,7 +36,8 @@ class Ring:
         self._ring = HashRing(nodes={replica_id: {"vnodes": vnodes} for replica_id in replica_ids})
         points = self._ring.get_points() if replica_ids else []
         self._positions: list[int] = [position for position, _ in points]  # sorted, as uhashring keeps them
-        self._owners: list[str] = [owner for _, owner in points]
+        # A tuple: a slice of it is the head a large ring's walk returns, with no copy.
+        self._owners: tuple[str, ...] = tuple(owner for _, owner in points)
         self._shift, self._buckets = _bucket_index(self._positions)
         self._ahead = _table_ahead(self._owners)
         self._heads: dict[tuple[str, int], tuple[str, ...]] = {}
@@ -146,7 +147,9 @@ class Ring:
                 return first + tuple(rest[: count - len(first)])
         else:
             # On a large ring the next few points nearly always have distinct owners: one slice and one set say so.
-            ahead = first + tuple(owners[index : index + count - len(first)])
+            ahead = owners[index : index + count - len(first)]
+            if first:
+                ahead = first + ahead
             if len(ahead) == count and len(set(ahead)) == count:
                 return ahead
         return _distinct_owners(owners, index, count, first)
@@ -184,7 +187,7 @@ def key_point(key: str) -> int:
     return int.from_bytes(md5(key.encode()).digest(), "big")
 
 
-def _distinct_owners(owners: list[str], index: int, count: int, first: tuple[str, ...] = ()) -> tuple[str, ...]:
+def _distinct_owners(owners: Sequence[str], index: int, count: int, first: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The first ``count`` distinct owners from point ``index`` clockwise, after ``first`` (a plain index walk, not
     _owners_from's generator); fewer when the ring has fewer."""
     found = list(first)
@@ -209,7 +212,7 @@ _TABLE_POINTS = 8_192
 _TABLE_WIDTH = 8
 
 
-def _table_ahead(owners: list[str]) -> list[tuple[str, ...]]:
+def _table_ahead(owners: Sequence[str]) -> list[tuple[str, ...]]:
     """Per point, its first ``_TABLE_WIDTH`` distinct owners clockwise (fewer on a smaller ring); empty above
     ``_TABLE_POINTS`` points."""
     if not owners or len(owners) > _TABLE_POINTS:
