@@ -64,11 +64,12 @@ CACHE_FULL = "Cache is full"
 # adapter) and "cache_full" (it could not take one more).
 _OLD_NAMES = {"seed": "random_seed", "min_tokens": "min_length"}
 _OUTPUTS = ("text_output", "num_input_tokens", "num_output_tokens")
-# As tritonclient's channel: messages up to 2 GiB (adapter weights are large), keepalive so a half-open
-# connection is noticed.
+# As tritonclient's channel: messages sent up to 2 GiB (adapter weights are large), keepalive so a half-open
+# connection is noticed. Answers are text: one over http1.MAX_WHOLE_BODY (as for vLLM's answers) is a broken engine
+# or something else on the port, refused (RESOURCE_EXHAUSTED) rather than held in memory whole.
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 2**31 - 1),
-    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", http1.MAX_WHOLE_BODY),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),

@@ -1,25 +1,32 @@
 """A non-streaming Triton call is read as gRPC unary-unary (backends/triton.py ``_whole``): a model that ends the
 call without any response is an engine that broke off its answer (StreamBroken, as the streaming path reads it),
-not a crash in the gateway. The simulator always answers, so a minimal gRPC server stands in for such a model."""
+not a crash in the gateway; an answer larger than any text answer is refused, not taken into memory whole. The
+simulator always answers sensibly, so a minimal gRPC server stands in for such a model."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from backends.base import EngineRequest
-from backends.errors import StreamBroken
+from backends.errors import EngineRejected, StreamBroken
+from backends.http1 import MAX_WHOLE_BODY
 from backends.triton import TritonDriver
 from backends.triton_config import TritonEndpoint
 from gateway.failures import classify
+from loadtests.sim.triton_wire import add_output
 
 
-class SilentModel(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """A Triton that declares a text model and ends every ModelStreamInfer call with no response."""
+class ScriptedModel(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """A Triton that declares a text model and answers every ModelStreamInfer call with ``answers``."""
+
+    def __init__(self, answers: Sequence[service_pb2.ModelStreamInferResponse]) -> None:
+        self._answers = answers
 
     async def ModelMetadata(
         self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
@@ -30,26 +37,47 @@ class SilentModel(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[service_pb2.ModelInferRequest], context: grpc.aio.ServicerContext
-    ) -> None:
-        async for _ in requests:
-            pass  # half-closed, nothing answered: the stream ends OK with no message
+    ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        async for _ in requests:  # half-closed: then the answers, and the stream's end
+            for answer in self._answers:
+                yield answer
 
 
-async def test_a_model_that_sends_no_response_is_a_broken_stream_not_a_crash() -> None:
-    server = grpc.aio.server()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(SilentModel(), server)
+@contextlib.asynccontextmanager
+async def serving(model: ScriptedModel) -> AsyncIterator[tuple[TritonDriver, TritonEndpoint]]:
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", 2**31 - 1)])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(model, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     driver = TritonDriver(
         model="m", lora_dtype="float16", default_max_tokens=8, chat_template=None,
         request_timeout_s=10, adapter_load_timeout_s=10, probe_timeout_s=5,
     )  # fmt: skip
-    replica = TritonEndpoint("r0", f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", "")
-    body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 2}).encode()
     try:
-        with pytest.raises(StreamBroken, match="without an answer") as broken:
-            await driver.send(replica, EngineRequest("/v1/completions", body, False))
-        assert classify(broken.value).retryable  # another replica may answer it
+        yield driver, TritonEndpoint("r0", f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", "")
     finally:
         await driver.close()
         await server.stop(None)
+
+
+REQUEST = EngineRequest(
+    "/v1/completions", json.dumps({"model": "m", "prompt": "hello", "max_tokens": 2}).encode(), False
+)
+
+
+async def test_a_model_that_sends_no_response_is_a_broken_stream_not_a_crash() -> None:
+    async with serving(ScriptedModel([])) as (driver, replica):
+        with pytest.raises(StreamBroken, match="without an answer") as broken:
+            await driver.send(replica, REQUEST)
+        assert classify(broken.value).retryable  # another replica may answer it
+
+
+async def test_an_answer_larger_than_a_whole_answer_is_refused_not_held() -> None:
+    """A response over the size a whole answer may have (http1.MAX_WHOLE_BODY, as for vLLM's answers): a broken
+    engine, or something else on its port. The channel took up to 2 GiB (the limit tritonclient sets for the
+    adapter weights the gateway sends), each such answer held in memory whole, then copied into the client's."""
+    huge = service_pb2.ModelStreamInferResponse()
+    add_output(huge.infer_response, "text_output", "BYTES", b"x" * (MAX_WHOLE_BODY + 1024))
+    async with serving(ScriptedModel([huge])) as (driver, replica):
+        with pytest.raises(EngineRejected, match="RESOURCE_EXHAUSTED"):
+            await driver.send(replica, REQUEST)
