@@ -47,6 +47,7 @@ from backends.errors import (
 )
 from backends.lora_weights import AdapterFormatError, TrtLoraWeights, convert_peft, task_id
 from backends.registry import EngineSpec, PoolSettings, register
+from backends.side_reads import read_text
 from backends.triton_config import TritonConfig, TritonEndpoint, TritonReplica, adapters_convert, task_id_collisions
 from backends.triton_config import triton_endpoint as _endpoint
 from backends.triton_http import Piece, SseStream, error_status, json_body
@@ -453,7 +454,7 @@ class TritonDriver:
             async with self._http.get(replica.metrics_url) as response:
                 if response.status != 200:
                     return None
-                text = await response.text(errors="replace")  # an odd byte spoils one line at most
+                text = await read_text(response)
         except (TimeoutError, aiohttp.ClientError):
             return None
         families = ("nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics", "nv_inference_pending")

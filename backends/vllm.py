@@ -27,6 +27,7 @@ from backends.errors import (
     StreamBroken,
 )
 from backends.registry import EngineSpec, NoSettings, PoolSettings, register
+from backends.side_reads import read_text
 
 _JSON = {"Content-Type": "application/json"}
 # vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one idle 4 s is dropped here
@@ -126,7 +127,7 @@ class VllmDriver:
             async with self._session.post(
                 replica.url + path, data=json.dumps(body).encode(), headers=_JSON, timeout=self._load_timeout
             ) as response:
-                return response.status, await response.text(errors="replace")
+                return response.status, await read_text(response)
         except TimeoutError as exc:
             raise EngineTimeout(f"{what} on {replica.id} timed out") from exc
         except aiohttp.ClientError as exc:
@@ -138,10 +139,10 @@ class VllmDriver:
             async with self._session.get(replica.url + "/v1/models", timeout=self._load_timeout) as response:
                 if response.status != 200:
                     raise EngineUnavailable(f"{replica.id} answered /v1/models with {response.status}")
-                body = await response.json()
+                body = json.loads(await read_text(response))
         except TimeoutError as exc:
             raise EngineTimeout(f"{replica.id} did not list its models in time") from exc
-        except (aiohttp.ClientError, ValueError) as exc:
+        except (aiohttp.ClientError, ValueError, RecursionError) as exc:
             raise EngineUnavailable(f"{replica.id} did not list its models: {exc!r}") from exc
         models = body.get("data") if isinstance(body, dict) else None
         if not isinstance(models, list):  # another shape: no listing (not an exception reconciliation does not expect)
@@ -189,7 +190,7 @@ class VllmDriver:
             async with self._session.get(replica.url + "/metrics", timeout=self._probe_timeout) as response:
                 if response.status != 200:
                     return None
-                text = await response.text(errors="replace")  # an odd byte spoils one line at most
+                text = await read_text(response)
         except (TimeoutError, aiohttp.ClientError):
             return None
         return parse_load_signals(text)

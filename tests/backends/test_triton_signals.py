@@ -9,6 +9,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from backends.base import Endpoint
+from backends.http1 import MAX_WHOLE_BODY
 from backends.triton import TritonDriver
 from backends.triton_config import TritonEndpoint
 
@@ -112,3 +113,14 @@ async def test_a_page_with_bytes_that_are_not_utf8_is_still_read(driver: TritonD
     finally:
         await server.close()
     assert load is not None and (load.running, load.waiting, load.kv_cache_usage) == (5.0, 2.0, 0.25)
+
+
+async def test_a_page_over_the_read_bound_is_no_reading(driver: TritonDriver) -> None:
+    """A metrics page over http1.MAX_WHOLE_BODY (a broken engine, or anything else on its port) is no reading, and
+    is not read whole into the gateway's memory (aiohttp's read had no bound)."""
+    padding = "# " + "x" * (MAX_WHOLE_BODY + 1024) + "\n"
+    server = await _serve(TRT_LLM_PAGE + padding)
+    try:
+        assert await driver.load_signals(_replica(server)) is None
+    finally:
+        await server.close()

@@ -4,11 +4,8 @@ and the GPU adapter slots (the real engine's page is checked in tests/engines/te
 from __future__ import annotations
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from backends.base import Endpoint
-from backends.vllm import VllmDriver, parse_load_signals
+from backends.vllm import parse_load_signals
 
 PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -77,28 +74,3 @@ def test_a_gpu_slot_count_that_is_no_count_reads_as_unknown(slots: str) -> None:
     page = PAGE.replace('max_lora="4",running_lora_adapters="a3"', f'max_lora="{slots}",running_lora_adapters="a3"')
     load = parse_load_signals(page)
     assert load is not None and load.running_adapters == frozenset({"a3"}) and load.gpu_slots is None
-
-
-async def test_a_page_with_bytes_that_are_not_utf8_is_still_read() -> None:
-    """A byte that is not UTF-8 in the page (an adapter's name in a label, a HELP text): the text is decoded with
-    replacement characters and the gauges read. Decoding it strictly raised out of load_signals, which failed the
-    pool's whole scrape (every replica's)."""
-
-    async def metrics(_: web.Request) -> web.Response:
-        body = b"# HELP vllm:x caf\xe9\n" + PAGE.encode()
-        return web.Response(body=body, content_type="text/plain", charset="utf-8")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    driver = VllmDriver(
-        connect_timeout_s=2, request_timeout_s=5, adapter_load_timeout_s=5, max_connections_per_replica=4,
-        probe_timeout_s=5,
-    )  # fmt: skip
-    try:
-        load = await driver.load_signals(Endpoint("r0", str(server.make_url("")).rstrip("/")))
-    finally:
-        await driver.close()
-        await server.close()
-    assert load is not None and (load.running, load.waiting, load.gpu_slots) == (3.0, 2.0, 4)

@@ -1,7 +1,11 @@
 """Engine answers the vLLM driver must read whatever their bytes: a refusal it turns into the driver's own error,
-never an exception the gateway does not expect (a 500 for the request, neither retried nor counted)."""
+never an exception the gateway does not expect (a 500 for the request, neither retried nor counted), and never more
+of an answer in memory than a bound."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -9,58 +13,56 @@ from aiohttp.test_utils import TestServer
 
 from backends.base import AdapterRef, Endpoint, EngineRequest
 from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable
+from backends.http1 import MAX_WHOLE_BODY
 from backends.vllm import VllmDriver
+from tests.backends.test_vllm_load_signals import PAGE
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def engine(method: str, path: str, handler: Handler) -> AsyncIterator[tuple[VllmDriver, Endpoint]]:
+    """A driver, and a replica whose one route answers with ``handler``."""
+    app = web.Application()
+    app.router.add_route(method, path, handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    driver = VllmDriver(
+        connect_timeout_s=2, request_timeout_s=5, adapter_load_timeout_s=5, max_connections_per_replica=4,
+        probe_timeout_s=30,
+    )  # fmt: skip
+    try:
+        yield driver, Endpoint("r0", str(server.make_url("")).rstrip("/"))
+    finally:
+        await driver.close()
+        await server.close()
+
+
+def answer(body: bytes, status: int = 200, content_type: str = "application/json") -> Handler:
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(body=body, status=status, content_type=content_type)
+
+    return handler
 
 
 async def test_a_load_refusal_with_bytes_that_are_not_utf8_is_a_load_failure() -> None:
     """The runtime LoRA API's answer is read the same way: a refusal whose text is not UTF-8 is the adapter's load
     failure (its status and text), not a UnicodeDecodeError out of the driver (a 500 for the request)."""
-
-    async def load(_: web.Request) -> web.Response:
-        return web.Response(
-            body=b'{"error": {"message": "bad \xff path"}}', status=400, content_type="application/json"
-        )
-
-    app = web.Application()
-    app.router.add_post("/v1/load_lora_adapter", load)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    driver = VllmDriver(
-        connect_timeout_s=2, request_timeout_s=5, adapter_load_timeout_s=5, max_connections_per_replica=4,
-        probe_timeout_s=5,
-    )  # fmt: skip
-    try:
+    refusal = answer(b'{"error": {"message": "bad \xff path"}}', status=400)
+    async with engine("POST", "/v1/load_lora_adapter", refusal) as (driver, replica):
         with pytest.raises(AdapterLoadFailed, match="bad"):
-            await driver.load_adapter(Endpoint("r0", str(server.make_url("")).rstrip("/")), AdapterRef("a", "/a"))
-    finally:
-        await driver.close()
-        await server.close()
+            await driver.load_adapter(replica, AdapterRef("a", "/a"))
 
 
 async def test_an_error_answer_nested_past_the_parsers_depth_is_the_engines_refusal() -> None:
     """An error body nested deeper than the JSON parser recurses (a broken engine, or anything on its port) is read
     as text: the engine's refusal with its status, not a RecursionError out of the driver (a 500 for the request,
     neither retried nor counted against the replica)."""
-
-    async def complete(_: web.Request) -> web.Response:
-        return web.Response(body=b'{"error": ' + b"[" * 100_000, status=500, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", complete)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    driver = VllmDriver(
-        connect_timeout_s=2, request_timeout_s=5, adapter_load_timeout_s=5, max_connections_per_replica=4,
-        probe_timeout_s=5,
-    )  # fmt: skip
-    try:
+    deep = answer(b'{"error": ' + b"[" * 100_000, status=500)
+    async with engine("POST", "/v1/completions", deep) as (driver, replica):
         with pytest.raises(EngineRejected) as refused:
-            replica = Endpoint("r0", str(server.make_url("")).rstrip("/"))
             await driver.send(replica, EngineRequest("/v1/completions", b"{}", False))
         assert refused.value.status == 500
-    finally:
-        await driver.close()
-        await server.close()
 
 
 @pytest.mark.parametrize(
@@ -70,6 +72,7 @@ async def test_an_error_answer_nested_past_the_parsers_depth_is_the_engines_refu
         pytest.param(b'{"data": 5}', None, id="data-not-a-list"),
         pytest.param(b'{"data": [{"parent": "m"}, {"id": "a", "parent": "m"}, {"id": 7, "parent": "m"}]}', {"a"},
                      id="entries-without-a-name"),
+        pytest.param(b'{"data": ' + b"[" * 100_000, None, id="nested-past-the-parser"),
     ],
 )  # fmt: skip
 async def test_a_model_list_of_another_shape_is_no_listing_or_its_readable_entries(
@@ -77,27 +80,39 @@ async def test_a_model_list_of_another_shape_is_no_listing_or_its_readable_entri
 ) -> None:
     """GET /v1/models of another shape (a broken engine, or anything on its port) is the replica not listing its
     models (EngineUnavailable, which reconciliation skips), and entries without a name are left out: an
-    AttributeError, TypeError or KeyError out of the driver ended reconciliation for the pool's other replicas, and
-    at start-up the gateway never became ready."""
-
-    async def models(_: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    driver = VllmDriver(
-        connect_timeout_s=2, request_timeout_s=5, adapter_load_timeout_s=5, max_connections_per_replica=4,
-        probe_timeout_s=5,
-    )  # fmt: skip
-    replica = Endpoint("r0", str(server.make_url("")).rstrip("/"))
-    try:
+    AttributeError, TypeError, KeyError or RecursionError out of the driver ended reconciliation for the pool's
+    other replicas, and at start-up the gateway never became ready."""
+    async with engine("GET", "/v1/models", answer(body)) as (driver, replica):
         if listed is None:
             with pytest.raises(EngineUnavailable):
                 await driver.list_adapters(replica)
         else:
             assert await driver.list_adapters(replica) == listed
-    finally:
-        await driver.close()
-        await server.close()
+
+
+async def test_a_metrics_page_with_bytes_that_are_not_utf8_is_still_read() -> None:
+    """A byte that is not UTF-8 in the page (an adapter's name in a label, a HELP text): the text is decoded with
+    replacement characters and the gauges read. Decoding it strictly raised out of load_signals, which failed the
+    pool's whole scrape (every replica's)."""
+    page = answer(b"# HELP vllm:x caf\xe9\n" + PAGE.encode(), content_type="text/plain")
+    async with engine("GET", "/metrics", page) as (driver, replica):
+        load = await driver.load_signals(replica)
+    assert load is not None and (load.running, load.waiting, load.gpu_slots) == (3.0, 2.0, 4)
+
+
+async def test_a_metrics_page_over_the_read_bound_is_no_reading() -> None:
+    """A metrics page over http1.MAX_WHOLE_BODY (a broken engine, or anything else on its port): no reading, and
+    no more of it read than the bound. aiohttp read any page whole into the gateway's memory."""
+    padding = b"# " + b"x" * (MAX_WHOLE_BODY + 1024) + b"\n"
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()  # chunked: no Content-Length to refuse it by
+        await response.prepare(request)
+        await response.write(PAGE.encode())
+        for start in range(0, len(padding), 1 << 20):
+            await response.write(padding[start : start + (1 << 20)])
+        await response.write_eof()
+        return response
+
+    async with engine("GET", "/metrics", endless) as (driver, replica):
+        assert await driver.load_signals(replica) is None
