@@ -130,6 +130,13 @@ class RoutingConfig(_Frozen):
     scorers: dict[str, float] = Field(
         default_factory=lambda: {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0}
     )
+    # The `eviction` scorer (off unless named in `scorers`; gateway/routing/scorers/eviction.py): a cold load where
+    # the adapter set is full pushes out the least recently used idle adapter; the chance that it is wanted there
+    # again within eviction_horizon_s follows from its request rate (a moving average over reuse_window_s, shared
+    # by the replicas that hold it), and a victim wanted again costs eviction_cost cold loads.
+    eviction_horizon_s: float = Field(default=5.0, gt=0, le=86_400)
+    reuse_window_s: float = Field(default=30.0, gt=0, le=86_400)
+    eviction_cost: float = Field(default=2.0, ge=0, le=100)
 
     @field_validator("scorers")
     @classmethod

@@ -117,7 +117,14 @@ class Pool:
                 "cold": Line(priors.cold_ms, priors.per_request_ms),
             }
             model = TtftModel(lines, routing.ttft_learning_rate)
-            self.scoring = build_scoring(routing.scorers, ScorerSettings(routing.affinity_margin_ms), model)
+            settings = ScorerSettings(routing.affinity_margin_ms, routing.eviction_cost)
+            self.scoring = build_scoring(routing.scorers, settings, model)
+        # The eviction scorer's evidence: each adapter's requests as a moving average over reuse_window_s (count,
+        # when last counted), and how far ahead a victim's loss is counted.
+        self._evicting = self.scoring is not None and bool(routing.scorers.get("eviction"))
+        self._uses: dict[str, tuple[float, float]] = {}
+        self.reuse_window_s = routing.reuse_window_s
+        self.eviction_horizon_s = routing.eviction_horizon_s
         self.prefix_warm_s = routing.prefix_warm_s
         self.router = Router(self.name, config.policy, self.balance_factor, self.capacity_floor, self.scoring)
         self._recent: dict[str, dict[str, float]] = {}
@@ -157,6 +164,8 @@ class Pool:
             self.reservations.arrived(key, decision.home, decision.chosen)
             if self.scoring is not None:
                 self._served(key, decision.chosen)
+                if self._evicting and engine_model is not None:
+                    self._used(engine_model)
         return decision
 
     def _served(self, key: str, replica_id: str) -> None:
@@ -167,6 +176,22 @@ class Pool:
                 del self._recent[next(iter(self._recent))]
         recent[replica_id] = time.monotonic()
         self._recent[key] = recent
+
+    def _used(self, engine_model: str) -> None:
+        now = time.monotonic()
+        count, at = self._uses.get(engine_model, (0.0, now))
+        self._uses[engine_model] = (count * math.exp((at - now) / self.reuse_window_s) + 1.0, now)
+
+    def _evict_loss(self, replica_id: str, now: float) -> float:
+        """The chance that the adapter a cold load on the replica would push out is wanted there again within
+        ``eviction_horizon_s``: its request rate, shared by the replicas that hold it, as a Poisson process."""
+        victim = self.residency.next_victim(replica_id)
+        if victim is None:
+            return 0.0
+        count, at = self._uses.get(victim, (0.0, now))
+        holders = len(self.residency.resident_on(victim)) or 1
+        rate = count * math.exp((at - now) / self.reuse_window_s) / self.reuse_window_s / holders
+        return 1.0 - math.exp(-rate * self.eviction_horizon_s)
 
     def release(self, decision: RoutingDecision) -> None:
         assert decision.chosen is not None
@@ -235,6 +260,9 @@ class Pool:
                         in_flight >= cap,
                         on_gpu,
                         key_recent,
+                        self._evict_loss(replica_id, now)
+                        if self._evicting and engine_model is not None and replica_id not in resident
+                        else 0.0,
                     ),
                 )
             )

@@ -160,6 +160,21 @@ class PoolResidency:
                     return False
         return True
 
+    def next_victim(self, replica_id: str) -> str | None:
+        """The adapter a load on the replica would push out now: None while its set has a free slot, else the least
+        recently used one that is neither pinned nor in flight here (what the engine's LRU drops too). For routing:
+        a look at this gateway's view only, without the slot signal's or the in-use window's holds."""
+        view = self.views[replica_id]
+        resident = view.resident
+        if len(resident) < self.max_adapters:
+            return None
+        busy, pinned = view.in_flight, view.pinned
+        victim, oldest = None, float("inf")
+        for name, used in resident.items():
+            if used < oldest and name not in busy and name not in pinned:
+                victim, oldest = name, used
+        return victim
+
     def begin_use(self, replica_id: str, engine_name: str) -> None:
         in_flight = self.views[replica_id].in_flight
         in_use = in_flight.get(engine_name, 0)

@@ -31,6 +31,10 @@ class ReplicaLoad(NamedTuple):
     # served there within routing.prefix_warm_s (its prefix likely still in the KV cache).
     on_gpu: bool = False
     key_recent: bool = False
+    # Where the request's adapter is not resident and the eviction scorer is on: how likely the adapter a load
+    # there would push out (the least recently used idle one, when the set is full) is wanted there again soon,
+    # 0 to 1 (fleet/pool.py).
+    evict_loss: float = 0.0
 
 
 class KeyStanding(NamedTuple):

@@ -86,7 +86,7 @@ def _plain_bounded(replicas: Sequence[ReplicaLoad], count_reserved: bool) -> tup
     """lowest_predicted's second half for a policy that does not score: whether every candidate is up, at full
     weight and under its cap, the load total and the highest load the bound judges."""
     total, most = 1, 0
-    for _, healthy, load, reserved, weight, at_cap, _, _ in replicas:
+    for _, healthy, load, reserved, weight, at_cap, _, _, _ in replicas:
         if not healthy or at_cap or weight < 1.0:
             return False, 0, 0
         total += load + reserved

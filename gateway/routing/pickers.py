@@ -136,7 +136,7 @@ def lowest_predicted(
     best_regime: Regime = "cold"
     plain, total, most = True, 1, 0
     for replica in candidates:
-        replica_id, healthy, load, reserved, weight, at_cap, on_gpu, key_recent = replica  # cheaper than 8 reads
+        replica_id, healthy, load, reserved, weight, at_cap, on_gpu, key_recent, _ = replica  # cheaper than 8 reads
         if not healthy or at_cap or weight < 1.0:
             plain = False
         total += load + reserved

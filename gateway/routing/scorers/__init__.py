@@ -1,6 +1,6 @@
 """Scorers for the predicted_ttft policy: each module registers one (scorers/base.py says what one is)."""
 
-from gateway.routing.scorers import affinity, queue, regime, stall
+from gateway.routing.scorers import affinity, eviction, queue, regime, stall
 from gateway.routing.scorers.base import (
     SCORERS,
     Candidate,
@@ -22,6 +22,7 @@ __all__ = [
     "Scoring",
     "affinity",
     "build_scoring",
+    "eviction",
     "queue",
     "regime",
     "stall",

@@ -67,6 +67,8 @@ class ScorerSettings:
 
     # Leaving the key's home must be predicted faster by more than this.
     affinity_margin_ms: float = 10.0
+    # The eviction scorer: what losing a victim that is wanted again costs, in cold loads of the cold regime's base.
+    eviction_cost: float = 2.0
 
 
 ScorerFactory = Callable[[ScorerSettings], Scorer]

@@ -3,6 +3,7 @@ the key's prefix warm there) and what a lease teaches the pool's TTFT model."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -187,3 +188,36 @@ def test_the_snapshot_says_what_the_pool_knows_of_each_candidate(
         assert load.on_gpu == (healthy and gpu), load
     for lease in held:
         lease.__exit__(None, None, None)
+
+
+async def test_a_cold_candidate_says_how_likely_the_adapter_its_load_pushes_out_is_wanted_again() -> None:
+    """With the eviction scorer on, a replica whose set is full tells the picker how wanted its least recently used
+    idle adapter is (its request rate over the reuse window, as a chance within the horizon); one with a free
+    slot, or where the request's adapter is resident, says nothing."""
+    routing = RoutingConfig(
+        ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0, eviction_horizon_s=5, reuse_window_s=30,
+        scorers={"queue": 1, "regime": 1, "affinity": 1, "cold_stall": 1, "eviction": 1},
+    )  # fmt: skip
+    pool = predicting_pool(routing=routing)
+    await pool.residency.ensure("r2", ref("busy"))
+    for _ in range(30):  # "busy" is wanted: 30 requests just now (served on r2, where it is resident)
+        with pool.lease("k", ref("busy")):
+            pass
+    for adapter in ("busy", "idle"):  # r0 full, "busy" its least recently used; r1 full, "quiet" its oldest
+        await pool.residency.ensure("r0", ref(adapter))
+    await pool.residency.ensure("r1", ref("quiet"))
+    await pool.residency.ensure("r1", ref("idle"))
+    snapshot = {r.id: r for r in pool.explain("new", "new-adapter").snapshot}
+    assert snapshot["r1"].evict_loss == 0.0  # "quiet" was never asked for
+    # "busy": about 30 requests over a 30 s window, shared by r0 and r2: 0.5 per second, 1 - e^-2.5 within 5 s.
+    assert snapshot["r0"].evict_loss == pytest.approx(1 - math.exp(-2.5), rel=0.01)
+    assert snapshot["r2"].evict_loss == 0.0  # a free slot there (max_adapters 2, one held)
+    assert {r.id: r.evict_loss for r in pool.explain("k", "busy").snapshot}["r2"] == 0.0  # resident: no load
+    decision = pool.explain("new", "new-adapter")
+    assert decision.predictions["r0"].parts["eviction"] == pytest.approx(2 * 500 * (1 - math.exp(-2.5)), rel=0.01)
+    assert decision.chosen != "r0"
+
+
+def test_without_the_eviction_scorer_the_pool_reads_no_victims() -> None:
+    pool = predicting_pool()
+    assert all(r.evict_loss == 0.0 for r in pool.explain("k", "a").snapshot)

@@ -82,6 +82,28 @@ def test_the_cold_stall_term_charges_a_cold_load_to_every_request_already_there(
     assert stall.score(candidate(3, "host")) == 0  # a swap-in does not stop the engine
 
 
+def test_the_eviction_term_charges_a_cold_load_what_losing_its_victim_costs() -> None:
+    eviction = SCORERS["eviction"](ScorerSettings(eviction_cost=2.0))
+    wanted = Candidate(ReplicaLoad("r0", True, 3, evict_loss=0.5), "cold", PRIORS["cold"], True)
+    assert eviction.score(wanted) == 500  # 2 cold loads of 500 ms, half likely
+    assert eviction.score(wanted._replace(regime="host")) == 0  # resident: nothing is pushed out
+    assert eviction.score(wanted._replace(replica=ReplicaLoad("r0", True, 3))) == 0  # a free slot, or nobody wants it
+
+
+def test_a_cold_load_goes_where_its_victim_is_least_wanted() -> None:
+    scoring = build_scoring(
+        {"queue": 1, "regime": 1, "affinity": 1, "eviction": 1}, ScorerSettings(affinity_margin_ms=10),
+        TtftModel(PRIORS, 0),
+    )  # fmt: skip
+    fleet = [ReplicaLoad(HOME, True, 0, evict_loss=0.9), ReplicaLoad(SECOND, True, 1, evict_loss=0.1),
+             ReplicaLoad(THIRD, True, 0, evict_loss=0.5)]  # fmt: skip
+    for explain in (False, True):  # a scorer that is not linear: both paths ask it per candidate
+        decision = decide(RING.preference(KEY), KEY, fleet, pool="p", policy="predicted_ttft", balance_factor=1.25,
+                          capacity_floor=8, standing=NEW_KEY, resident=frozenset(), scoring=scoring,
+                          explain=explain)  # fmt: skip
+        assert decision.chosen == SECOND  # one request queued there costs 10 ms; its victim's loss saves 800
+
+
 def test_an_unknown_scorer_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown scorers"):
         build_scoring({"queue": 1, "vibes": 2}, ScorerSettings(), TtftModel(PRIORS, 0))
