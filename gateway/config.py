@@ -99,9 +99,11 @@ class RoutingConfig(_Frozen):
     # What the bound counts on each replica: "gateway", this gateway's own requests in flight (with N gateways it
     # sees about 1/N of a replica's queue); "engine", the engine's own queue (running + waiting, scraped every
     # load_scrape_interval_s) plus this gateway's change since that scrape, falling back to its own count when the
-    # scrape is older than 3 intervals or failed. "engine" is to become the default once `make bench` shows it
-    # wins with several gateways.
-    load_view: Literal["gateway", "engine"] = "gateway"
+    # scrape is older than 3 intervals or failed; "shared", this gateway's own plus the requests the other gateways
+    # sharing its Redis have in flight there, as each shares them every 50 ms (gateway/residency/signal.py; without
+    # Redis the same as "gateway"). Another view is to become the default once `make bench` shows it wins with
+    # several gateways.
+    load_view: Literal["gateway", "engine", "shared"] = "gateway"
     load_scrape_interval_s: float = Field(default=0.5, gt=0, le=60)
     # balanced: the tenants (or adapters) this file names get homes balanced over each pool's replicas, at most
     # ceil(keys / replicas) each (gateway/routing/ring.py); ring: every home where the ring puts it. Sessions and

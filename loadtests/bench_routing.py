@@ -174,6 +174,13 @@ SETUPS = [
         gateways=3,
         load_view="engine",
     ),
+    Setup(
+        "tenantgate predicted_ttft, 3 gateways, shared load view",
+        "tenantgate",
+        "predicted_ttft",
+        gateways=3,
+        load_view="shared",
+    ),
     *(Setup(f"vllm-router {p}", "vllm-router", p) for p in VLLM_ROUTER_POLICIES),
     Setup("vllm-router consistent_hash, 3 instances", "vllm-router", "consistent_hash", gateways=3),
     Setup("vllm-router sticky_least_loaded, 3 instances", "vllm-router", "sticky_least_loaded", gateways=3),

@@ -50,7 +50,7 @@ def snapshot(serving: Serving, metrics: GatewayMetrics, store_up: bool, samples:
                     "ejected": replica.health.ejected,
                     "ejection_reason": replica.health.ejection_reason,
                     "in_flight": replica.in_flight,
-                    "load_view": replica.load_view(clock, pool.engine_view_max_age_s),
+                    "load_view": pool.routed_load(replica_id, clock),
                     "engine_load": engine_load_json(replica.engine_load),
                     "adapters": {
                         adapter: {

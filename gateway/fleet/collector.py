@@ -60,7 +60,8 @@ class FleetCollector(Collector):
         load_view = GaugeMetricFamily(
             "tenantgate_replica_load_view", "The load routing counts on the replica: with routing.load_view engine, "
             "the engine's queue at the last scrape plus this gateway's change since (its own count when the scrape "
-            "is stale); else this gateway's requests in flight", labels=replica_labels,
+            "is stale); with shared, this gateway's requests in flight plus those the other gateways last shared; else "
+            "this gateway's requests in flight", labels=replica_labels,
         )  # fmt: skip
         scrape_age = GaugeMetricFamily(
             "tenantgate_engine_scrape_age_seconds", "Seconds since the replica's metrics last answered a scrape",
@@ -91,7 +92,7 @@ class FleetCollector(Collector):
                 slot_waiters.add_metric(labels, pool.residency.slot_waiters[replica_id])
                 for reason, count in replica.health.ejections_by_reason.items():
                     ejections.add_metric([*labels, reason], count)
-                load_view.add_metric(labels, replica.load_view(now, pool.engine_view_max_age_s))
+                load_view.add_metric(labels, pool.routed_load(replica_id, now))
                 if replica.engine_load is not None:
                     scrape_age.add_metric(labels, now - replica.scraped_at)
                     waiting.add_metric(labels, replica.engine_load.waiting)

@@ -89,6 +89,9 @@ class Pool:
         # The engine's view of load, when routing.load_view is "engine": how stale a scrape may be before the
         # gateway routes on its own count again.
         self.engine_view_max_age_s = 3 * routing.load_scrape_interval_s if routing.load_view == "engine" else None
+        # "shared": this gateway's requests in flight plus the other gateways' as they share them every 50 ms
+        # (gateway/residency/signal.py).
+        self.shared_load_view = routing.load_view == "shared"
         self.scrape_interval_s = routing.load_scrape_interval_s
         # A scrape this recent still says which adapters are running on the GPU.
         self.scrape_fresh_s = 3 * routing.load_scrape_interval_s
@@ -137,6 +140,13 @@ class Pool:
         # Set while no request is in flight: a retired pool waits on it before it closes.
         self.idle = asyncio.Event()
         self.idle.set()
+
+    def routed_load(self, replica_id: str, now: float) -> int:
+        """The load routing counts on the replica now (``routing.load_view``), for the status page and metrics."""
+        replica = self.replicas[replica_id]
+        if self.shared_load_view:
+            return replica.in_flight + self.residency.signal.load_elsewhere(self.name).get(replica_id, 0)
+        return replica.load_view(now, self.engine_view_max_age_s)
 
     def explain(self, key: str, engine_model: str | None) -> RoutingDecision:
         """The decision ``place`` would take for ``key`` now, without taking it, with every scorer's term per
@@ -220,6 +230,7 @@ class Pool:
         recent = self._recent.get(key, {}) if predicting else {}
         # Where other gateways have requests in flight with the adapter (their loads under way included).
         flying = self.residency.signal.flying_on(self.name, engine_model) if predicting and engine_model else ()
+        elsewhere = self.residency.signal.load_elsewhere(self.name) if self.shared_load_view else None
         reserved = reservations.by_replica
         likely_on_gpu = self.residency.likely_on_gpu
         # The named tuple's own __new__ without its Python-level argument handling: 0.10 us against 0.23 per
@@ -254,7 +265,9 @@ class Pool:
                     (
                         replica_id,
                         healthy,
-                        in_flight if max_age is None else replica.load_view(now, max_age),
+                        (in_flight if max_age is None else replica.load_view(now, max_age))
+                        if elsewhere is None
+                        else in_flight + elsewhere.get(replica_id, 0),
                         reserved[replica_id],
                         weight,
                         in_flight >= cap,

@@ -329,10 +329,10 @@ class PoolResidency:
         view = self.views.get(replica_id)
         return frozenset(view.in_flight) if view is not None else frozenset()
 
-    def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
+    def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
         for replica_id, view in self.views.items():
             if view.in_flight:
-                yield replica_id, frozenset(view.in_flight)
+                yield replica_id, frozenset(view.in_flight), sum(view.in_flight.values())
 
     def remote_release(self, replica_id: str) -> None:
         if replica_id in self._remote_news:

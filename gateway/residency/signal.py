@@ -55,8 +55,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from gateway.observe.metrics import GatewayMetrics
@@ -74,9 +75,11 @@ SETTLE_S = 0.05
 # change), in one message of at most MAX_SHARED_PAIRS (replica, adapter) pairs.
 SHARE_S = 0.05
 MAX_SHARED_PAIRS = 4096
+MAX_COUNT = 1_000_000  # a replica's requests in flight at one gateway, as a receiver believes them at most
 
 Key = tuple[str, str]  # (pool, replica)
 _NOWHERE: frozenset[str] = frozenset()
+_NO_LOAD: Mapping[str, int] = MappingProxyType({})
 
 
 class SlotListener(Protocol):
@@ -94,8 +97,8 @@ class SlotListener(Protocol):
         """Another gateway changed the replica's resident set: read its record again."""
         ...
 
-    def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
-        """Per replica where this gateway has requests in flight, their adapters."""
+    def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
+        """Per replica where this gateway has requests in flight, their adapters and how many requests."""
         ...
 
 
@@ -135,14 +138,16 @@ class SlotSignal:
         # Numbers this gateway's messages: publishes run concurrently and may reach Redis out of order, so a
         # waiter keeps each gateway's newest held set, not the last to arrive.
         self._sent_count = 0
-        # This gateway's in-flight adapters as last shared (``share``): whether they changed since, when last sent,
-        # and whether that message named any.
-        self._flying_changed = False
+        # This gateway's in-flight adapters and requests as last shared (``share``): what, when, and whether that
+        # message named any.
+        self._flying_sent: tuple[object, object] = ({}, {})
         self._flying_sent_at = float("-inf")
         self._said_flying = False
-        # Other gateways' in-flight adapters: per sender its sets and when heard, the newest message's number, and
-        # per (pool, adapter) how many senders hold it on each replica (what routing reads: one lookup a decision).
-        self._flying_from: dict[str, tuple[dict[Key, frozenset[str]], float]] = {}
+        # Other gateways' in-flight adapters and requests: per sender its sets, counts and when heard, the newest
+        # message's number, per (pool, adapter) how many senders hold it on each replica, and per pool their
+        # requests per replica (what routing reads: one lookup a decision).
+        self._flying_from: dict[str, tuple[dict[Key, frozenset[str]], dict[Key, int], float]] = {}
+        self._load: dict[str, dict[str, int]] = {}
         self._flying_n: dict[str, int] = {}
         self._flying: dict[tuple[str, str], dict[str, int]] = {}
         self.listening = False  # this gateway's subscription is up: it hears the others
@@ -176,9 +181,7 @@ class SlotSignal:
 
     def changed(self, pool: str, replica: str, *, freed: bool) -> None:
         """This gateway's held set on the replica changed (``freed``: a slot freed, an adapter's last request here
-        ended or it was unloaded). A dict lookup unless another gateway waits there; then one publish. The change is
-        also shared with every gateway at the next ``share``."""
-        self._flying_changed = True
+        ended or it was unloaded). A dict lookup unless another gateway waits there; then one publish."""
         if not self._remote_waits or not self.remote_waiting(pool, replica):
             return
         holding = self._held(pool, replica)
@@ -201,27 +204,35 @@ class SlotSignal:
         """Whether another gateway has requests in flight for the adapter on the replica (as it last shared them)."""
         return replica in self._flying.get((pool, adapter), _NOWHERE)
 
+    def load_elsewhere(self, pool: str) -> Mapping[str, int]:
+        """Per replica of the pool, the requests other gateways have in flight there (as they last shared them)."""
+        return self._load.get(pool, _NO_LOAD)
+
     def share(self) -> None:
-        """Publish this gateway's in-flight adapters if they changed since the last message, or again every
-        ``RENEW_S`` while it holds any (the transport calls this every ``SHARE_S``)."""
+        """Publish this gateway's in-flight adapters and requests per replica if they changed since the last
+        message, or again every ``RENEW_S`` while it has any (the transport calls this every ``SHARE_S``): one pass
+        over the replicas' in-flight tables, never a message per request."""
         now = self._clock()
-        if not self._flying_changed and not (self._said_flying and now - self._flying_sent_at >= RENEW_S):
-            return
-        self._flying_changed = False
         held: dict[str, dict[str, list[str]]] = {}
+        counts: dict[str, dict[str, int]] = {}
         pairs = 0
         for pool, listeners in self._listeners.items():
             for listener in listeners:
-                for replica, adapters in listener.flying():
-                    if pairs + len(adapters) > MAX_SHARED_PAIRS:
+                for replica, adapters, requests in listener.flying():
+                    if pairs + len(adapters) + 1 > MAX_SHARED_PAIRS:
                         continue  # bounded: what does not fit is left out (the receivers keep to it too)
-                    named = held.setdefault(pool, {}).setdefault(replica, [])
-                    named.extend(sorted(adapters))
-                    pairs += len(adapters)
+                    held.setdefault(pool, {}).setdefault(replica, []).extend(sorted(adapters))
+                    pool_counts = counts.setdefault(pool, {})
+                    pool_counts[replica] = pool_counts.get(replica, 0) + requests
+                    pairs += len(adapters) + 1
+        due = self._said_flying and now - self._flying_sent_at >= RENEW_S
+        if (held, counts) == self._flying_sent and not due:
+            return
+        self._flying_sent = (held, counts)
         if not held and not self._said_flying:
             return  # silence already says so
         self._flying_sent_at, self._said_flying = now, bool(held)
-        self._send({"t": "flying", "h": held}, None)
+        self._send({"t": "flying", "h": held, "c": counts}, None)
 
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
         """The adapters other gateways hold on the replica, once this gateway waits there and every listening
@@ -254,7 +265,7 @@ class SlotSignal:
             number = message.get("n")
             if isinstance(number, int) and number > self._flying_n.get(sender, -1):
                 self._flying_n[sender] = number
-                self._heard_flying(sender, message.get("h"))
+                self._heard_flying(sender, message.get("h"), message.get("c"))
         elif kind == "set":
             for listener in self._listeners.get(key[0], ()):
                 listener.remote_set_changed(key[1])
@@ -309,7 +320,7 @@ class SlotSignal:
         is free, so the waits look again)."""
         now = self._clock()
         self._remote_waits = {key: until for key, until in self._remote_waits.items() if until > now}
-        for sender in [g for g, (_, heard_at) in self._flying_from.items() if heard_at <= now - REMOTE_TTL_S]:
+        for sender in [g for g, (_, _, heard_at) in self._flying_from.items() if heard_at <= now - REMOTE_TTL_S]:
             self._forget_flying(sender)
             del self._flying_n[sender]
         self._waits = {key: w for key, w in self._waits.items() if w.count or w.left_at > now - RENEW_S}
@@ -338,12 +349,19 @@ class SlotSignal:
             held |= listener.held_here(replica)
         return sorted(held)
 
-    def _heard_flying(self, sender: str, held: object) -> None:
-        """Another gateway's in-flight adapters replace what it said before. Entries that are not a pool's map of
-        replicas to lists of names are left out (another gateway's bug, or anyone with Redis access), as are
-        those past ``MAX_SHARED_PAIRS``."""
+    def _heard_flying(self, sender: str, held: object, counted: object) -> None:
+        """Another gateway's in-flight adapters and requests replace what it said before. Entries that are not a
+        pool's map of replicas to lists of names (or to request counts) are left out (another gateway's bug, or
+        anyone with Redis access), as are those past ``MAX_SHARED_PAIRS``."""
         sets: dict[Key, frozenset[str]] = {}
-        pairs = 0
+        requests: dict[Key, int] = {}
+        if isinstance(counted, dict):
+            for pool, replicas in counted.items():
+                if isinstance(replicas, dict):
+                    for replica, count in replicas.items():
+                        if isinstance(count, int) and 0 < count <= MAX_COUNT and len(requests) < MAX_SHARED_PAIRS:
+                            requests[(pool, replica)] = count
+        pairs = len(requests)
         if isinstance(held, dict):
             for pool, replicas in held.items():
                 if not isinstance(replicas, dict):
@@ -356,14 +374,25 @@ class SlotSignal:
                         sets[(pool, replica)] = names
                         pairs += len(names)
         self._forget_flying(sender)
-        self._flying_from[sender] = (sets, self._clock())
+        self._flying_from[sender] = (sets, requests, self._clock())
         for (pool, replica), names in sets.items():
             for name in names:
                 counts = self._flying.setdefault((pool, name), {})
                 counts[replica] = counts.get(replica, 0) + 1
+        for (pool, replica), count in requests.items():
+            loads = self._load.setdefault(pool, {})
+            loads[replica] = loads.get(replica, 0) + count
 
     def _forget_flying(self, sender: str) -> None:
-        sets, _ = self._flying_from.pop(sender, ({}, 0.0))
+        sets, requests, _ = self._flying_from.pop(sender, ({}, {}, 0.0))
+        for (pool, replica), count in requests.items():
+            loads = self._load[pool]
+            if loads[replica] > count:
+                loads[replica] -= count
+            else:
+                del loads[replica]
+                if not loads:
+                    del self._load[pool]
         for (pool, replica), names in sets.items():
             for name in names:
                 counts = self._flying[(pool, name)]
@@ -431,6 +460,9 @@ class NoSignal:
     def flying_elsewhere(self, pool: str, replica: str, adapter: str) -> bool:
         return False
 
+    def load_elsewhere(self, pool: str) -> Mapping[str, int]:
+        return _NO_LOAD
+
 
 class Signal(Protocol):
     """What the lifecycle uses: ``SlotSignal`` or ``NoSignal``."""
@@ -448,6 +480,8 @@ class Signal(Protocol):
     def flying_on(self, pool: str, adapter: str) -> Collection[str]: ...
 
     def flying_elsewhere(self, pool: str, replica: str, adapter: str) -> bool: ...
+
+    def load_elsewhere(self, pool: str) -> Mapping[str, int]: ...
 
 
 NO_SIGNAL = NoSignal()

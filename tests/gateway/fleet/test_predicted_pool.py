@@ -102,6 +102,24 @@ async def test_a_request_another_gateway_placed_makes_its_adapter_warm_there_so_
     await until(lambda: b.explain("k", "a").chosen == home, lambda: "B still counts A's ended request")
 
 
+async def test_the_shared_load_view_counts_the_requests_other_gateways_have_in_flight() -> None:
+    """``routing.load_view: shared``: a replica's load is this gateway's requests there plus the other gateways',
+    as they last shared them; the default view counts this gateway's own only."""
+    bus = Bus()
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0, load_view="shared")
+    a = predicting_pool(signal=bus.signal())
+    b, own = predicting_pool(routing=routing, signal=bus.signal()), predicting_pool(signal=bus.signal())
+    for _ in range(3):
+        a.residency.begin_use("r2", "a")
+    assert isinstance(a.residency.signal, SlotSignal)
+    a.residency.signal.share()
+    await until(lambda: b.explain("k", "a").predictions["r2"].load == 3, lambda: str(bus.published))
+    with b.lease("k", ref("a")) as lease:
+        assert b.routed_load(lease.replica_id, time.monotonic()) == 1 + 3 * (lease.replica_id == "r2")
+    assert own.explain("k", "a").predictions["r2"].load == 0
+    assert own.routed_load("r2", time.monotonic()) == 0
+
+
 def test_the_engines_running_adapters_count_while_the_scrape_is_fresh() -> None:
     pool = predicting_pool()
     replica = pool.replicas["r1"]

@@ -209,8 +209,8 @@ class Holding:
     def remote_set_changed(self, replica_id: str) -> None:
         pass
 
-    def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
-        return iter([("r0", self.held)] if self.held else [])
+    def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
+        return iter([("r0", self.held, len(self.held))] if self.held else [])
 
 
 async def test_only_gateways_that_hold_something_answer_a_wait_and_once_more_after_they_let_go() -> None:
@@ -505,6 +505,10 @@ async def test_unreadable_in_flight_messages_are_left_out_and_never_break_the_su
     for number, held in enumerate(junk, 1):
         signal.heard(json.dumps({"t": "flying", "g": "other", "n": number, "h": held}))
     signal.heard(json.dumps({"t": "flying", "g": "other", "n": "9", "h": {"llama": {"r2": ["z"]}}}))
+    counts = {"llama": {"r0": -1, "r1": "3", "r2": 2**40, "r3": 2, "r4": None}, "other": []}
+    signal.heard(json.dumps({"t": "flying", "g": "counter", "n": 1, "h": {}, "c": counts}))
+    signal.heard(json.dumps({"t": "flying", "g": "junk", "n": 1, "h": {}, "c": [1]}))
+    assert signal.load_elsewhere("llama") == {"r3": 2} and signal.load_elsewhere("other") == {}
     signal.heard(json.dumps({"t": "flying", "g": ["not", "a", "string"], "n": 10, "h": {}}))
     assert signal.flying_elsewhere("llama", "r0", "x")  # the one readable entry of the last readable message
     assert not signal.flying_elsewhere("llama", "r1", "x") and not signal.flying_elsewhere("llama", "r2", "z")
@@ -523,19 +527,41 @@ async def test_a_message_nested_past_the_parsers_depth_is_unreadable_not_the_end
 
 async def test_a_message_names_at_most_max_shared_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     """However much a gateway has in flight, its message is bounded (and so is what a receiver takes from one)."""
-    monkeypatch.setattr(signal_module, "MAX_SHARED_PAIRS", 3)
+    monkeypatch.setattr(signal_module, "MAX_SHARED_PAIRS", 3)  # r0's two adapters and its count fit, no more
     bus = Bus()
     sender, receiver = bus.signal(), bus.signal()
 
     class Busy(Holding):
-        def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
-            return iter([("r0", frozenset({"a", "b"})), ("r1", frozenset({"c", "d"})), ("r2", frozenset({"e"}))])
+        def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
+            return iter([("r0", frozenset({"a", "b"}), 2), ("r1", frozenset({"c", "d"}), 2), ("r2", frozenset("e"), 1)])
 
     sender.attach("llama", Busy())
     sender.changed("llama", "r0", freed=False)
     sender.share()
     await until(lambda: receiver.flying_elsewhere("llama", "r0", "a"), lambda: "never heard")
-    assert flying(bus) == [{"llama": {"r0": ["a", "b"], "r2": ["e"]}}]
+    assert flying(bus) == [{"llama": {"r0": ["a", "b"]}}]  # a replica counts its adapters and its request count
     big = {"llama": {f"r{i}": ["a", "b"] for i in range(3)}}
     receiver.heard(json.dumps({"t": "flying", "g": "other", "n": 1, "h": big}))
     assert [receiver.flying_elsewhere("llama", f"r{i}", "a") for i in range(3)] == [True, False, False]  # 2 fit
+
+
+async def test_requests_in_flight_per_replica_are_shared_with_the_adapters_and_add_up_over_gateways() -> None:
+    """What ``routing.load_view: shared`` counts: every other gateway's requests in flight per replica, as each
+    last shared them (batched like the adapters), forgotten with the gateway."""
+    bus, store, engine, clock = Bus(), MemoryStore(), FakeEngine(), Clock(100.0)
+    a, c = gateway(store, engine, bus), gateway(store, engine, bus)
+    b_signal = bus.signal(clock)
+    for replica, adapter in (("r1", "x"), ("r1", "x"), ("r1", "y"), ("r0", "y")):
+        a.begin_use(replica, adapter)
+    c.begin_use("r1", "z")
+    for life in (a, c):
+        assert isinstance(life.signal, SlotSignal)
+        life.signal.share()
+    await until(lambda: b_signal.load_elsewhere("llama") == {"r0": 1, "r1": 4}, lambda: str(bus.published))
+    a.end_use("r1", "x")
+    assert isinstance(a.signal, SlotSignal)
+    a.signal.share()  # one request fewer: the set is the same, the count is not
+    await until(lambda: b_signal.load_elsewhere("llama") == {"r0": 1, "r1": 3}, lambda: str(bus.published))
+    clock.advance(REMOTE_TTL_S)  # neither renewed (this test's clock is B's alone): both forgotten
+    b_signal.renew()
+    assert b_signal.load_elsewhere("llama") == {}

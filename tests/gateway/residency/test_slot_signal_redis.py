@@ -34,8 +34,8 @@ class Listener:
     def remote_set_changed(self, replica_id: str) -> None:
         self.changed.append(replica_id)
 
-    def flying(self) -> Iterator[tuple[str, frozenset[str]]]:
-        return iter([("r0", self.held)] if self.held else [])
+    def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
+        return iter([("r0", self.held, len(self.held))] if self.held else [])
 
 
 @contextlib.asynccontextmanager
@@ -94,6 +94,7 @@ async def test_a_wait_and_a_release_reach_the_other_gateway(kind: str, request: 
         holder.held = frozenset({"y"})  # a request of A's with y began on r0: shared at A's next batch
         a.signal.changed("llama", "r0", freed=False)
         await until(lambda: b.signal.flying_elsewhere("llama", "r0", "y"), "B knows A has y in flight on r0")
+        assert b.signal.load_elsewhere("llama") == {"r0": 1}
         assert not a.signal.flying_elsewhere("llama", "r0", "y")  # its own, not another gateway's
 
 
