@@ -37,11 +37,12 @@ every gateway's routing counts an adapter in flight anywhere as on that replica'
 ``PoolResidency.likely_on_gpu``). Without it, a request placed by one gateway where its adapter is cold (the
 gateway then loads it: 300-500 ms on a GPU) is invisible to the others until the load ends, and they load the same
 adapter on other replicas meanwhile (measured: 6-7 such duplicate loads per 30 s of the hot trace with 3 gateways,
-none with one). Batched, never per request: every ``SHARE_S`` a gateway whose held sets changed since its last
-message publishes all of them (absolute, so a lost message is made good by the next; at most
-``MAX_SHARED_PAIRS`` replica-adapter pairs), and repeats them every ``RENEW_S`` while it holds something; a gateway
-that holds nothing says so once, then stays silent. Another gateway's sets not heard again within ``REMOTE_TTL_S``
-are forgotten (it stopped, or died).
+none with one). The same message carries its requests in flight per replica (``load_elsewhere``: what
+``routing.load_view: shared`` adds to a gateway's own count). Batched, never per request: every ``SHARE_S`` a
+gateway whose held sets or counts changed since its last message publishes all of them (absolute, so a lost message
+is made good by the next; at most ``MAX_SHARED_PAIRS`` entries), and repeats them every ``RENEW_S`` while it holds
+something; a gateway that holds nothing says so once, then stays silent. Another gateway's sets not heard again
+within ``REMOTE_TTL_S`` are forgotten (it stopped, or died).
 
 The transport is a callable that publishes one message (gateway/residency/signal_redis.py: Redis pub/sub); the
 in-process store has ``NO_SIGNAL``, which does nothing: one gateway sees its own releases at once.
