@@ -49,9 +49,11 @@ def test_a_wait_on_one_gateway_ends_when_another_gateways_request_frees_the_slot
         stats = sim_stats(replica)
         assert stats["cache_full_errors"] == {}  # the gateways never sent the engine a load it had no room for
         metrics = {url: httpx.get(url + "/metrics", headers=ADMIN).text for url in (a, b)}
-        releases = "tenantgate_adapter_slot_releases_total"
-        assert metric(metrics[a], releases, '{direction="published",pool="trt"}') >= 1
-        assert metric(metrics[b], releases, '{direction="received",pool="trt"}') >= 1
+        # B waited and A's word ended the wait: a release A published when its request ended, or (when B's wait
+        # reached A after that) A's answer to the wait with nothing held there; which of the two depends on the
+        # order the messages cross in, so the release counters are not asserted (one CI run saw the second).
+        waited = '{outcome="waited",pool="trt",replica="t0"}'
+        assert metric(metrics[b], "tenantgate_adapter_slot_waits_total", waited) >= 1
         assert metric(metrics[b], "tenantgate_adapter_slot_signal_up") == 1
         refused = '{outcome="refused",pool="trt",replica="t0"}'
         assert metric(metrics[b], "tenantgate_adapter_slot_waits_total", refused) == 0

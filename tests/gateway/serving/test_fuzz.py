@@ -214,7 +214,9 @@ def test_generated_admin_requests_never_get_a_5xx(admin_fleet: RunningFleet, spe
         # Hypothesis runs an input once: an operation without parameters or body is sent once, the others often.
         assert sum(sent.values()) >= 2500, sent
         assert reached == {(method, path) for method, path, _ in operations}
-        assert STATUSES.get(200, 0) >= 10, STATUSES  # some reach past the checks (tenants added, keys revoked)
+        # Some reach past the checks (keys added and revoked, a drain, a reload): 6 to 26 of 3,000 in five runs, as
+        # often as the generator hits a known tenant's name (the bound was 10, and failed one CI run in a few).
+        assert STATUSES.get(200, 0) >= 3, STATUSES
         assert STATUSES.get(400, 0) >= 1000, STATUSES
         assert httpx.get(admin_fleet.gateway_url + "/healthz").status_code == 200
 
