@@ -136,6 +136,7 @@ class Pool:
         # built from (_candidates).
         self._orders: dict[str, tuple[frozenset[str], int, tuple[str, ...], frozenset[str]]] = {}
         self._welcomes: set[asyncio.Task[None]] = set()
+        self._unscraped: set[str] = set()  # replicas whose last scrape raised in the driver (logged once)
         self.in_flight = 0
         # Set while no request is in flight: a retired pool waits on it before it closes.
         self.idle = asyncio.Event()
@@ -392,11 +393,24 @@ class Pool:
     async def scrape_engines(self) -> tuple[float, dict[str, EngineLoad | None]]:
         """Read every replica's own load signals and take them; returns when (``time.monotonic``) and what."""
         replicas = list(self.replicas.values())
-        signals = await asyncio.gather(*(self.driver.load_signals(r.endpoint) for r in replicas))
+        signals = await asyncio.gather(*(self._load_signals(r.endpoint) for r in replicas))
         at = time.monotonic()
         loads = {replica.endpoint.id: load for replica, load in zip(replicas, signals, strict=True)}
         self.took_scrape(at, loads)
         return at, loads
+
+    async def _load_signals(self, endpoint: Endpoint) -> EngineLoad | None:
+        """One replica's signals; a driver that raises on its page (what it did not expect) gives no reading for
+        that replica alone, said once until it reads again: the pool's other replicas are still read."""
+        try:
+            load = await self.driver.load_signals(endpoint)
+        except Exception:
+            if endpoint.id not in self._unscraped:
+                self._unscraped.add(endpoint.id)
+                log.exception("reading the load signals of %s/%s failed", self.name, endpoint.id)
+            return None
+        self._unscraped.discard(endpoint.id)
+        return load
 
     def took_scrape(self, at: float, loads: dict[str, EngineLoad | None]) -> None:
         """Take a scrape that answered at ``at`` (``time.monotonic``): this gateway's own, or under serve --workers

@@ -88,3 +88,31 @@ async def test_a_load_that_is_no_number_is_no_reading(bad: float) -> None:
     with pool.lease("acme", None) as lease:
         assert lease.decision.chosen == pool.ring.home("acme")
     assert all(replica.engine_load is None for replica in pool.replicas.values())
+
+
+class OneBrokenPage(FakeDriver):
+    """r1's metrics page makes the driver raise what it does not expect (a bug of the driver's, on that page)."""
+
+    async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
+        if replica.id == "r1":
+            raise RuntimeError("a page the driver did not expect")
+        return await super().load_signals(replica)
+
+
+async def test_one_replica_whose_scrape_raises_leaves_the_others_read(caplog: pytest.LogCaptureFixture) -> None:
+    """A driver that raises on one engine's page: that replica has no reading (logged once, not at every scrape),
+    the others' readings are taken. The pool's scrape was one gather: one replica's page blinded the whole pool's
+    load view and running adapters at every interval."""
+    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(3)]
+    config = PoolConfig.model_validate({"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas})
+    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
+    driver = OneBrokenPage(FakeEngine(), load=EngineLoad(running=4, waiting=2, kv_cache_usage=0.5))
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    pool = Pool(config, RoutingConfig(load_view="engine"), driver, residency)
+    for _ in range(3):
+        _, loads = await pool.scrape_engines()
+    assert loads["r1"] is None and loads["r0"] is not None and loads["r2"] is not None
+    assert pool.replicas["r0"].engine_load is not None and pool.replicas["r1"].engine_load is None
+    assert caplog.text.count("reading the load signals of llama/r1 failed") == 1
