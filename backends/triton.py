@@ -433,10 +433,11 @@ class TritonDriver:
     async def _unready_reason(self, replica: Endpoint) -> str | None:
         model = quote(self._model, safe="")
         try:
-            async with self._http.get(f"{replica.url}/v2/models/{model}/ready") as response:
+            # Not following a redirect: a front's page answering 200 is not the server ready.
+            async with self._http.get(f"{replica.url}/v2/models/{model}/ready", allow_redirects=False) as response:
                 if response.status == 200:
                     return None
-            async with self._http.get(replica.url + "/v2/health/ready") as response:
+            async with self._http.get(replica.url + "/v2/health/ready", allow_redirects=False) as response:
                 if response.status != 200:
                     return f"the server is not ready (GET /v2/health/ready answered {response.status})"
         except (TimeoutError, aiohttp.ClientError) as exc:

@@ -163,7 +163,7 @@ class VllmDriver:
             raise EngineTimeout(f"{replica.id} did not answer in time") from exc
         except OSError as exc:
             raise EngineUnavailable(f"{replica.id} unreachable: {exc!r}") from exc
-        if response.status < 400:
+        if 200 <= response.status < 300:
             return VllmResponse(response)
         try:
             text = (await response.read()).decode("utf-8", "replace")
@@ -171,6 +171,8 @@ class VllmDriver:
             raise EngineUnavailable(f"{replica.id} broke off its error answer: {exc!r}") from exc
         finally:
             response.release()
+        if response.status < 400:  # a redirect (a front one hop off the engine): no answer, the replica's failure
+            raise EngineRejected(502, f"{replica.id} answered {response.status} ({text[:200]!r}), not an answer")
         message, kind = _error_of(text)
         if response.status == 404 and "does not exist" in message:
             raise AdapterNotLoaded(404, message)
@@ -178,7 +180,10 @@ class VllmDriver:
 
     async def healthy(self, replica: Endpoint) -> bool:
         try:
-            async with self._session.get(replica.url + "/health", timeout=self._probe_timeout) as response:
+            # Not following a redirect: a front's page answering 200 is not the engine up.
+            async with self._session.get(
+                replica.url + "/health", timeout=self._probe_timeout, allow_redirects=False
+            ) as response:
                 return response.status == 200
         except (TimeoutError, aiohttp.ClientError):
             return False

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from backends.triton import TritonDriver
 from backends.triton_config import TritonEndpoint
@@ -40,3 +42,28 @@ async def test_a_server_without_the_pools_model_is_not_ready_and_the_log_says_wh
     finally:
         await right.close()
         await wrong.close()
+
+
+async def test_a_ready_check_answered_with_a_redirect_is_not_ready() -> None:
+    """A replica URL one hop off the server (a front that redirects): the probe does not follow the redirect to a
+    page of the front's that answers 200; the replica is not ready, as its requests would fail."""
+
+    async def moved(_: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound("/elsewhere")
+
+    async def elsewhere(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/v2/models/m/ready", moved)
+    app.router.add_get("/v2/health/ready", moved)
+    app.router.add_get("/elsewhere", elsewhere)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    probe = driver("m")
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        assert not await probe.healthy(TritonEndpoint("t0", url, "127.0.0.1:1", url + "/metrics"))
+    finally:
+        await probe.close()
+        await server.close()

@@ -5,7 +5,7 @@ of an answer in memory than a bound."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 from aiohttp import web
@@ -21,10 +21,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @contextlib.asynccontextmanager
-async def engine(method: str, path: str, handler: Handler) -> AsyncIterator[tuple[VllmDriver, Endpoint]]:
-    """A driver, and a replica whose one route answers with ``handler``."""
+async def engine(
+    method: str, path: str, handler: Handler, also: Sequence[tuple[str, str, Handler]] = ()
+) -> AsyncIterator[tuple[VllmDriver, Endpoint]]:
+    """A driver, and a replica whose route answers with ``handler`` (and ``also``'s routes theirs)."""
     app = web.Application()
-    app.router.add_route(method, path, handler)
+    for route in ((method, path, handler), *also):
+        app.router.add_route(*route)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     driver = VllmDriver(
@@ -116,3 +119,26 @@ async def test_a_metrics_page_over_the_read_bound_is_no_reading() -> None:
 
     async with engine("GET", "/metrics", endless) as (driver, replica):
         assert await driver.load_signals(replica) is None
+
+
+async def redirect(_: web.Request) -> web.StreamResponse:
+    """What a front (a proxy sending http to https, a moved service) answers a replica URL that is one hop off."""
+    raise web.HTTPMovedPermanently("/elsewhere")
+
+
+async def test_a_redirect_is_no_answer_but_the_replicas_failure() -> None:
+    """A replica URL that an operator got one hop wrong answers every request with a redirect: that is the replica
+    failing (an engine 5xx: tried elsewhere, counted on evidence), not an answer relayed to the client with its 3xx
+    status and counted as the replica's success."""
+    async with engine("POST", "/v1/completions", redirect) as (driver, replica):
+        with pytest.raises(EngineRejected) as refused:
+            await driver.send(replica, EngineRequest("/v1/completions", b"{}", False))
+        assert refused.value.status == 502 and "301" in refused.value.message
+
+
+async def test_a_health_probe_answered_with_a_redirect_is_down() -> None:
+    """The probe does not follow a redirect to some page that answers 200 (a front's own): the replica is down, as
+    its requests would fail."""
+    elsewhere = ("GET", "/elsewhere", answer(b"ok", content_type="text/plain"))
+    async with engine("GET", "/health", redirect, also=[elsewhere]) as (driver, replica):
+        assert not await driver.healthy(replica)
