@@ -4,6 +4,7 @@ client, a failure can only end the stream with the OpenAI error event dispatch h
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from aiohttp import web
@@ -19,6 +20,8 @@ VARIANT_HEADER = "x-tenantgate-variant"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 # An OpenAI stream's last event.
 _LAST_EVENT = b"data: [DONE]\n\n"
+_FAULT = GatewayError("The gateway failed to handle the request.")
+log = logging.getLogger(__name__)
 
 
 def respond(
@@ -64,6 +67,13 @@ async def stream(
             await response.write(rest)
     except BackendError as exc:  # an unfinished event is dropped: the client gets whole events, then the error
         await response.write(broken(exc).sse_event())
+    except ConnectionResetError:  # the client left: nothing to tell it (ingress counts a 499)
+        raise
+    except Exception as exc:  # a fault of the gateway's own past the first byte: the stream's end, never a second
+        # response (the middleware's answer would be written into this one's body)
+        log.exception("stream failed after it started")
+        record.error = type(exc).__name__
+        await response.write(_FAULT.sse_event())
     record.answered = response.status
     await response.write_eof()
     return response
