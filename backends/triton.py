@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -283,6 +284,7 @@ class TritonDriver:
         chat = request.path.endswith("/chat/completions")
         call = parse_request(chat, request.body, self._template, self._default_max_tokens)
         timeout = request.timeout_s if request.timeout_s is not None else self._request_timeout_s
+        deadline = time.monotonic() + timeout  # a resend gets what is left of it, not all of it again
         adapter, headers = request.adapter, dict(request.headers)
         if call.stream:
             stream, first, error = await self._start_http(replica, call, adapter, headers, timeout)
@@ -294,7 +296,10 @@ class TritonDriver:
             # The engine evicted it (or restarted): send this request again, once, with the weights.
             self._on_event(replica.id, adapter.engine_name, "cache_miss")
             weights = await self._adapter_weights(adapter)
-            stream, first, error = await self._start(replica, call, adapter, weights, headers, timeout)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineTimeout(f"{replica.id} did not answer in time")
+            stream, first, error = await self._start(replica, call, adapter, weights, headers, left)
             if error is not None:
                 stream.close()
                 self._raise_engine_error(replica, adapter, error, weights_sent=True)

@@ -5,20 +5,23 @@ simulator always answers sensibly, so a minimal gRPC server stands in for such a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from backends.base import EngineRequest
-from backends.errors import EngineRejected, StreamBroken
+from backends.base import AdapterRef, EngineRequest
+from backends.errors import EngineRejected, EngineTimeout, StreamBroken
 from backends.http1 import MAX_WHOLE_BODY
 from backends.triton import TritonDriver
 from backends.triton_config import TritonEndpoint
 from gateway.failures import classify
+from loadtests.peft_files import write_peft_adapter
 from loadtests.sim.triton_wire import add_output
 
 
@@ -81,3 +84,54 @@ async def test_an_answer_larger_than_a_whole_answer_is_refused_not_held() -> Non
     async with serving(ScriptedModel([huge])) as (driver, replica):
         with pytest.raises(EngineRejected, match="RESOURCE_EXHAUSTED"):
             await driver.send(replica, REQUEST)
+
+
+class SlowlyMissingAdapter(ScriptedModel):
+    """A Triton whose PEFT cache lost the adapter: each call takes ``SLOW_S``; one without the weights is answered
+    with the cache miss, one with them with a text."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    async def ModelMetadata(
+        self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelMetadataResponse:
+        answer = await super().ModelMetadata(request, context)
+        tensor = service_pb2.ModelMetadataResponse.TensorMetadata
+        answer.inputs.extend(
+            [
+                tensor(name="lora_task_id", datatype="UINT64"),
+                tensor(name="lora_weights", datatype="FP16"),
+                tensor(name="lora_config", datatype="INT32"),
+            ]
+        )
+        return answer
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[service_pb2.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        async for request in requests:
+            await asyncio.sleep(SLOW_S)
+            if any(tensor.name == "lora_weights" for tensor in request.inputs):
+                answer = service_pb2.ModelStreamInferResponse()
+                add_output(answer.infer_response, "text_output", "BYTES", b"hi")
+                yield answer
+            else:
+                message = "LoRA task 7 not found in cache. Please send LoRA weights with request"
+                yield service_pb2.ModelStreamInferResponse(error_message=message)
+
+
+SLOW_S = 0.6
+
+
+async def test_the_resend_after_a_cache_miss_keeps_to_the_requests_deadline(tmp_path: Path) -> None:
+    """The resend with the weights gets what is left of the request's time, not all of it again: two calls of 0.6 s
+    within a 1 s deadline are a timeout, where they were an answer 1.2 s in (a tenant's shorter deadline doubled)."""
+    source = write_peft_adapter(tmp_path / "a", 4)
+    body = json.dumps({"model": "a", "prompt": "hello", "max_tokens": 2}).encode()
+    request = EngineRequest(
+        "/v1/completions", body, False, timeout_s=2 * SLOW_S - 0.2, adapter=AdapterRef("a", str(source))
+    )
+    async with serving(SlowlyMissingAdapter()) as (driver, replica):
+        with pytest.raises(EngineTimeout):
+            await driver.send(replica, request)
