@@ -278,17 +278,24 @@ class PoolResidency:
             self.signal.set_changed(self.pool, replica_id)
 
     async def _made_room(self, replica_id: str, record: ReplicaRecord) -> bool:
-        """Whether one more adapter fits now: there is a free slot, or evicting the least recently used idle adapter
-        makes one (one eviction per load: a set run over its bound comes back down by the timer, not all at once
-        on one request's path). When none is idle, an engine that queues requests for a full set (vLLM) takes it at
-        once, over max_adapters: it never waits."""
+        """Whether one more adapter fits now: there is a free slot, or evicting the least recently used idle
+        adapters makes one. A set that ran over its bound (below) comes back under it at the next load, as the
+        engine's own cache does: vLLM's host cache drops least recently used adapters until the new one fits, and a
+        record left holding more than the engine would name adapters the engine has dropped (their next request
+        loads from disk where routing predicted a swap-in). When none is idle, an engine that queues requests for a
+        full set (vLLM) takes it at once, over max_adapters: it never waits."""
         if len(record.resident) < self.max_adapters:
             return True
-        victim = self._victim(replica_id, dict(record.resident), record.pinned)
-        if victim is not None:
+        resident = dict(record.resident)
+        while len(resident) >= self.max_adapters:
+            victim = self._victim(replica_id, resident, record.pinned)
+            if victim is None:
+                break
             await self._unload(replica_id, victim)
+            del resident[victim]
             self.counters.evictions_on_request_path += 1
             self.metrics.evictions.labels(self.pool, replica_id, "request_path").inc()
+        if len(resident) < self.max_adapters:
             return True
         if self.overcommit:
             log.warning(
