@@ -16,7 +16,8 @@ What it does, as aiohttp did for the driver:
   read until the engine closes; 1xx interim answers skipped; 204/304 have no body.
 - timeouts: the connect within ``connect_timeout_s``, and the whole exchange (waiting for a connection, connect,
   the answer's head and its body) within the request's ``timeout_s``: past it, reads raise ``TimeoutError`` and
-  the connection is dropped.
+  the connection is dropped; past it while still waiting for a connection at the limit, ``ConnectionWaitTimeout``
+  (the request never left the gateway).
 - cancellation and early release: a request cancelled, or an answer released before its end, drops its
   connection (the engine sees the client gone and stops generating); it is never reused.
 - errors: a request whose kept-alive connection ends before any byte of an answer (the engine closing it idle
@@ -54,6 +55,12 @@ _IDLE, _HEAD, _BODY, _DONE = range(4)
 
 class ResponseError(ConnectionError):
     """The answer broke off (the connection closed or reset mid-way) or could not be read (malformed)."""
+
+
+class ConnectionWaitTimeout(TimeoutError):
+    """The request's timeout passed while it waited for a connection at this client's own per-origin limit: it was
+    never sent, and says nothing of the engine (the drivers answer it as the request's deadline, not the replica's
+    failure)."""
 
 
 class _Connection(asyncio.Protocol):
@@ -376,8 +383,7 @@ class Origin:
         kept_alive = connection is not None
         while True:  # the exchange written out here rather than in a coroutine of its own: a frame less to resume
             if connection is None:
-                async with asyncio.timeout_at(deadline):
-                    connection = await self._new_connection(loop, deadline)
+                connection = await self._new_connection(loop, deadline)
             try:
                 connection.send(head + body if len(body) < 65536 else head, deadline)
                 if len(body) >= 65536 and connection.transport is not None:  # no copy of a large body
@@ -432,7 +438,31 @@ class Origin:
         # At the limit, wait for a connection to come back or close; behind requests already waiting (or woken and
         # about to take what came back) in any case: one that arrived as a connection came back would otherwise
         # take it from the first waiter, which then waited again at the back (at a busy replica, at every turn).
-        must_wait = self._open >= self._limit or bool(self._waiters) or self._woken > 0
+        if self._open >= self._limit or self._waiters or self._woken > 0:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    connection = await self._wait_turn(loop)
+            except TimeoutError as exc:
+                raise ConnectionWaitTimeout(
+                    f"no connection to the engine within the request's timeout: {self._limit} in use"
+                ) from exc
+            if connection is not None:
+                return connection
+        self._open += 1
+        try:
+            async with asyncio.timeout(min(self._connect_timeout_s, max(0.0, deadline - loop.time()))):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(loop), self._host, self._port, ssl=self._ssl
+                )
+        except BaseException:
+            self._open -= 1
+            self._wake_one()
+            raise
+        return connection
+
+    async def _wait_turn(self, loop: asyncio.AbstractEventLoop) -> _Connection | None:
+        """Wait for a connection to come back (returned) or close (None: open one), behind the waiters before."""
+        must_wait = True
         while must_wait:
             waiter = loop.create_future()
             self._waiters.append(waiter)
@@ -450,17 +480,7 @@ class Origin:
             if connection is not None:
                 return connection
             must_wait = self._open >= self._limit
-        self._open += 1
-        try:
-            async with asyncio.timeout(min(self._connect_timeout_s, max(0.0, deadline - loop.time()))):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(loop), self._host, self._port, ssl=self._ssl
-                )
-        except BaseException:
-            self._open -= 1
-            self._wake_one()
-            raise
-        return connection
+        return None
 
     def _wake_one(self) -> None:
         while self._waiters:

@@ -21,6 +21,7 @@ from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest
 from backends.errors import (
     AdapterLoadFailed,
     AdapterNotLoaded,
+    DeadlineExceeded,
     EngineRejected,
     EngineTimeout,
     EngineUnavailable,
@@ -159,6 +160,10 @@ class VllmDriver:
         head = http1.head(prefix, request.headers, len(request.body))
         try:
             response = await origin.request(head, request.body, timeout_s)
+        except http1.ConnectionWaitTimeout as exc:  # never sent: the gateway's own connection limit, not the engine
+            raise DeadlineExceeded(
+                f"the request's deadline passed waiting for a connection to {replica.id}: {exc}"
+            ) from exc
         except TimeoutError as exc:  # before OSError: TimeoutError is one
             raise EngineTimeout(f"{replica.id} did not answer in time") from exc
         except OSError as exc:
