@@ -77,7 +77,9 @@ def first_text(raw: bytes | None) -> str:
 
 
 def first_int32(raw: bytes | None) -> int | None:
+    """A token count from an INT32 output; a negative one (a broken model) is none, as over HTTP
+    (backends/triton_http.py): it would reach the client's usage and give the tenant's token budget back."""
     if not raw or len(raw) < _INT32.size:
         return None
     (value,) = _INT32.unpack_from(raw)
-    return int(value)
+    return int(value) if value >= 0 else None

@@ -26,8 +26,7 @@ async def test_a_request_that_never_got_a_connection_is_its_deadline_not_the_rep
 
     async with engine("POST", "/v1/completions", held) as (driver, replica):  # 4 connections per replica
         busy = [
-            asyncio.create_task(driver.send(replica, EngineRequest("/v1/completions", b"{}", False)))
-            for _ in range(4)
+            asyncio.create_task(driver.send(replica, EngineRequest("/v1/completions", b"{}", False))) for _ in range(4)
         ]
         for _ in range(500):  # bounded poll: the four reached the engine (each on a connection of its own)
             if len(arrived) == 4:

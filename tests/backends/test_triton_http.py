@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from collections.abc import AsyncIterator
 from typing import cast
 
@@ -20,6 +21,7 @@ from backends.triton import TritonDriver, TritonResponse
 from backends.triton_config import TritonEndpoint
 from backends.triton_http import EVENT_LIMIT, Piece, SseStream
 from backends.triton_openai import TritonCall
+from backends.triton_wire import first_int32
 from gateway.failures import classify
 from tests.servers import TritonProcess
 
@@ -115,6 +117,13 @@ async def test_a_count_that_is_no_int32_is_not_reported(count: int) -> None:
     assert first == ("a", None, 1)
     answer = b"".join([chunk async for chunk in TritonResponse(call, stream, first).chunks()])
     assert answer.endswith(b"data: [DONE]\n\n") and b"usage" not in answer
+
+
+@pytest.mark.parametrize(("count", "read"), [(-1, None), (-(2**31), None), (0, 0), (2**31 - 1, 2**31 - 1)])
+def test_over_grpc_a_negative_count_is_not_reported_either(count: int, read: int | None) -> None:
+    """The gRPC reader takes the same counts as the HTTP one: a negative INT32 (a broken model) is no count, or it
+    would reach the client's usage and hand the tenant's token budget back."""
+    assert first_int32(struct.pack("<i", count)) == read
 
 
 async def test_an_event_that_never_ends_is_a_broken_stream_not_a_growing_buffer() -> None:
