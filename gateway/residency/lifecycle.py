@@ -33,7 +33,7 @@ from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
 from backends.errors import AdapterCacheFull, BackendError
 from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError
-from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.metrics import GatewayMetrics, adder
 from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
@@ -100,7 +100,7 @@ class PoolResidency:
         self.counters = ResidencyCounters()
         self.store_up = True
         self.metrics = metrics or GatewayMetrics()
-        self._hits = self.metrics.residency_lookups.labels(pool, "hit")
+        self._hits = adder(self.metrics.residency_lookups.labels(pool, "hit"))  # once per request: no checks
         self._misses = self.metrics.residency_lookups.labels(pool, "miss")
         self._now = wall_clock
         self._owner = uuid.uuid4().hex[:12]
@@ -126,7 +126,7 @@ class PoolResidency:
 
     def count_hit(self) -> None:
         """A request found its adapter resident (the caller checked ``is_resident`` itself)."""
-        self._hits.inc()
+        self._hits(1)
 
     def resident_on(self, engine_name: str) -> frozenset[str]:
         """The replicas whose record holds the adapter: a scan of the pool once per change of any replica's set,
@@ -198,7 +198,7 @@ class PoolResidency:
         """Return once ``adapter`` is resident on the replica; one load per replica and adapter at a time."""
         view = self.views[replica_id]
         if adapter.engine_name in view.resident and (not pinned or adapter.engine_name in view.pinned):
-            self._hits.inc()
+            self._hits(1)
             return
         self._misses.inc()
         if len(view.resident) >= self.max_adapters:

@@ -3,6 +3,8 @@ observe record: they call into the client's private parts, so a client whose par
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -45,3 +47,34 @@ def test_adder_counts_as_inc(amounts: list[float]) -> None:
         by_them.inc(amount)
     assert _samples(ours) == _samples(theirs)
     assert f'c_total{{status="200",tenant="acme"}} {float(sum(amounts))}'.encode() in _samples(ours)
+
+
+class _Refused:
+    """A lock that cannot be taken: a writer that takes it raises."""
+
+    def __enter__(self) -> None:
+        raise AssertionError("the value's lock was taken")
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+def test_the_writers_add_to_an_in_process_value_without_its_lock() -> None:
+    """The request path's writes (on the event loop's thread, as the scrape that reads them) skip the value's lock,
+    most of an inc's cost; the counts are still inc's."""
+    ours, theirs = _pair()
+    counter = Counter("c", "c", ["tenant"], registry=ours).labels("acme")
+    histogram = Histogram("h", "h", ["tenant"], buckets=BUCKETS, registry=ours).labels("acme")
+    by_them = Counter("c", "c", ["tenant"], registry=theirs).labels("acme")
+    by_them_h = Histogram("h", "h", ["tenant"], buckets=BUCKETS, registry=theirs).labels("acme")
+    add, observe = adder(counter), observer(histogram)
+    for value in (counter._value, histogram._sum, *histogram._buckets):
+        value._lock = _Refused()  # MutexValue's own
+    for amount in AMOUNTS:
+        add(amount)
+        observe(amount)
+        by_them.inc(amount)
+        by_them_h.observe(amount)
+    for value in (counter._value, histogram._sum, *histogram._buckets):
+        value._lock = threading.Lock()  # a real one again, for the exposition's reads
+    assert _samples(ours) == _samples(theirs)
