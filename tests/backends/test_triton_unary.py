@@ -135,3 +135,13 @@ async def test_the_resend_after_a_cache_miss_keeps_to_the_requests_deadline(tmp_
     async with serving(SlowlyMissingAdapter()) as (driver, replica):
         with pytest.raises(EngineTimeout):
             await driver.send(replica, request)
+
+
+async def test_a_model_that_sends_two_responses_leaves_the_call_waiting_until_its_deadline() -> None:
+    """What docs/triton.md says unary-unary assumes: one response to a non-streaming request. A model that sent two
+    would leave the call waiting until the request's time is up, read as the engine not answering in time."""
+    answer = service_pb2.ModelStreamInferResponse()
+    add_output(answer.infer_response, "text_output", "BYTES", b"hi")
+    async with serving(ScriptedModel([answer, answer])) as (driver, replica):
+        with pytest.raises(EngineTimeout):
+            await driver.send(replica, REQUEST._replace(timeout_s=0.5))

@@ -120,6 +120,25 @@ async def test_the_shared_load_view_counts_the_requests_other_gateways_have_in_f
     assert own.routed_load("r2", time.monotonic()) == 0
 
 
+async def test_the_shared_load_view_leaves_out_other_gateways_requests_for_the_base_model() -> None:
+    """What the README says of ``shared``: another gateway's requests for the base model are not counted (its
+    message counts the requests of the adapters it holds), and without Redis the view is this gateway's own."""
+    bus = Bus()
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0, load_view="shared")
+    a, b = predicting_pool(signal=bus.signal()), predicting_pool(routing=routing, signal=bus.signal())
+    with a.lease("base", None):
+        for _ in range(3):
+            a.residency.begin_use("r2", "a")
+        assert isinstance(a.residency.signal, SlotSignal)
+        a.residency.signal.share()  # one message with both: the adapter's 3 requests and the base model's lease
+        await until(lambda: b.explain("k", "a").predictions["r2"].load == 3, lambda: str(bus.published))
+        assert sum(p.load for p in b.explain("k", "a").predictions.values()) == 3
+    alone = predicting_pool(routing=routing)  # no Redis: no signal, nothing heard
+    with alone.lease("k", None) as lease:
+        assert alone.routed_load(lease.replica_id, time.monotonic()) == 1
+        assert {r: p.load for r, p in alone.explain("k", "a").predictions.items()}[lease.replica_id] == 1
+
+
 def test_the_engines_running_adapters_count_while_the_scrape_is_fresh() -> None:
     pool = predicting_pool()
     replica = pool.replicas["r1"]
@@ -237,5 +256,7 @@ async def test_a_cold_candidate_says_how_likely_the_adapter_its_load_pushes_out_
 
 
 def test_without_the_eviction_scorer_the_pool_reads_no_victims() -> None:
+    """It is off by default (README, docs/architecture.md): a pool of the default scorers reads no victims."""
+    assert "eviction" not in RoutingConfig().scorers
     pool = predicting_pool()
     assert all(r.evict_loss == 0.0 for r in pool.explain("k", "a").snapshot)
