@@ -3,6 +3,7 @@
 The README and docs/*.md are read as an operator reads them; a renamed key, a changed default, a dropped metric or
 a moved file fails here instead of leaving the docs pointing at nothing."""
 
+import ast
 import itertools
 import re
 import shlex
@@ -385,3 +386,84 @@ def test_every_setup_variant_and_trace_the_docs_run_exists() -> None:
             if flag == "--variant" and value not in VARIANTS:
                 unknown.append(f"{where} variant {value}")
     assert checked >= 5 and not unknown, unknown
+
+
+def code_definitions() -> tuple[dict[str, set[str]], set[str]]:
+    """Every class of the repository's code with the attributes it defines (methods, class-level fields, and what its
+    methods assign to self), and every module-level name; read with ast, nothing imported."""
+    classes: dict[str, set[str]] = {}
+    module_names: set[str] = set()
+    for top in ("gateway", "backends", "loadtests"):
+        for path in (REPO / top).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in tree.body:
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                module_names.update(target.id for target in targets if isinstance(target, ast.Name))
+            for found in ast.walk(tree):
+                if not isinstance(found, ast.ClassDef):
+                    continue
+                names = classes.setdefault(found.name, set())
+                for inner in ast.walk(found):
+                    if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef):
+                        names.add(inner.name)
+                    elif isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+                        names.add(inner.id)
+                    elif (
+                        isinstance(inner, ast.Attribute)
+                        and isinstance(inner.ctx, ast.Store)
+                        and isinstance(inner.value, ast.Name)
+                        and inner.value.id == "self"
+                    ):
+                        names.add(inner.attr)
+    return classes, module_names
+
+
+# Names in backticks that are not the repository's code: signals, socket options, environment variables, SQL-ish
+# words the runbook quotes.
+NOT_CODE_NAMES = {"SIGHUP", "SIGTERM", "SO_REUSEPORT", "LD_LIBRARY_PATH", "PATH", "LIBDIR", "FROM", "DELETE"}
+
+
+def test_every_class_member_and_constant_the_docs_name_is_defined() -> None:
+    """`Pool.lease`, `ReplicaHealth.full_weight_at`, `SHARE_S`: a renamed method, field or constant fails here
+    instead of leaving the docs' map pointing at nothing. aiohttp's `Application._handle` is looked up in aiohttp."""
+    from aiohttp import web
+
+    classes, module_names = code_definitions()
+    classes.setdefault("Application", set()).update(dir(web.Application))
+    members = doc_matches(r"`([A-Z][A-Za-z0-9]+)\.([a-z_][a-z0-9_]*)(?:\(\))?`")
+    constants = doc_matches(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{4,})`")
+    missing = [
+        f"{where} {match.group(1)}.{match.group(2)}"
+        for where, match in members
+        if match.group(2) not in classes.get(match.group(1), set())
+    ]
+    known = module_names | NOT_CODE_NAMES
+    missing += [
+        f"{where} {match.group(1)}"
+        for where, match in constants
+        if match.group(1) not in known and not match.group(1).startswith(("TENANTGATE_", "VLLM_"))
+    ]
+    assert len(members) > 20 and len(constants) > 3 and not missing, missing
+
+
+def test_the_maps_name_every_driver_routing_and_runnable_loadtest_module() -> None:
+    """README's "What is here" names each module of backends/ (in its row) and each loadtests module one runs
+    (`python -m`); docs/architecture.md names each module of gateway/routing/. A new module off the map fails."""
+    readme = (REPO / "README.md").read_text()
+    backends_row = next(line for line in readme.splitlines() if line.startswith("| `backends/` |"))
+    architecture = (REPO / "docs" / "architecture.md").read_text()
+    missing = [
+        f"README's backends/ row: {path.name}"
+        for path in sorted((REPO / "backends").glob("*.py"))
+        if path.name != "__init__.py" and f"`{path.name}`" not in backends_row
+    ]
+    missing += [
+        f"docs/architecture.md: {path.relative_to(REPO)}"
+        for path in sorted((REPO / "gateway" / "routing").rglob("*.py"))
+        if path.name != "__init__.py" and f"{path.name}`" not in architecture
+    ]
+    runnable = [
+        path for path in sorted((REPO / "loadtests").glob("*.py")) if 'if __name__ == "__main__"' in path.read_text()
+    ]
+    missing += [f"README: {path.name}" for path in runnable if f"`loadtests/{path.name}`" not in readme]
+    assert len(runnable) > 10 and not missing, missing
