@@ -388,17 +388,29 @@ def test_every_setup_variant_and_trace_the_docs_run_exists() -> None:
     assert checked >= 5 and not unknown, unknown
 
 
-def code_definitions() -> tuple[dict[str, set[str]], set[str]]:
+def literal_number(node: ast.expr | None) -> float | None:
+    """A module constant's value where it is a plain number (``0.05``, ``4096``, ``1_000_000``), else None."""
+    try:
+        value = ast.literal_eval(node) if node is not None else None
+    except ValueError:
+        return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def code_definitions() -> tuple[dict[str, set[str]], dict[str, float | None]]:
     """Every class of the repository's code with the attributes it defines (methods, class-level fields, and what its
-    methods assign to self), and every module-level name; read with ast, nothing imported."""
+    methods assign to self), and every module-level name with its value where that is a plain number; read with ast,
+    nothing imported."""
     classes: dict[str, set[str]] = {}
-    module_names: set[str] = set()
+    module_names: dict[str, float | None] = {}
     for top in ("gateway", "backends", "loadtests"):
         for path in (REPO / top).rglob("*.py"):
             tree = ast.parse(path.read_text())
             for node in tree.body:
                 targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-                module_names.update(target.id for target in targets if isinstance(target, ast.Name))
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        module_names[target.id] = literal_number(getattr(node, "value", None))
             for found in ast.walk(tree):
                 if not isinstance(found, ast.ClassDef):
                     continue
@@ -425,25 +437,34 @@ NOT_CODE_NAMES = {"SIGHUP", "SIGTERM", "SO_REUSEPORT", "LD_LIBRARY_PATH", "PATH"
 
 def test_every_class_member_and_constant_the_docs_name_is_defined() -> None:
     """`Pool.lease`, `ReplicaHealth.full_weight_at`, `SHARE_S`: a renamed method, field or constant fails here
-    instead of leaving the docs' map pointing at nothing. aiohttp's `Application._handle` is looked up in aiohttp."""
+    instead of leaving the docs' map pointing at nothing, and a value the docs give a constant (`SHARE_S` (50 ms))
+    is the code's. aiohttp's `Application._handle` is looked up in aiohttp."""
     from aiohttp import web
 
     classes, module_names = code_definitions()
     classes.setdefault("Application", set()).update(dir(web.Application))
     members = doc_matches(r"`([A-Z][A-Za-z0-9]+)\.([a-z_][a-z0-9_]*)(?:\(\))?`")
-    constants = doc_matches(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{4,})`")
+    constants = doc_matches(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{4,})`(?: \((\d[\d,.]*) ?(ms|s|MiB)?\))?")
     missing = [
         f"{where} {match.group(1)}.{match.group(2)}"
         for where, match in members
         if match.group(2) not in classes.get(match.group(1), set())
     ]
-    known = module_names | NOT_CODE_NAMES
+    known = module_names.keys() | NOT_CODE_NAMES
     missing += [
         f"{where} {match.group(1)}"
         for where, match in constants
         if match.group(1) not in known and not match.group(1).startswith(("TENANTGATE_", "VLLM_"))
     ]
-    assert len(members) > 20 and len(constants) > 3 and not missing, missing
+    scale = {"ms": 1e-3, "s": 1.0, "MiB": 2**20, None: 1.0}
+    valued = [(where, match) for where, match in constants if match.group(2) and match.group(1) in module_names]
+    missing += [
+        f"{where} {match.group(1)}: the docs say {match.group(2)} {match.group(3) or ''}, the code {value}"
+        for where, match in valued
+        if (value := module_names[match.group(1)]) is None
+        or value != pytest.approx(float(match.group(2).replace(",", "")) * scale[match.group(3)])
+    ]
+    assert len(members) > 20 and len(constants) > 3 and len(valued) >= 3 and not missing, missing
 
 
 def test_the_maps_name_every_driver_routing_and_runnable_loadtest_module() -> None:
