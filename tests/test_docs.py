@@ -438,11 +438,14 @@ NOT_CODE_NAMES = {"SIGHUP", "SIGTERM", "SO_REUSEPORT", "LD_LIBRARY_PATH", "PATH"
 def test_every_class_member_and_constant_the_docs_name_is_defined() -> None:
     """`Pool.lease`, `ReplicaHealth.full_weight_at`, `SHARE_S`: a renamed method, field or constant fails here
     instead of leaving the docs' map pointing at nothing, and a value the docs give a constant (`SHARE_S` (50 ms))
-    is the code's. aiohttp's `Application._handle` is looked up in aiohttp."""
+    is the code's. Libraries' classes the docs name (aiohttp's `Application._handle`, prometheus-client's
+    `MutexValue.inc`) are looked up in the library."""
     from aiohttp import web
+    from prometheus_client import values
 
     classes, module_names = code_definitions()
-    classes.setdefault("Application", set()).update(dir(web.Application))
+    for library_class in (web.Application, values.MutexValue):
+        classes.setdefault(library_class.__name__, set()).update(dir(library_class))
     members = doc_matches(r"`([A-Z][A-Za-z0-9]+)\.([a-z_][a-z0-9_]*)(?:\(\))?`")
     constants = doc_matches(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{4,})`(?: \((\d[\d,.]*) ?(ms|s|MiB)?\))?")
     missing = [
