@@ -491,3 +491,19 @@ def test_the_maps_name_every_driver_routing_and_runnable_loadtest_module() -> No
     ]
     missing += [f"README: {path.name}" for path in runnable if f"`loadtests/{path.name}`" not in readme]
     assert len(runnable) > 10 and not missing, missing
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    """A test file the docs name (`test_slot_signal_redis.py`, with or without its folder or backticks) and a test
+    function they cite by name: a renamed or removed test fails here instead of leaving a claim without its proof."""
+    files = {path.name for path in (REPO / "tests").rglob("test_*.py")}
+    defined = {
+        match.group(1)
+        for path in (REPO / "tests").rglob("*.py")
+        for match in re.finditer(r"^(?:async )?def (test_\w+)", path.read_text(), re.MULTILINE)
+    }
+    cited_files = doc_matches(r"\b(test_[a-z0-9_]+\.py)\b")
+    cited_tests = doc_matches(r"(?:`|::)(test_[a-z0-9_]+)(?:`|\b)(?!\.py|\*)")
+    missing = [f"{where} {match.group(1)}" for where, match in cited_files if match.group(1) not in files]
+    missing += [f"{where} {match.group(1)}" for where, match in cited_tests if match.group(1) not in defined]
+    assert len(cited_files) > 20 and len(cited_tests) >= 2 and not missing, missing
