@@ -72,8 +72,8 @@ REMOTE_TTL_S = 3 * RENEW_S
 # After an announcement reached Redis, the time every listening gateway has to answer with its held set: a round
 # trip through Redis and an event loop's turn, with room for a busy loop. A wait may end this much after a release.
 SETTLE_S = 0.05
-# A gateway whose in-flight adapters changed says so at most this often (batched: the request path only marks the
-# change), in one message of at most MAX_SHARED_PAIRS (replica, adapter) pairs.
+# A gateway whose in-flight adapters changed says so at most this often (batched: the request path writes nothing,
+# share compares a snapshot with the last message), in one message of at most MAX_SHARED_PAIRS entries.
 SHARE_S = 0.05
 MAX_SHARED_PAIRS = 4096
 MAX_COUNT = 1_000_000  # a replica's requests in flight at one gateway, as a receiver believes them at most

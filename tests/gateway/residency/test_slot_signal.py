@@ -444,8 +444,9 @@ async def test_an_adapter_in_flight_on_one_gateway_is_in_flight_there_for_the_ot
 
 
 async def test_in_flight_adapters_are_shared_in_batches_never_per_request() -> None:
-    """Requests only mark a change; ``share`` (every SHARE_S) publishes all of a gateway's in-flight adapters in one
-    message if they changed, again every RENEW_S while it holds any, once empty after it let go, then nothing."""
+    """Requests publish nothing while no gateway waits; ``share`` (every SHARE_S) publishes all of a gateway's
+    in-flight adapters in one message if they changed, again every RENEW_S while it holds any, once empty after it
+    let go, then nothing."""
     bus, clock = Bus(), Clock(100.0)
     signal, holder = bus.signal(clock), Holding()
     signal.attach("llama", holder)
