@@ -389,12 +389,24 @@ def test_every_setup_variant_and_trace_the_docs_run_exists() -> None:
 
 
 def literal_number(node: ast.expr | None) -> float | None:
-    """A module constant's value where it is a plain number (``0.05``, ``4096``, ``1_000_000``), else None."""
-    try:
-        value = ast.literal_eval(node) if node is not None else None
-    except ValueError:
-        return None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A module constant's value where it is a number or arithmetic on numbers (``0.05``, ``64 * 1024 * 1024``,
+    ``1 << 20``), else None."""
+    if isinstance(node, ast.Constant):
+        value = node.value
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if isinstance(node, ast.BinOp):
+        left, right = literal_number(node.left), literal_number(node.right)
+        if left is None or right is None:
+            return None
+        if isinstance(node.op, ast.Mult):
+            return left * right
+        if isinstance(node.op, ast.Add):
+            return left + right
+        if isinstance(node.op, ast.LShift):
+            return float(int(left) << int(right))
+        if isinstance(node.op, ast.Pow):
+            return float(left**right)
+    return None
 
 
 def code_definitions() -> tuple[dict[str, set[str]], dict[str, float | None]]:
