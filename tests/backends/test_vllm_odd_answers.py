@@ -15,6 +15,7 @@ from backends.base import AdapterRef, Endpoint, EngineRequest
 from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable
 from backends.http1 import MAX_WHOLE_BODY
 from backends.vllm import VllmDriver
+from gateway.failures import classify
 from tests.backends.test_vllm_load_signals import PAGE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -134,6 +135,8 @@ async def test_a_redirect_is_no_answer_but_the_replicas_failure() -> None:
         with pytest.raises(EngineRejected) as refused:
             await driver.send(replica, EngineRequest("/v1/completions", b"{}", False))
         assert refused.value.status == 502 and "301" in refused.value.message
+        verdict = classify(refused.value)
+        assert verdict.retryable and verdict.blame == "suspect"  # README, Retries and Health: counted on evidence
 
 
 async def test_a_health_probe_answered_with_a_redirect_is_down() -> None:
