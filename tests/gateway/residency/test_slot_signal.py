@@ -494,6 +494,17 @@ async def test_a_gateway_that_stops_sharing_is_forgotten_and_an_older_message_ne
     assert not signal.flying_elsewhere("llama", "r0", "x")
 
 
+async def test_with_the_subscription_down_other_gateways_in_flight_adapters_are_forgotten() -> None:
+    """docs/operations.md (tenantgate_adapter_slot_signal_up 0): what was said before the subscription dropped may
+    be stale by the time it is back, so routing stops counting the others' in-flight adapters and requests."""
+    signal = Bus().signal()
+    held, counts = {"llama": {"r0": ["x"]}}, {"llama": {"r0": 2}}
+    signal.heard(json.dumps({"t": "flying", "g": "other", "n": 1, "h": held, "c": counts}))
+    assert signal.flying_elsewhere("llama", "r0", "x") and signal.load_elsewhere("llama") == {"r0": 2}
+    signal.subscribed(False)
+    assert not signal.flying_elsewhere("llama", "r0", "x") and not signal.load_elsewhere("llama")
+
+
 async def test_unreadable_in_flight_messages_are_left_out_and_never_break_the_subscriber() -> None:
     signal = Bus().signal()
     junk: list[object] = [
