@@ -109,9 +109,10 @@ class RedisCluster:
                     return port if self.processes[port].poll() is None else None
         return None
 
-    def wait_promoted(self, slot: int) -> int:
-        """After its master was killed: wait until a live node (its replica, promoted) serves ``slot`` and the
-        cluster is ok again; that node's port."""
+    def wait_master(self, slot: int) -> int:
+        """Wait until a live node serves ``slot`` and the cluster is ok; that node's port. After a kill: the dead
+        master's replica, once promoted. Right after start-up too: the node asked may not have heard every slot's
+        assignment yet (CLUSTER NODES then names no master for it: one fresh-clone CI run saw that)."""
         self._until(lambda: self.master_of(slot) is not None, f"a live master for slot {slot}")
         self.wait_healthy()
         port = self.master_of(slot)
@@ -125,7 +126,7 @@ class RedisCluster:
 
     def wait_healthy(self) -> None:
         """Every live node says cluster_state:ok. Right after a kill they still do (the failure is not detected
-        yet): wait for the failover with ``wait_promoted``."""
+        yet): wait for the failover with ``wait_master``."""
         self._until(self.healthy, "the cluster is ok again")
 
     @staticmethod

@@ -388,8 +388,7 @@ def test_a_redis_cluster_master_killed_under_load(tmp_path: Path) -> None:
 
     with RedisCluster(tmp_path / "cluster") as cluster, sim_replicas(tmp_path, 2, *SIM) as replicas:
         # The key layouts of gateway/residency/redis.py and gateway/tenants/rate_buckets.py (prefix "tg").
-        victim = cluster.master_of(cluster.keyslot("tg:{llama:r0}:resident"))
-        assert victim is not None
+        victim = cluster.wait_master(cluster.keyslot("tg:{llama:r0}:resident"))
         limited = next(
             t
             for t in (f"limited-{i}" for i in range(100))
@@ -422,7 +421,7 @@ def test_a_redis_cluster_master_killed_under_load(tmp_path: Path) -> None:
 
             until(down_seen, "the gateway sees its store down")
             limited_request()  # the bucket unreachable: the local fallback admits it
-            promoted = cluster.wait_promoted(slot)  # the victim's replica took over
+            promoted = cluster.wait_master(slot)  # the victim's replica took over
             until(lambda: store_state(gw) == ("up", 1.0), "the gateway sees its store up again")
             recovered = time.time()
             traffic.wait_for(30)
