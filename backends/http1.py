@@ -39,6 +39,8 @@ from typing import cast
 import httptools
 from yarl import URL
 
+from backends.errors import BackendError, DeadlineExceeded, EngineTimeout, EngineUnavailable
+
 # Bytes read without the parser making progress (a head or trailers that never end, which it would keep buffering)
 # before the answer is refused; checked per slice of at most _SLICE bytes fed at a time.
 _MAX_HEAD = 64 * 1024
@@ -61,6 +63,17 @@ class ConnectionWaitTimeout(TimeoutError):
     """The request's timeout passed while it waited for a connection at this client's own per-origin limit: it was
     never sent, and says nothing of the engine (the drivers answer it as the request's deadline, not the replica's
     failure)."""
+
+
+def request_failure(exc: OSError, replica_id: str) -> BackendError:
+    """What a request that ``Origin.request`` raised on means for the drivers (called only on failure: no frame on
+    the hot path): never sent for the gateway's own connection limit (the request's deadline, nothing against the
+    replica), no answer in time, or the replica unreachable."""
+    if isinstance(exc, ConnectionWaitTimeout):
+        return DeadlineExceeded(f"the request's deadline passed waiting for a connection to {replica_id}: {exc}")
+    if isinstance(exc, TimeoutError):  # before OSError: TimeoutError is one
+        return EngineTimeout(f"{replica_id} did not answer in time")
+    return EngineUnavailable(f"{replica_id} unreachable: {exc!r}")
 
 
 class _Connection(asyncio.Protocol):

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from backends import http1
-from backends.errors import DeadlineExceeded, EngineRejected, EngineTimeout, EngineUnavailable, StreamBroken
+from backends.errors import EngineRejected, EngineTimeout, EngineUnavailable, StreamBroken
 
 # One model response: (its text, the prompt's tokens, the answer's tokens so far); counts None when not reported.
 Piece = tuple[str, int | None, int | None]
@@ -106,14 +106,8 @@ async def start(
     """Send the request and wait for its first model response: (stream, first response, the engine's error)."""
     try:
         response = await origin.request(head, body, timeout_s)
-    except http1.ConnectionWaitTimeout as exc:  # never sent: the gateway's own connection limit, not the engine
-        raise DeadlineExceeded(
-            f"the request's deadline passed waiting for a connection to {replica_id}: {exc}"
-        ) from exc
-    except TimeoutError as exc:  # before OSError: TimeoutError is one
-        raise EngineTimeout(f"{replica_id} did not answer in time") from exc
-    except OSError as exc:
-        raise EngineUnavailable(f"{replica_id} unreachable: {exc!r}") from exc
+    except OSError as exc:  # TimeoutError and ConnectionWaitTimeout are ones
+        raise http1.request_failure(exc, replica_id) from exc
     stream = SseStream(response, replica_id)
     if response.status == 200:
         try:

@@ -21,7 +21,6 @@ from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest
 from backends.errors import (
     AdapterLoadFailed,
     AdapterNotLoaded,
-    DeadlineExceeded,
     EngineRejected,
     EngineTimeout,
     EngineUnavailable,
@@ -160,14 +159,8 @@ class VllmDriver:
         head = http1.head(prefix, request.headers, len(request.body))
         try:
             response = await origin.request(head, request.body, timeout_s)
-        except http1.ConnectionWaitTimeout as exc:  # never sent: the gateway's own connection limit, not the engine
-            raise DeadlineExceeded(
-                f"the request's deadline passed waiting for a connection to {replica.id}: {exc}"
-            ) from exc
-        except TimeoutError as exc:  # before OSError: TimeoutError is one
-            raise EngineTimeout(f"{replica.id} did not answer in time") from exc
-        except OSError as exc:
-            raise EngineUnavailable(f"{replica.id} unreachable: {exc!r}") from exc
+        except OSError as exc:  # TimeoutError and ConnectionWaitTimeout are ones
+            raise http1.request_failure(exc, replica.id) from exc
         if 200 <= response.status < 300:
             return VllmResponse(response)
         try:
