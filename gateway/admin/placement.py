@@ -50,7 +50,7 @@ async def placement(request: web.Request) -> web.Response:
     """The homes table this gateway routes by: per pool, every key it places or that the config names."""
     require_admin(request)
     placer = _placer(request)
-    await placer.read_operator()
+    store_up = await placer.read_operator() and placer.store_up  # this read's answer, not only the last tick's
     state = request.app[STATE]
     fleet, config = state.serving.fleet, state.config
     pools: dict[str, Any] = {}
@@ -62,7 +62,7 @@ async def placement(request: web.Request) -> web.Response:
             "version": placer.table.version,
             "leader": placer.table.leader,
             "leads": placer.leads,
-            "store": "up" if placer.store_up else "down",
+            "store": "up" if store_up else "down",
             "frozen": placer.frozen(config.placement),
             "pins": {name: placer.pins(config.placement, name) for name in fleet.pools},
             "pools": pools,

@@ -18,7 +18,6 @@ table it installed. Without Redis each gateway plans from its own traffic (gatew
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -231,12 +230,15 @@ class Placer:
         table = PoolTable(result.homes, warming, warming_since, why, result.below_since)
         return table, len(result.changes)
 
-    async def read_operator(self) -> None:
+    async def read_operator(self) -> bool:
         """Take the freeze and pins as stored now, so that an operator sees a change at once rather than at the
-        next interval (the admin API's read; the plan takes them with its poll anyway). Kept as they were while
-        the store does not answer."""
-        with contextlib.suppress(StoreUnavailable):
+        next interval (the admin API's read; the plan takes them with its poll anyway). False, and kept as they
+        were, while the store does not answer."""
+        try:
             self.operator = await self.store.operator()
+        except StoreUnavailable:
+            return False
+        return True
 
     def frozen(self, settings: PlacementConfig) -> bool:
         return settings.freeze or self.operator.frozen

@@ -55,6 +55,9 @@ async def test_a_pin_or_freeze_shows_at_once_not_at_the_next_interval(
 class _Unreachable:
     """A placement store whose Redis does not answer."""
 
+    async def operator(self) -> None:
+        raise StoreUnavailable("redis read failed: ConnectionError()")
+
     async def set_frozen(self, frozen: bool) -> None:
         raise StoreUnavailable("redis set failed: ConnectionError()")
 
@@ -84,3 +87,6 @@ async def test_a_change_the_store_cannot_take_is_a_503_to_retry_not_a_bad_reques
             error = (await answer.json())["error"]
             assert answer.status == 503 and answer.headers["Retry-After"] == "5", error
             assert error["code"] == "store_unavailable" and "placement store is unreachable" in error["message"]
+        # The table's read says so at once (the interval's poll had still found the store up).
+        shown = await (await client.get("/admin/placement", headers=ADMIN)).json()
+        assert shown["store"] == "down" and shown["pins"]["llama"] == {}
