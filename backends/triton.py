@@ -371,48 +371,37 @@ class TritonDriver:
         stream's end in one await (``_Channel``); until then (and after such a call ran out of time) response by
         response (``_first_of``), so a model that sends a second response, or does not end the stream, costs the
         client ``FINAL_GRACE_S`` at most, not the request's whole deadline."""
-        if replica.id not in self._one_response:
-            return await self._first_of(replica, channel, message, metadata, timeout_s)
+        learnt = replica.id in self._one_response
+        call = None if learnt else channel.stream_infer(message, metadata=metadata, timeout=timeout_s)
         try:
-            answer = await channel.infer_whole(message, metadata=metadata, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # perhaps a model that now sends two: read it again
-                self._one_response.discard(replica.id)
-            raise _rpc_error(replica, exc) from exc
-        except asyncio.CancelledError:  # grpc.aio has cancelled the call (the engine stops generating)
-            _reraise_if_cancelled()
-            raise EngineUnavailable(f"{replica.id}: the call was cancelled (the pool is closing)") from None
-        if answer is None:  # the call ended with no response at all: grpc.aio reads that as None, not an error
-            raise StreamBroken(f"{replica.id} ended the stream without an answer")
-        return _ANSWERED, grpc_piece(answer.infer_response), (answer.error_message or None)
-
-    async def _first_of(
-        self,
-        replica: Endpoint,
-        channel: _Channel,
-        message: service_pb2.ModelInferRequest,
-        metadata: tuple[tuple[str, str], ...] | None,
-        timeout_s: float,
-    ) -> tuple[ResponseStream, Piece, str | None]:
-        """A non-streaming call read response by response: the first is the answer, once the stream has ended or
-        ``FINAL_GRACE_S`` after it (a second response, or none and no end, is logged once per replica; the call is
-        then cancelled). A stream that ended right after it teaches that the replica's model sends one."""
-        call = channel.stream_infer(message, metadata=metadata, timeout=timeout_s)
-        try:
-            answer = await call.read()
-            if answer is grpc.aio.EOF:
+            if call is not None:
+                answer = await self._first_of(replica, call)
+            # the call ended with no response at all: grpc.aio reads that as None, not an error
+            elif (answer := await channel.infer_whole(message, metadata=metadata, timeout=timeout_s)) is None:
                 raise StreamBroken(f"{replica.id} ended the stream without an answer")
-            try:
-                following = await asyncio.wait_for(call.read(), FINAL_GRACE_S)
-            except (TimeoutError, grpc.aio.AioRpcError):  # the answer is in: what broke after it loses nothing
-                following = None
         except grpc.aio.AioRpcError as exc:
+            if learnt and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # perhaps a model that now sends two
+                self._one_response.discard(replica.id)
             raise _rpc_error(replica, exc) from exc
         except asyncio.CancelledError:  # the request's handler was cancelled (the client left, or the pool closes)
             _reraise_if_cancelled()
             raise EngineUnavailable(f"{replica.id}: the call was cancelled (the pool is closing)") from None
         finally:
-            call.cancel()  # a no-op once the stream has ended; else the engine drops whatever would follow
+            if call is not None:
+                call.cancel()  # a no-op once the stream has ended; else the engine drops whatever would follow
+        return _ANSWERED, grpc_piece(answer.infer_response), (answer.error_message or None)
+
+    async def _first_of(self, replica: Endpoint, call: Call) -> service_pb2.ModelStreamInferResponse:
+        """A non-streaming call read response by response: the first is the answer, once the stream has ended or
+        ``FINAL_GRACE_S`` after it (a second response, or none and no end, is logged once per replica; the caller
+        then cancels the call). A stream that ended right after it teaches that the replica's model sends one."""
+        answer = await call.read()
+        if answer is grpc.aio.EOF:
+            raise StreamBroken(f"{replica.id} ended the stream without an answer")
+        try:
+            following = await asyncio.wait_for(call.read(), FINAL_GRACE_S)
+        except (TimeoutError, grpc.aio.AioRpcError):  # the answer is in: what broke after it loses nothing
+            following = None
         if following is grpc.aio.EOF:
             self._one_response.add(replica.id)
         elif replica.id not in self._warned_unended:
@@ -422,7 +411,7 @@ class TritonDriver:
                 "not end the stream within %.1f s of its first: the first is the answer (docs/triton.md)",
                 replica.id, self._model, FINAL_GRACE_S,
             )  # fmt: skip
-        return _ANSWERED, grpc_piece(answer.infer_response), (answer.error_message or None)
+        return answer
 
     def _raise_engine_error(
         self, replica: Endpoint, adapter: AdapterRef | None, message: str, *, weights_sent: bool, loading: bool = False
