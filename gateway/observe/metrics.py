@@ -163,7 +163,7 @@ class GatewayMetrics:
         )  # fmt: skip
         self.usage_clamped = Counter(
             "tenantgate_usage_clamped", "Usage reports above what the request could have used (an engine's bug), "
-            "charged at the request's ceiling instead (gateway/tenants/usage.py)", ["pool", "replica"], registry=r,
+            "charged at the request's ceiling instead (gateway/tenants/admission.py)", ["pool", "replica"], registry=r,
         )  # fmt: skip
         self.upstream_errors = Counter(
             "tenantgate_upstream_errors", "Errors talking to a replica, by kind", ["pool", "replica", "kind"],

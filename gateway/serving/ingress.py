@@ -18,14 +18,13 @@ from gateway.serving.json_body import RefusedInput, read_body
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
 from gateway.serving.relay import VARIANT_HEADER
-from gateway.tenants.admission import estimate_tokens
+from gateway.tenants.admission import clamp_usage, completion_ceiling, estimate_tokens, prompt_ceiling
 from gateway.tenants.identity import identify
-from gateway.tenants.usage import clamp_usage, completion_ceiling, prompt_ceiling
 
 # nginx's code for a client that went away before the answer: counted, never sent.
 CLIENT_CLOSED_REQUEST = 499
 
-# Content part types whose tokens their bytes bound (gateway/tenants/usage.py).
+# Content part types whose tokens their bytes bound (gateway/tenants/admission.py).
 _TEXT = frozenset({"text"})
 
 _PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

@@ -1,5 +1,5 @@
-"""The ceiling on what one request is charged (gateway/tenants/usage.py), on plain data; end to end, an engine's
-absurd report is tests/gateway/tenants/test_admission_e2e.py's."""
+"""The ceiling on what one request is charged (gateway/tenants/admission.py, clamp_usage), on plain data; end to
+end, an engine's absurd report is tests/gateway/tenants/test_admission_e2e.py's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import RequestRecord
-from gateway.tenants.usage import PROMPT_OVERHEAD_TOKENS, clamp_usage, completion_ceiling, prompt_ceiling
+from gateway.tenants.admission import PROMPT_OVERHEAD_TOKENS, clamp_usage, completion_ceiling, prompt_ceiling
 
 
 @pytest.mark.parametrize(
