@@ -16,7 +16,8 @@ never affected.
 In Triton mode the same switches act on gRPC (loadtests/sim/triton_grpc.py): ``hang`` and ``delay_s`` hold every
 RPC and every request on a stream; ``error_status`` answers each inference with an in-stream error;
 ``cut_stream_after`` aborts the whole gRPC stream (UNAVAILABLE) after that many token responses;
-``failing_adapters`` names LoRA tasks as the engine does, ``task-<lora_task_id>``.
+``failing_adapters`` names LoRA tasks as the engine does, ``task-<lora_task_id>``; ``failing_marker`` fails a request
+whose ``text_input`` holds it with TensorRT-LLM's executor error (loadtests/sim/triton_model.py).
 """
 
 from __future__ import annotations
