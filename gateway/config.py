@@ -232,9 +232,6 @@ class PoolConfig(_Frozen):
     discovery: DiscoveryConfig | None = None
     connect_timeout_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=300.0, gt=0)
-    # The engine's context length in tokens (vLLM's --max-model-len): no request uses more per sequence, so no usage
-    # report is charged more (gateway/tenants/admission.py). The default is above every model's; set it to tighten.
-    context_tokens: int = Field(default=1_048_576, ge=1)
     adapter_load_timeout_s: float = Field(default=60.0, gt=0)
     max_connections_per_replica: int = Field(default=256, ge=1)
     health: HealthConfig = HealthConfig()
@@ -451,7 +448,8 @@ class ResidencyConfig(_Frozen):
     @property
     def shared_in_use_window_s(self) -> float:
         """Gateways sharing a store count an adapter used by any of them this recently as in use: long enough
-        for a use in flight to have been flushed (4 flushes), and at least a second."""
+        for a use in flight to have been flushed (4 flushes), and at least a second. On vLLM pools only while the
+        slot signal is down: listening, the others' in-flight adapters it shares decide (signal.FLYING_GRACE_S)."""
         return max(1.0, 4 * self.use_flush_interval_s)
 
     # How often the local view of the record is refreshed from the store (other gateways' use times; their loads

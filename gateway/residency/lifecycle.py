@@ -7,8 +7,11 @@ so two gateways never load on one replica at once, nor push it past ``max_adapte
 
 An adapter counts as in use, and is never evicted, while this gateway has requests in flight for it or, when
 gateways share the store, any gateway marked a use within ``in_use_window_s`` (gateways re-mark adapters with
-requests in flight at every flush). A load that finds every resident adapter in use: on an engine that queues
-requests for a full set (vLLM), it loads at once, over the bound, until the timer brings the set back; on one that
+requests in flight at every flush). On an engine that queues for slots (vLLM), while the slot signal listens,
+another gateway's use counts only while it has the adapter in flight (its ``flying`` messages, every 50 ms) or
+within ``FLYING_GRACE_S`` of the last use this gateway knows of (``_victim``). A load that finds every resident
+adapter in use: on an engine that queues requests for a full set (vLLM), it loads at once, over the bound, until a
+later load or the timer brings the set back; on one that
 refuses them (TensorRT-LLM), it waits with the lock released until one is free, up to ``slot_wait_timeout_s``, then
 answers 503: this gateway's requests for an adapter end (woken at once), another gateway frees a slot (woken at once
 by its release through the slot signal, gateway/residency/signal.py, which also says which adapters the other
@@ -26,7 +29,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
@@ -34,7 +37,7 @@ from backends.errors import AdapterCacheFull, BackendError
 from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics, adder
-from gateway.residency.signal import NO_SIGNAL, Signal
+from gateway.residency.signal import FLYING_GRACE_S, NO_SIGNAL, Signal
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -320,13 +323,23 @@ class PoolResidency:
 
     def _victim(self, replica_id: str, resident: dict[str, float], pinned: Iterable[str]) -> str | None:
         """The least recently used resident adapter that is neither pinned nor in use: in flight here, or held by
-        another gateway as the slot signal says while this one waits there, or else used within the in-use window."""
+        another gateway as the slot signal says while this one waits there, or else used within the in-use window.
+        On an engine that queues for slots (vLLM), in flight at another gateway as its last ``flying`` message
+        said, or used within ``FLYING_GRACE_S`` (begun there since): the in-use window (a second) called every
+        adapter of a busy replica in use, loads then ran the set over ``max_adapters``, and the engine's own host
+        cache dropped adapters the record still held (their next request paid a cold load routing had not
+        priced)."""
         busy = set(pinned) | set(self.views[replica_id].in_flight)
-        in_use_since = self._now() - self.in_use_window_s
+        now = self._now()
+        in_use_since = now - self.in_use_window_s
         held_elsewhere = self.signal.remote_holds(self.pool, replica_id) if self.in_use_window_s else None
+        flying = self.signal.flying_at(self.pool, replica_id) if self.in_use_window_s and self.overcommit else None
         if held_elsewhere is not None:
             busy |= held_elsewhere
             in_use_since = float("inf")
+        elif flying is not None:
+            busy |= flying
+            in_use_since = now - FLYING_GRACE_S
         idle = [(used, name) for name, used in resident.items() if name not in busy and used <= in_use_since]
         return min(idle)[1] if idle else None
 
@@ -340,6 +353,15 @@ class PoolResidency:
         for replica_id, view in self.views.items():
             if view.in_flight:
                 yield replica_id, frozenset(view.in_flight), sum(view.in_flight.values())
+
+    def remote_used(self, replica_id: str, adapters: Collection[str]) -> None:
+        view = self.views.get(replica_id)
+        if view is None:
+            return
+        resident, now = view.resident, self._now()
+        for name in adapters:
+            if resident.get(name, now) < now:
+                resident[name] = now
 
     def remote_release(self, replica_id: str) -> None:
         if replica_id in self._remote_news:
@@ -533,6 +555,42 @@ class PoolResidency:
         view.pinned &= on_engine
         if gone or appeared:
             self.signal.set_changed(self.pool, replica_id)
+
+    async def trim_over_bound(self) -> None:
+        """Bring a set that ran over ``max_adapters`` (vLLM: a load found every adapter in use) back under it as soon
+        as an adapter no gateway has in flight is there to drop; a replica's lock only where its set is over. The
+        engine's host cache dropped its least recently used idle adapter when the load went over: until the record
+        forgets one, a request sent to the one the engine dropped pays a cold load that routing priced as a swap-in,
+        and while every adapter the record holds gets requests, no load comes to bring the set back (measured, 3
+        gateways on the hot trace: one such load, then 6 cold loads on the request path in 4.6 s on that replica)."""
+        if not self.overcommit:
+            return  # an engine that refuses loads into a full cache never has its set run over
+        for replica_id, view in self.views.items():
+            over = len(view.resident) > self.max_adapters
+            if not over or self._engine_victim(replica_id, view.resident, view.pinned) is None:
+                continue
+            try:
+                async with self._locked(replica_id, "trim") as record:
+                    resident = dict(record.resident)
+                    while len(resident) > self.max_adapters:
+                        victim = self._engine_victim(replica_id, resident, record.pinned)
+                        if victim is None:
+                            break
+                        await self._unload(replica_id, victim)
+                        del resident[victim]
+                        self.metrics.evictions.labels(self.pool, replica_id, "over_bound").inc()
+            except (BackendError, GatewayError) as exc:
+                log.warning("bringing %s/%s back within max_adapters failed: %s", self.pool, replica_id, exc)
+
+    def _engine_victim(self, replica_id: str, resident: dict[str, float], pinned: Iterable[str]) -> str | None:
+        """The adapter the engine's host cache drops first: the least recently used one no request has in flight
+        (this gateway's, or another's as the slot signal last said; not listening, judged by the in-use window)."""
+        flying = self.signal.flying_at(self.pool, replica_id) if self.in_use_window_s else frozenset()
+        if flying is None:
+            return self._victim(replica_id, resident, pinned)
+        busy = set(pinned) | set(self.views[replica_id].in_flight) | flying
+        idle = [(used, name) for name, used in resident.items() if name not in busy]
+        return min(idle)[1] if idle else None
 
     async def evict_idle(self, healthy: Callable[[str], bool]) -> None:
         """The eviction timer. Where a slot is wanted (``slot_wanted``), or with ``fill_free_slots`` off: unload

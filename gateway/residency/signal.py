@@ -37,8 +37,12 @@ every gateway's routing counts an adapter in flight anywhere as on that replica'
 ``PoolResidency.likely_on_gpu``). Without it, a request placed by one gateway where its adapter is cold (the
 gateway then loads it: 300-500 ms on a GPU) is invisible to the others until the load ends, and they load the same
 adapter on other replicas meanwhile (measured: 6-7 such duplicate loads per 30 s of the hot trace with 3 gateways,
-none with one). The same message carries its requests in flight per replica (``load_elsewhere``: what
-``routing.load_view: shared`` adds to a gateway's own count). Batched, never per request: every ``SHARE_S`` a
+none with one). On an engine that queues for slots (vLLM), the lifecycle's evictions read them too
+(``flying_at``): an adapter another gateway has in flight is in use, one it let go is not (after
+``FLYING_GRACE_S``), and every adapter a message names, or that its sender let go since, counts as used when it
+arrives (``SlotListener.remote_used``): its least recently used adapter is then the engine's. The same message
+carries its requests in flight per replica (``load_elsewhere``: what ``routing.load_view: shared`` adds to a
+gateway's own count). Batched, never per request: every ``SHARE_S`` a
 gateway whose held sets or counts changed since its last message publishes all of them (absolute, so a lost message
 is made good by the next; at most ``MAX_SHARED_PAIRS`` entries), and repeats them every ``RENEW_S`` while it holds
 something; a gateway that holds nothing says so once, then stays silent. Another gateway's sets not heard again
@@ -76,6 +80,10 @@ SETTLE_S = 0.05
 # share compares a snapshot with the last message), in one message of at most MAX_SHARED_PAIRS entries.
 SHARE_S = 0.05
 MAX_SHARED_PAIRS = 4096
+# On an engine that queues for slots (vLLM), a gateway hearing the others' in-flight adapters counts as in use only
+# those, its own, and adapters used within this long: a request another gateway began since its last message (at
+# most SHARE_S old, plus the message's way through Redis). The in-use window (a second) stands in while not listening.
+FLYING_GRACE_S = 2 * SHARE_S
 MAX_COUNT = 1_000_000  # a replica's requests in flight at one gateway, as a receiver believes them at most
 
 Key = tuple[str, str]  # (pool, replica)
@@ -100,6 +108,11 @@ class SlotListener(Protocol):
 
     def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
         """Per replica where this gateway has requests in flight, their adapters and how many requests."""
+        ...
+
+    def remote_used(self, replica_id: str, adapters: Collection[str]) -> None:
+        """Another gateway has, or had until now, requests in flight for these adapters on the replica: they were
+        used now (fresher than its use marks, flushed to the store only every ``use_flush_interval_s``)."""
         ...
 
 
@@ -208,6 +221,14 @@ class SlotSignal:
     def load_elsewhere(self, pool: str) -> Mapping[str, int]:
         """Per replica of the pool, the requests other gateways have in flight there (as they last shared them)."""
         return self._load.get(pool, _NO_LOAD)
+
+    def flying_at(self, pool: str, replica: str) -> frozenset[str] | None:
+        """The adapters other gateways have requests in flight for on the replica, as they last shared them; None
+        while this gateway is not listening (it may have missed some: judge by the in-use window instead)."""
+        if not self.listening:
+            return None
+        key = (pool, replica)
+        return frozenset().union(*(sets.get(key, _NOWHERE) for sets, _, _ in self._flying_from.values()))
 
     def share(self) -> None:
         """Publish this gateway's in-flight adapters and requests per replica if they changed since the last
@@ -374,8 +395,15 @@ class SlotSignal:
                     if names:
                         sets[(pool, replica)] = names
                         pairs += len(names)
+        before = self._flying_from.get(sender, ({}, {}, 0.0))[0]
         self._forget_flying(sender)
         self._flying_from[sender] = (sets, requests, self._clock())
+        # What it holds, and what it let go since its last message, was in use until now: the lifecycles take that
+        # as a use (their least recently used adapter is then the engine's too), within SHARE_S of the fact.
+        for (pool, replica), names in {**before, **sets}.items():
+            used = names | before.get((pool, replica), _NOWHERE)
+            for listener in self._listeners.get(pool, ()):
+                listener.remote_used(replica, used)
         for (pool, replica), names in sets.items():
             for name in names:
                 counts = self._flying.setdefault((pool, name), {})
@@ -464,6 +492,9 @@ class NoSignal:
     def load_elsewhere(self, pool: str) -> Mapping[str, int]:
         return _NO_LOAD
 
+    def flying_at(self, pool: str, replica: str) -> frozenset[str] | None:
+        return None
+
 
 class Signal(Protocol):
     """What the lifecycle uses: ``SlotSignal`` or ``NoSignal``."""
@@ -483,6 +514,8 @@ class Signal(Protocol):
     def flying_elsewhere(self, pool: str, replica: str, adapter: str) -> bool: ...
 
     def load_elsewhere(self, pool: str) -> Mapping[str, int]: ...
+
+    def flying_at(self, pool: str, replica: str) -> frozenset[str] | None: ...
 
 
 NO_SIGNAL = NoSignal()

@@ -404,3 +404,41 @@ async def test_a_load_brings_a_set_run_over_its_bound_back_under_it(store: Resid
     assert engine.unloads == [("r0", "a"), ("r0", "b"), ("r0", "c")] and life.counters.evictions_on_request_path == 3
     assert engine.loaded["r0"] == {"d", "e"}
     assert set((await store.record("llama", "r0")).resident) == {"d", "e"}
+
+
+async def test_a_set_run_over_its_bound_comes_back_once_an_adapter_is_idle_without_waiting_for_a_load(
+    store: ResidencyStore,
+) -> None:
+    """README, Working set: the engine's host cache dropped an adapter when the load went over max_adapters; the
+    record forgets one (the least recently used idle adapter, as the engine's cache would drop) at the next
+    ``trim_over_bound`` (every use flush) once one is idle, rather than at the next load there, which may not come
+    while every adapter the record holds gets requests (each of them then a cold load the engine pays)."""
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, overcommit=True)
+    for name in ("a", "b", "c"):  # each in use from its load on: c loads over max_adapters (2)
+        await life.ensure("r0", ref(name))
+        life.begin_use("r0", name)
+    await life.trim_over_bound()
+    assert engine.unloads == [] and len(engine.loaded["r0"]) == 3  # every one in flight: none to drop yet
+    clock.advance(1)
+    life.end_use("r0", "b")
+    clock.advance(1)
+    life.end_use("r0", "a")
+    await life.trim_over_bound()
+    assert engine.unloads == [("r0", "b")] and engine.loaded["r0"] == {"a", "c"}
+    assert set((await store.record("llama", "r0")).resident) == {"a", "c"}
+    trigger = {"pool": "llama", "replica": "r0", "trigger": "over_bound"}
+    assert life.metrics.registry.get_sample_value("tenantgate_adapter_evictions_total", trigger) == 1
+    await life.trim_over_bound()  # within the bound: nothing more goes
+    assert engine.unloads == [("r0", "b")]
+
+
+async def test_a_set_within_its_bound_or_on_an_engine_that_refuses_is_never_trimmed(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    vllm, trt = lifecycle(store, engine, clock, overcommit=True), lifecycle(store, engine, clock)
+    await vllm.ensure("r0", ref("a"))
+    await vllm.ensure("r0", ref("b"))
+    clock.advance(100)
+    for life in (vllm, trt):
+        await life.trim_over_bound()
+    assert engine.unloads == [] and engine.loaded["r0"] == {"a", "b"}

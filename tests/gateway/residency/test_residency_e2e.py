@@ -118,7 +118,7 @@ def two_gateways(
     redis_url: str,
     *,
     sim_args: tuple[str, ...] = tuple(FAST_SIM),
-    residency: dict[str, float] | None = None,
+    residency: dict[str, Any] | None = None,
 ) -> Iterator[tuple[dict[str, str], list[str]]]:
     adapters = write_adapters(root, sorted({name for names in tenants.values() for name in names}))
     # A slow Redis answer must not make a gateway fall back to its local view here: this test is not about that.
@@ -135,9 +135,10 @@ def two_gateways(
 def test_two_gateways_sharing_redis_load_once_stay_in_the_working_set_and_agree(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    """vLLM queues a request whose adapter has no slot, so a load that finds every adapter recently used (by either
-    gateway: within the in-use window) goes over max_adapters rather than wait; the eviction timer brings the set
-    back. Loads are never duplicated, every tenant stays on its one home, and the gateways agree on the homes."""
+    """vLLM queues a request whose adapter has no slot, so a load that finds every adapter in use (in flight at
+    either gateway, or begun within the grace: here both gateways' requests come at once) goes over max_adapters
+    rather than wait; the set comes back once its adapters are idle. Loads are never duplicated, every tenant stays
+    on its one home, and the gateways agree on the homes."""
     tenants = {f"t{i}": [f"adapter-t{i}"] for i in range(8)}  # 8 adapters, 3 replicas x 2 slots
     timer = {"evict_interval_s": 0.5, "idle_evict_s": 1.5, "headroom": 0}
     with two_gateways(tmp_path, tenants, 3, redis_server.url, residency=timer) as (replicas, gateways):
@@ -174,6 +175,100 @@ def test_two_gateways_sharing_redis_load_once_stay_in_the_working_set_and_agree(
     for tenant in tenants:  # both gateways sent every request of a tenant to its one home
         served_by = {r for r, s in stats.items() if s["requests_by_model"].get(f"adapter-{tenant}")}
         assert served_by == {homes[0][tenant]}, tenant
+
+
+# Between two requests of the rotation below: past the grace for a request another gateway began unannounced
+# (FLYING_GRACE_S, 0.1 s), so that three requests still fall within the in-use window (1 s) the gateways used before.
+PACE_S = 0.2
+
+
+def test_two_gateways_keep_a_busy_replicas_set_to_what_the_engine_holds(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """README, Working set: on vLLM, a load evicts the least recently used adapter no gateway has in flight, though
+    every adapter on the replica was used within the last second by one gateway or the other. Before, gateways
+    sharing Redis called all of them in use (the in-use window), the load ran the set over max_adapters, the
+    engine's host cache (2 adapters here) dropped one the record still held, and its next request found it gone:
+    a cold load routing had not priced, read from the engine's own log of why each cold load happened."""
+    sim = ("--time-scale", "0.1", "--max-loras", "2", "--max-cpu-loras", "2")
+    no_fill = {"fill_free_slots": False}
+    with two_gateways(tmp_path, {"ta": ["x", "y", "z"]}, 1, redis_server.url, sim_args=sim, residency=no_fill) as (
+        replicas,
+        gateways,
+    ):
+
+        async def rotation() -> None:
+            clients = [
+                openai.AsyncOpenAI(base_url=url + "/v1", api_key=api_key("ta"), max_retries=0, timeout=30)
+                for url in gateways
+            ]
+            for index in range(12):  # x, y, z in turn over two slots, alternately through each gateway
+                answer = await clients[index % 2].completions.create(model="xyz"[index % 3], prompt="q", max_tokens=2)
+                assert answer.choices
+                await asyncio.sleep(PACE_S)
+            for client in clients:
+                await client.close()
+
+        asyncio.run(rotation())
+        stats = sim_stats(replicas["r0"])
+        records = [admin_get(url, "/admin/residency")["pools"]["llama"]["replicas"]["r0"] for url in gateways]
+    causes = Counter(cause for _, _, cause, _ in stats["cold_load_log"])
+    assert causes == {"load": 12}, stats["cold_load_log"]  # every request a load the gateways made, none a surprise
+    assert stats["peak_registered"] == 2 and stats["duplicate_loads"] == 0
+    assert [sorted(record["adapters"]) for record in records] == [sorted(stats["registered"])] * 2
+
+
+def test_a_set_run_over_max_adapters_comes_back_once_its_requests_end_without_another_load(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """README, Working set: a vLLM set that ran over max_adapters (every adapter in flight when a load came) is
+    brought back within a use flush of an adapter going idle, not at the next load there (which need not come) nor
+    at the eviction timer (30 s). Both gateways see the set over; the replica's lock lets one of them unload."""
+    sim = ("--time-scale", "0.1", "--max-loras", "2", "--max-cpu-loras", "2")
+    no_fill = {"fill_free_slots": False}
+    with two_gateways(tmp_path, {"ta": ["x", "y", "z"]}, 1, redis_server.url, sim_args=sim, residency=no_fill) as (
+        replicas,
+        gateways,
+    ):
+        replica = replicas["r0"]
+
+        async def over_the_bound() -> None:
+            a = openai.AsyncOpenAI(base_url=gateways[0] + "/v1", api_key=api_key("ta"), max_retries=0, timeout=30)
+            for model in ("x", "y"):
+                assert (await a.completions.create(model=model, prompt="load", max_tokens=2)).choices
+            async with httpx.AsyncClient(timeout=30) as http:
+                await http.post(replica + "/sim/control", json={"paused": True})
+                sent = (await http.get(replica + "/sim/stats")).json()["requests"]
+                held = [
+                    asyncio.create_task(a.completions.create(model=model, prompt="hold", max_tokens=2))
+                    for model in ("x", "y")
+                ]
+                for _ in range(3_000):  # bounded: until the engine has both (in flight at gateway A)
+                    if (await http.get(replica + "/sim/stats")).json()["requests"] >= sent + 2:
+                        break
+                    await asyncio.sleep(0.01)
+                newcomer = asyncio.create_task(a.completions.create(model="z", prompt="over", max_tokens=2))
+                for _ in range(3_000):  # bounded: until z is registered, over the bound
+                    if len((await http.get(replica + "/sim/stats")).json()["registered"]) == 3:
+                        break
+                    await asyncio.sleep(0.01)
+                await http.post(replica + "/sim/control", json={"paused": False})
+            for task in (*held, newcomer):
+                assert (await task).choices
+            await a.close()
+
+        asyncio.run(over_the_bound())
+        assert sim_stats(replica)["peak_registered"] == 3
+        for _ in range(100):  # bounded (10 s): the eviction timer (30 s) would not bring it back in time
+            stats = sim_stats(replica)
+            if len(stats["registered"]) <= 2:
+                break
+            time.sleep(0.1)
+        records = [admin_get(url, "/admin/residency")["pools"]["llama"]["replicas"]["r0"] for url in gateways]
+    kept = sorted(stats["registered"])
+    assert len(kept) == 2 and "z" in kept  # x or y went, whichever was idle first: z's request ended last
+    assert stats["unregistrations"] == 1  # by one gateway: the other found it done under the replica's lock
+    assert [sorted(record["adapters"]) for record in records] == [kept] * 2
 
 
 def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path: Path) -> None:

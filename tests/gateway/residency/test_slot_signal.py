@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import pytest
@@ -23,11 +23,11 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.residency import signal as signal_module
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
-from gateway.residency.signal import REMOTE_TTL_S, RENEW_S, SETTLE_S, SlotSignal
+from gateway.residency.signal import FLYING_GRACE_S, REMOTE_TTL_S, RENEW_S, SETTLE_S, SlotSignal
 from gateway.residency.store import ReplicaRecord, ResidencyStore
 from tests.clock import Clock
 from tests.gateway.residency.fakes import FakeEngine, ref
-from tests.gateway.residency.test_lifecycle import lifecycle, until_a_load_waits
+from tests.gateway.residency.test_lifecycle import START, lifecycle, until_a_load_waits
 
 LONG_WINDOW = ResidencyConfig(use_flush_interval_s=2.5, slot_wait_timeout_s=3.0)
 
@@ -211,6 +211,9 @@ class Holding:
 
     def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
         return iter([("r0", self.held, len(self.held))] if self.held else [])
+
+    def remote_used(self, replica_id: str, adapters: Collection[str]) -> None:
+        pass
 
 
 async def test_only_gateways_that_hold_something_answer_a_wait_and_once_more_after_they_let_go() -> None:
@@ -577,3 +580,142 @@ async def test_requests_in_flight_per_replica_are_shared_with_the_adapters_and_a
     clock.advance(REMOTE_TTL_S)  # neither renewed (this test's clock is B's alone): both forgotten
     b_signal.renew()
     assert b_signal.load_elsewhere("llama") == {}
+
+
+def over(life: PoolResidency) -> float:
+    """How many loads of the gateway's went over max_adapters on r0 (every slot in use)."""
+    labels = {"pool": "llama", "replica": "r0", "outcome": "over"}
+    return life.metrics.registry.get_sample_value("tenantgate_adapter_slot_waits_total", labels) or 0.0
+
+
+def vllm_gateway(store: ResidencyStore, engine: FakeEngine, bus: Bus, clock: Clock) -> PoolResidency:
+    """A gateway's lifecycle on an engine that queues for slots (vLLM): the default in-use window (1 s), two slots."""
+    metrics = GatewayMetrics()
+    return lifecycle(store, engine, clock, shared=True, overcommit=True, signal=bus.signal(metrics=metrics),
+                     metrics=metrics)  # fmt: skip
+
+
+async def shared(life: PoolResidency, heard: Callable[[], bool]) -> None:
+    """``life`` shares its in-flight adapters (as every SHARE_S), until ``heard`` says the others have it."""
+    assert isinstance(life.signal, SlotSignal)
+    life.signal.share()
+    await until(heard, lambda: "the flying message was not heard")
+
+
+async def test_on_vllm_a_load_evicts_what_no_gateway_has_in_flight_though_every_adapter_was_used_within_the_window(
+    store: ResidencyStore,
+) -> None:
+    """docs/benchmarks.md, "Three gateways": with every adapter of a busy replica used within the in-use window (a
+    second) by some gateway, loads ran the set over max_adapters, and the engine's own host cache then dropped an
+    adapter the record still held (its next request paid a cold load routing had not priced). Listening to the other
+    gateways' in-flight adapters, a load evicts the least recently used one no gateway has in flight; not listening,
+    it falls back on the window."""
+    engine, bus, clock = FakeEngine(), Bus(), Clock(START)
+    a, b = vllm_gateway(store, engine, bus, clock), vllm_gateway(store, engine, bus, clock)
+    await a.ensure("r0", ref("x"))
+    await a.ensure("r0", ref("y"))
+    for name in ("x", "y"):
+        a.begin_use("r0", name)
+        a.end_use("r0", name)
+    b.begin_use("r0", "x")  # B's request for x, in flight
+    assert isinstance(a.signal, SlotSignal)
+    await shared(b, lambda: a.signal.flying_at("llama", "r0") == frozenset({"x"}))
+    clock.advance(5 * FLYING_GRACE_S)  # within the window (1 s), past the grace
+    await a.ensure("r0", ref("z"))
+    assert engine.loaded["r0"] == {"x", "z"} and engine.unloads == [("r0", "y")] and engine.peak["r0"] == 2
+    assert set((await store.record("llama", "r0")).resident) == {"x", "z"}
+
+    a.begin_use("r0", "z")
+    a.end_use("r0", "z")
+    a.signal.subscribed(False)  # it may miss what the others hold: every adapter used within the window is in use
+    assert a.signal.flying_at("llama", "r0") is None
+    assert over(a) == 0
+    await a.ensure("r0", ref("w"))
+    assert engine.loaded["r0"] == {"x", "z", "w"}  # over the bound, as before: vLLM queues for the slot
+    assert over(a) == 1  # docs/operations.md: what a gateway not listening does more often
+
+
+async def test_an_adapter_used_within_the_grace_is_in_use_on_vllm(store: ResidencyStore) -> None:
+    """A request another gateway began since its last message is not in it yet: an adapter used within
+    FLYING_GRACE_S is kept, here by loading over the bound."""
+    engine, bus, clock = FakeEngine(), Bus(), Clock(START)
+    a = vllm_gateway(store, engine, bus, clock)  # listening: no other gateway holds anything
+    await a.ensure("r0", ref("x"))
+    await a.ensure("r0", ref("y"))
+    clock.advance(FLYING_GRACE_S / 2)
+    await a.ensure("r0", ref("z"))
+    assert engine.loaded["r0"] == {"x", "y", "z"} and engine.unloads == []
+
+
+async def test_another_gateways_uses_order_this_gateways_evictions_as_soon_as_it_shares_them(
+    store: ResidencyStore,
+) -> None:
+    """B's use of x reaches the store only at its next flush (0.25 s), but A hears it within SHARE_S: in flight,
+    then let go. A's next load then evicts y, used longer ago, as the engine's own least-recently-used cache would,
+    not x (the oldest by the store's marks)."""
+    engine, bus, clock = FakeEngine(), Bus(), Clock(START)
+    a, b = vllm_gateway(store, engine, bus, clock), vllm_gateway(store, engine, bus, clock)
+    await a.ensure("r0", ref("x"))
+    clock.advance(1)
+    await a.ensure("r0", ref("y"))
+    clock.advance(5)
+    b.begin_use("r0", "x")
+    assert isinstance(a.signal, SlotSignal)
+    await shared(b, lambda: a.signal.flying_at("llama", "r0") == frozenset({"x"}))
+    b.end_use("r0", "x")
+    await shared(b, lambda: a.signal.flying_at("llama", "r0") == frozenset())
+    assert (await store.record("llama", "r0")).resident["x"] == START  # B has not flushed its use
+    clock.advance(2)  # past the window: only the order decides
+    await a.ensure("r0", ref("z"))
+    assert engine.unloads == [("r0", "y")] and engine.loaded["r0"] == {"x", "z"}
+
+
+async def test_flying_at_is_what_the_other_gateways_hold_on_the_replica_and_their_uses_reach_the_lifecycle() -> None:
+    """Every adapter a flying message names, or that its sender's previous message named (let go since), is used
+    now for the receiving lifecycles (``remote_used``)."""
+    signal = Bus().signal()
+
+    class Recorder(Holding):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used: list[tuple[str, set[str]]] = []
+
+        def remote_used(self, replica_id: str, adapters: Collection[str]) -> None:
+            self.used.append((replica_id, set(adapters)))
+
+    recorder = Recorder()
+    signal.attach("llama", recorder)
+
+    def heard(sender: str, number: int, held: dict[str, list[str]]) -> None:
+        signal.heard(json.dumps({"t": "flying", "g": sender, "n": number, "h": {"llama": held}}))
+
+    heard("one", 1, {"r0": ["x"], "r1": ["y"]})
+    heard("two", 1, {"r0": ["y"]})
+    assert signal.flying_at("llama", "r0") == frozenset({"x", "y"}) and signal.flying_at("llama", "r2") == frozenset()
+    assert recorder.used == [("r0", {"x"}), ("r1", {"y"}), ("r0", {"y"})]
+    recorder.used.clear()
+    heard("one", 2, {"r0": ["z"]})  # let go of x on r0 and y on r1
+    assert signal.flying_at("llama", "r0") == frozenset({"y", "z"}) and signal.flying_at("llama", "r1") == frozenset()
+    assert sorted(recorder.used) == [("r0", {"x", "z"}), ("r1", {"y"})]
+    signal.subscribed(False)
+    assert signal.flying_at("llama", "r0") is None
+
+
+async def test_a_set_run_over_its_bound_drops_what_no_gateway_has_in_flight_though_it_was_used_within_the_grace(
+    store: ResidencyStore,
+) -> None:
+    """The engine dropped its least recently used idle adapter when the load went over: the trim forgets the least
+    recently used adapter that no gateway has in flight (another gateway's, as it last said), the grace aside."""
+    engine, bus, clock = FakeEngine(), Bus(), Clock(START)
+    a, b = vllm_gateway(store, engine, bus, clock), vllm_gateway(store, engine, bus, clock)
+    for name in ("x", "y", "z"):
+        a.begin_use("r0", name)
+        await a.ensure("r0", ref(name))  # z over the bound: x and y in flight here
+    b.begin_use("r0", "x")
+    assert isinstance(a.signal, SlotSignal)
+    await shared(b, lambda: a.signal.flying_at("llama", "r0") == frozenset({"x"}))
+    for name in ("x", "y", "z"):
+        a.end_use("r0", name)
+        clock.advance(FLYING_GRACE_S / 10)
+    await a.trim_over_bound()
+    assert engine.unloads == [("r0", "y")] and engine.loaded["r0"] == {"x", "z"}

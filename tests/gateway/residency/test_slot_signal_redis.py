@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +36,9 @@ class Listener:
 
     def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
         return iter([("r0", self.held, len(self.held))] if self.held else [])
+
+    def remote_used(self, replica_id: str, adapters: Collection[str]) -> None:
+        pass
 
 
 @contextlib.asynccontextmanager
