@@ -17,7 +17,7 @@ from gateway.serving.dispatch import RETRY_SOON, dispatch
 from gateway.serving.json_body import RefusedInput, read_body
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
-from gateway.serving.relay import VARIANT_HEADER
+from gateway.serving.whole_answer import VARIANT_HEADER
 from gateway.tenants.admission import estimate_tokens
 from gateway.tenants.identity import identify
 

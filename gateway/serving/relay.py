@@ -15,8 +15,8 @@ from gateway.errors import GatewayError
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.serving.context import RequestContext
 from gateway.serving.sse_events import StreamEvents
+from gateway.serving.whole_answer import VARIANT_HEADER, WholeAnswer
 
-VARIANT_HEADER = "x-tenantgate-variant"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 # An OpenAI stream's last event.
 _LAST_EVENT = b"data: [DONE]\n\n"
@@ -26,12 +26,11 @@ log = logging.getLogger(__name__)
 
 def respond(
     telemetry: Telemetry, ctx: RequestContext, record: RequestRecord, upstream: EngineResponse, answer: bytes
-) -> web.Response:
+) -> web.StreamResponse:
     """The engine's whole (non-streaming) answer, read by the caller, as the client's response."""
     telemetry.first_byte(record)
     record.read_usage(answer)
-    variant = {VARIANT_HEADER: ctx.variant} if ctx.variant else None
-    return web.Response(body=answer, status=upstream.status, content_type="application/json", headers=variant)
+    return WholeAnswer(answer, upstream.status, ctx.variant or None)
 
 
 async def stream(
