@@ -28,6 +28,7 @@ from gateway.fleet.discovery import discover
 from gateway.fleet.discovery import interval_s as discovery_interval_s
 from gateway.fleet.fleet import Fleet, make_store
 from gateway.fleet.host_scrape import HostScrapes
+from gateway.observe import shared_metrics
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import Telemetry
 from gateway.observe.traffic import TrafficMeter
@@ -278,6 +279,9 @@ def create_app(
     if worker is not None and worker.workers > 1:  # the admin API answers for every worker
         siblings = app[SIBLINGS] = Siblings(app, worker)
         app.cleanup_ctx.append(siblings.running)
+    if shared_metrics.shared():  # this worker's metric values written for the others' scrapes, and at its end
+        flush = shared_metrics.flush_now
+        app.cleanup_ctx.append(_every(shared_metrics.FLUSH_S, flush, "metrics flush", flush))
     ingress.add_routes(app)
     operator.add_routes(app)
     admin.add_routes(app)

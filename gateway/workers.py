@@ -16,9 +16,11 @@ its own copy of the socket, forwards the signal (each worker drains as one gatew
 requests finish) and exits 0 when all have. Workers share what must be shared through Redis (``state.redis_url``:
 residency, rate limits, the registry, reloads), so more than one worker without it is refused.
 
-Metrics: prometheus-client's multiprocess mode. The supervisor gives the workers one private directory; each
+Metrics: prometheus-client's multiprocess files, written at intervals and before each scrape rather than at each
+increment (gateway/observe/shared_metrics.py). The supervisor gives the workers one private directory; each
 worker's counters and histograms are summed across workers at every scrape (those of a worker that died included,
-so counters never go back), gauges are per worker (a ``pid`` label). Collectors that read live state at scrape time
+so counters never go back; a worker killed outright loses its last half second), gauges are per worker (a ``pid``
+label). Collectors that read live state at scrape time
 (the fleet's health, loads and engine figures, ``process_*``) are not shared that way: they are the answering
 worker's own. In the same directory the workers find each other: one of them scrapes the engines for all
 (gateway/fleet/host_scrape.py), and the worker that answers an admin request merges every worker's figures
@@ -42,6 +44,7 @@ from pathlib import Path
 from types import FrameType
 
 from gateway.config import ConfigError, GatewayConfig
+from gateway.observe.shared_metrics import MULTIPROC_ENV
 
 log = logging.getLogger("tenantgate.workers")
 
@@ -49,7 +52,6 @@ BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 CRASH_LOOP_S = 10.0  # a worker that dies sooner than this after its start doubles the next restart's delay
 BACKLOG = 1024  # the one accept queue: connections wait here while workers are busy or one is being replaced
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client reads it when it is imported
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 

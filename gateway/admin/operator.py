@@ -25,6 +25,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.admin.auth import require_bearer
+from gateway.admin.siblings import SIBLINGS
 from gateway.appkeys import ADMIN_TOKEN, METRICS
 from gateway.errors import AdminDisabled, RouteNotFound
 from gateway.serving.connections import HandlerSite
@@ -75,6 +76,9 @@ def require_metrics_reader(request: web.Request) -> None:
 
 async def metrics(request: web.Request) -> web.Response:
     require_metrics_reader(request)
+    siblings = request.app.get(SIBLINGS)
+    if siblings is not None:  # serve --workers: every worker's counts up to now (gateway/observe/shared_metrics.py)
+        await siblings.flush_metrics()
     return web.Response(
         body=request.app[METRICS].exposition(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
     )

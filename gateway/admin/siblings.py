@@ -24,6 +24,7 @@ from aiohttp import web
 from gateway.admin.merge import merge_residency, merge_state
 from gateway.admin.status import residency_json, snapshot
 from gateway.appkeys import METRICS, STATE
+from gateway.observe import shared_metrics
 from gateway.workers import WorkerSockets
 
 Document = Literal["state", "residency"]
@@ -65,11 +66,26 @@ class Siblings:
         merge = merge_state if what == "state" else merge_residency
         return merge(own, others, missing)
 
-    async def _ask(self, sibling: int, what: Document) -> dict[str, Any] | None:
+    async def flush_metrics(self) -> None:
+        """Every sibling that answers has written its metric values to the shared files (a scrape then sums every
+        living worker's counts up to now: gateway/observe/shared_metrics.py)."""
+        await asyncio.gather(*(self._flush(sibling) for sibling in self.sockets.siblings()))
+
+    async def _flush(self, sibling: int) -> None:
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):  # not answering: its last timed flush counts
+            timeout = aiohttp.ClientTimeout(total=_ASK_TIMEOUT_S)
+            async with self._session(sibling).post("http://worker/own/flush", timeout=timeout) as response:
+                await response.read()
+
+    def _session(self, sibling: int) -> aiohttp.ClientSession:
         session = self._sessions.get(sibling)
         if session is None:
             connector = aiohttp.UnixConnector(str(self.sockets.socket_path(_SOCKET, sibling)))
             session = self._sessions[sibling] = aiohttp.ClientSession(connector=connector)
+        return session
+
+    async def _ask(self, sibling: int, what: Document) -> dict[str, Any] | None:
+        session = self._session(sibling)
         try:
             timeout = aiohttp.ClientTimeout(total=_ASK_TIMEOUT_S)
             async with session.get(f"http://worker/own/{what}", timeout=timeout) as response:
@@ -86,10 +102,15 @@ class Siblings:
             raise web.HTTPNotFound()
         return web.json_response(self.own("state" if what == "state" else "residency"))
 
+    async def _answer_flush(self, request: web.Request) -> web.Response:
+        shared_metrics.flush()
+        return web.Response(status=204)
+
     async def running(self, app: web.Application) -> AsyncIterator[None]:
         """A cleanup context: answer the siblings while the app runs."""
         internal = web.Application()
         internal.router.add_get("/own/{what}", self._answer)
+        internal.router.add_post("/own/flush", self._answer_flush)
         self._runner = web.AppRunner(internal, access_log=None)
         await self._runner.setup()
         path = self.sockets.socket_path(_SOCKET)

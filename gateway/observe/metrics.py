@@ -12,7 +12,7 @@ request path.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import platform
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
@@ -35,11 +35,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.values import MutexValue
 
-from gateway.observe import logs
+from gateway.observe import logs, shared_metrics
 from gateway.observe.activity import Activity
 from gateway.version import gateway_version
 
 UNRESOLVED = "-"
+
+_READS = 3  # attempts at reading the workers' files before the last, whose error is the scrape's
 
 # Seconds; TTFT and load buckets span a warm token (ms) to a cold adapter load (over 1 s).
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -49,6 +51,8 @@ class GatewayMetrics:
     """The metrics the gateway records as things happen; one instance (and registry) per app."""
 
     def __init__(self) -> None:
+        if shared_metrics.shared():  # serve --workers: values kept in the process, written to files at intervals
+            shared_metrics.install()
         self.registry = CollectorRegistry(auto_describe=False)
         # No <name>_created series: one more series per counter and histogram child that no dashboard reads.
         disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
@@ -181,10 +185,10 @@ class GatewayMetrics:
         r.register(dropped)
         self._live += [build, dropped]
         # serve --workers (gateway/workers.py) sets prometheus-client's multiprocess directory: every worker's
-        # counters and histograms are written there, and a scrape of any worker sums them all; gauges are exported
-        # per worker (a pid label).
+        # counters and histograms are written there (gateway/observe/shared_metrics.py), and a scrape of any worker
+        # sums them all; gauges are exported per worker (a pid label).
         self._exposed = r
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if shared_metrics.shared():
             self._exposed = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(self._exposed)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
             for collector in self._live:
@@ -202,6 +206,14 @@ class GatewayMetrics:
             self._exposed.register(collector)
 
     def exposition(self) -> bytes:
+        if self._exposed is self.registry:
+            return generate_latest(self._exposed)
+        shared_metrics.flush()  # this worker's own values up to now (its siblings flush when asked)
+        for _ in range(_READS):
+            # The supervisor removes a dead worker's gauge files (gateway/workers.py); one removed between the
+            # collector's listing of the directory and its read fails the read: read again, without it.
+            with contextlib.suppress(FileNotFoundError):
+                return generate_latest(self._exposed)
         return generate_latest(self._exposed)
 
 
@@ -227,9 +239,9 @@ Add = Callable[[float], None]
 def _add_to(value: Any) -> Add:
     """An add to one of prometheus-client's value objects. The in-process one (``MutexValue``) is added to without
     its lock: its children are written only on the event loop's thread (requests, and the scrape that reads them,
-    run there), so no other writer can interleave, and the lock was most of the call (about 210 -> 57 ns). The
-    multiprocess mode's value (``serve --workers``: a file shared with the scrape) keeps its own ``inc``."""
-    if type(value) is not MutexValue:
+    run there), so no other writer can interleave, and the lock was most of the call (about 210 -> 57 ns). So is a
+    worker's (``serve --workers``: gateway/observe/shared_metrics.py), which its flush writes to the shared file."""
+    if type(value) is not MutexValue and not shared_metrics.is_buffered(value):
         add: Add = value.inc
         return add
 

@@ -1,0 +1,103 @@
+"""Metrics under ``serve --workers`` (gateway/observe/shared_metrics.py): each worker adds to its values in the
+process and writes them to prometheus-client's multiprocess files when it flushes; any worker's exposition then
+merges every worker's files: counters and histograms summed per series and bucket, gauges per worker (a pid label),
+the answering worker's own collectors once. Each worker here is a real process (the value class is chosen per
+process, before its first metric), sharing one directory as the supervisor's workers do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+# One worker: records a request's metrics (through the request path's writers and through the public API), then
+# flushes (FLUSH), exits without flushing (EXIT: the exit flushes), or prints its exposition (ANSWER).
+WORKER = """
+import os, sys
+from prometheus_client.core import GaugeMetricFamily
+from gateway.observe import shared_metrics
+from gateway.observe.metrics import GatewayMetrics, adder, observer
+
+class Live:
+    def collect(self):
+        yield GaugeMetricFamily("live_reading", "read at scrape time", value=os.getpid())
+
+mode, amount = sys.argv[1], float(sys.argv[2])
+metrics = GatewayMetrics()
+metrics.watch(Live())
+adder(metrics.requests.labels("acme", "a1", "llama", "r0", "200"))(amount)
+metrics.completion_tokens.labels("acme", "a1").inc(10 * amount)
+observer(metrics.duration.labels("acme", "a1", "llama"))(0.02)
+metrics.duration.labels("acme", "a1", "llama").observe(3.0)
+metrics.client_connections.labels("open").set(amount)
+files = sorted(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
+if mode == "FLUSH":
+    before = {name: open(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], name), "rb").read() for name in files}
+    shared_metrics.flush()
+    after = {name: open(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], name), "rb").read() for name in files}
+    print("unchanged until the flush" if all(before[n] != after[n] for n in files) else "written before the flush")
+elif mode == "ANSWER":
+    sys.stdout.write(metrics.exposition().decode())
+elif mode == "ANSWER_AS_A_DEAD_WORKERS_GAUGES_GO":
+    # The supervisor removes a dead worker's gauge file between the collector's listing and its read of it.
+    from prometheus_client import multiprocess
+    read = multiprocess.MmapedDict.read_all_values_from_file
+    def read_after_removal(path):
+        if os.path.basename(path).startswith("gauge_all_") and not path.endswith(f"_{os.getpid()}.db"):
+            os.unlink(path)
+        return read(path)
+    multiprocess.MmapedDict.read_all_values_from_file = staticmethod(read_after_removal)
+    sys.stdout.write(metrics.exposition().decode())
+"""
+
+
+def _worker(directory: Path, mode: str, amount: float) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory), "PYTHONPATH": str(root)}
+    result = subprocess.run(
+        [sys.executable, "-c", WORKER, mode, str(amount)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def _samples(text: str, name: str) -> list[Sample]:
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
+
+
+def test_a_value_is_written_at_the_flush_not_at_each_increment(tmp_path: Path) -> None:
+    assert _worker(tmp_path, "FLUSH", 1).stdout.strip() == "unchanged until the flush"
+
+
+def test_any_workers_exposition_merges_every_workers_values(tmp_path: Path) -> None:
+    _worker(tmp_path, "FLUSH", 1)  # flushed by its timer or a scrape's ask
+    _worker(tmp_path, "EXIT", 2)  # a worker that ended (its exit flushes): its counts stay in the sums
+    text = _worker(tmp_path, "ANSWER", 4).stdout  # the answering worker: its own values up to now
+
+    [requests] = _samples(text, "tenantgate_requests_total")
+    assert requests.value == 1 + 2 + 4
+    [tokens] = _samples(text, "tenantgate_completion_tokens_total")
+    assert tokens.value == 70
+    buckets = {s.labels["le"]: s.value for s in _samples(text, "tenantgate_request_duration_seconds_bucket")}
+    assert buckets["0.01"] == 0 and buckets["0.025"] == 3 and buckets["2.5"] == 3 and buckets["5.0"] == 6
+    assert buckets["+Inf"] == 6
+    [count] = _samples(text, "tenantgate_request_duration_seconds_count")
+    assert count.value == 6
+    [total] = _samples(text, "tenantgate_request_duration_seconds_sum")
+    assert abs(total.value - 3 * 3.02) < 1e-9
+    gauges = sorted(s.value for s in _samples(text, "tenantgate_client_connections"))
+    assert gauges == [1, 2, 4]  # one per worker, each with its pid
+    assert len({s.labels["pid"] for s in _samples(text, "tenantgate_client_connections")}) == 3
+    assert len(_samples(text, "live_reading")) == 1  # a collector read at scrape time: the answering worker's own
+
+
+def test_a_dead_workers_gauges_removed_during_a_scrape_leave_it_whole(tmp_path: Path) -> None:
+    _worker(tmp_path, "EXIT", 2)
+    text = _worker(tmp_path, "ANSWER_AS_A_DEAD_WORKERS_GAUGES_GO", 4).stdout
+    assert [s.value for s in _samples(text, "tenantgate_client_connections")] == [4]  # the living worker's only
+    [requests] = _samples(text, "tenantgate_requests_total")
+    assert requests.value == 2 + 4  # the dead worker's counts stay
