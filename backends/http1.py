@@ -17,7 +17,8 @@ What it does, as aiohttp did for the driver:
 - timeouts: the connect within ``connect_timeout_s``, and the whole exchange (waiting for a connection, connect,
   the answer's head and its body) within the request's ``timeout_s``: past it, reads raise ``TimeoutError`` and
   the connection is dropped; past it while still waiting for a connection at the limit, ``ConnectionWaitTimeout``
-  (the request never left the gateway).
+  (the request never left the gateway). Closing the origin fails the requests waiting for a connection at once
+  (``ResponseError``), not at their deadlines.
 - cancellation and early release: a request cancelled, or an answer released before its end, drops its
   connection (the engine sees the client gone and stops generating); it is never reused.
 - errors: a request whose kept-alive connection ends before any byte of an answer (the engine closing it idle
@@ -50,6 +51,8 @@ _HIGH_WATER = 256 * 1024
 # far smaller; a larger one is an engine gone wrong, and would be held in memory whole.
 MAX_WHOLE_BODY = 64 * 1024 * 1024
 _LOW_WATER = 64 * 1024
+
+_CLOSED = "the engine's connection pool is closed"
 
 # Reading states: no request out; waiting for the answer's head; reading its body; the answer read to its end.
 _IDLE, _HEAD, _BODY, _DONE = range(4)
@@ -428,11 +431,16 @@ class Origin:
         self._wake_one()
 
     def close(self) -> None:
+        """Close the idle connections, and fail the requests waiting for one at once (``ResponseError``, the
+        drivers' EngineUnavailable: tried elsewhere) rather than at their deadlines; a connection in use closes when
+        its answer is done."""
         self._closed = True
         for connection in self._idle:
             connection.abort()
         self._open -= len(self._idle)
         self._idle.clear()
+        while self._waiters:
+            self._wake_one()
 
     def _idle_connection(self, loop: asyncio.AbstractEventLoop) -> _Connection | None:
         """The most recently used idle connection still open (its TCP state is warmest); stale ones closed."""
@@ -447,7 +455,7 @@ class Origin:
 
     async def _new_connection(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Connection:
         if self._closed:
-            raise ResponseError("the engine's connection pool is closed")
+            raise ResponseError(_CLOSED)
         # At the limit, wait for a connection to come back or close; behind requests already waiting (or woken and
         # about to take what came back) in any case: one that arrived as a connection came back would otherwise
         # take it from the first waiter, which then waited again at the back (at a busy replica, at every turn).
@@ -489,6 +497,8 @@ class Origin:
                     self._waiters.remove(waiter)
                 raise
             self._woken -= 1
+            if self._closed:
+                raise ResponseError(_CLOSED)
             connection = self._idle_connection(loop)
             if connection is not None:
                 return connection

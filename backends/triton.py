@@ -78,6 +78,8 @@ _CHANNEL_OPTIONS = [
 ]
 Call = Any  # grpc.aio.UnaryStreamCall[ModelInferRequest, ModelStreamInferResponse]
 _STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+# How long a non-streaming call waits for the stream's end after its first response (``TritonDriver._first_of``).
+FINAL_GRACE_S = 0.5
 
 
 class ResponseStream(Protocol):
@@ -211,6 +213,10 @@ class TritonDriver:
         self._connect_timeout_s, self._max_connections = connect_timeout_s, max_connections_per_replica
         self._origins: dict[str, tuple[http1.Origin, str]] = {}
         self._streams: weakref.WeakSet[SseStream] = weakref.WeakSet()
+        # Replicas whose model answered a non-streaming call with one response and the stream's end (read as
+        # unary-unary from then on), and those whose model did not (logged once).
+        self._one_response: set[str] = set()
+        self._warned_unended: set[str] = set()
 
     # --- adapters ------------------------------------------------------------------------------------------
 
@@ -360,18 +366,52 @@ class TritonDriver:
         metadata: tuple[tuple[str, str], ...] | None,
         timeout_s: float,
     ) -> tuple[ResponseStream, Piece, str | None]:
-        """A non-streaming call: the model answers with one response (its whole text, or its error), so the same
-        stream is read as gRPC unary-unary, the answer and the stream's end in one await (``_Channel``)."""
+        """A non-streaming call: the model answers with one response (its whole text, or its error), then the
+        stream ends. Where the replica's model has done so, the call is read as gRPC unary-unary, the answer and the
+        stream's end in one await (``_Channel``); until then (and after such a call ran out of time) response by
+        response (``_first_of``), so a model that sends a second response, or does not end the stream, costs the
+        client ``FINAL_GRACE_S`` at most, not the request's whole deadline."""
+        learnt = replica.id in self._one_response
+        call = None if learnt else channel.stream_infer(message, metadata=metadata, timeout=timeout_s)
         try:
-            answer = await channel.infer_whole(message, metadata=metadata, timeout=timeout_s)
+            if call is not None:
+                answer = await self._first_of(replica, call)
+            # the call ended with no response at all: grpc.aio reads that as None, not an error
+            elif (answer := await channel.infer_whole(message, metadata=metadata, timeout=timeout_s)) is None:
+                raise StreamBroken(f"{replica.id} ended the stream without an answer")
         except grpc.aio.AioRpcError as exc:
+            if learnt and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # perhaps a model that now sends two
+                self._one_response.discard(replica.id)
             raise _rpc_error(replica, exc) from exc
-        except asyncio.CancelledError:  # grpc.aio has cancelled the call (the engine stops generating)
+        except asyncio.CancelledError:  # the request's handler was cancelled (the client left, or the pool closes)
             _reraise_if_cancelled()
             raise EngineUnavailable(f"{replica.id}: the call was cancelled (the pool is closing)") from None
-        if answer is None:  # the call ended with no response at all: grpc.aio reads that as None, not an error
-            raise StreamBroken(f"{replica.id} ended the stream without an answer")
+        finally:
+            if call is not None:
+                call.cancel()  # a no-op once the stream has ended; else the engine drops whatever would follow
         return _ANSWERED, grpc_piece(answer.infer_response), (answer.error_message or None)
+
+    async def _first_of(self, replica: Endpoint, call: Call) -> service_pb2.ModelStreamInferResponse:
+        """A non-streaming call read response by response: the first is the answer, once the stream has ended or
+        ``FINAL_GRACE_S`` after it (a second response, or none and no end, is logged once per replica; the caller
+        then cancels the call). A stream that ended right after it teaches that the replica's model sends one."""
+        answer = await call.read()
+        if answer is grpc.aio.EOF:
+            raise StreamBroken(f"{replica.id} ended the stream without an answer")
+        try:
+            following = await asyncio.wait_for(call.read(), FINAL_GRACE_S)
+        except (TimeoutError, grpc.aio.AioRpcError):  # the answer is in: what broke after it loses nothing
+            following = None
+        if following is grpc.aio.EOF:
+            self._one_response.add(replica.id)
+        elif replica.id not in self._warned_unended:
+            self._warned_unended.add(replica.id)
+            log.warning(
+                "triton replica %s: model %r answered a non-streaming request with more than one response, or did "
+                "not end the stream within %.1f s of its first: the first is the answer (docs/triton.md)",
+                replica.id, self._model, FINAL_GRACE_S,
+            )  # fmt: skip
+        return answer
 
     def _raise_engine_error(
         self, replica: Endpoint, adapter: AdapterRef | None, message: str, *, weights_sent: bool, loading: bool = False
@@ -433,6 +473,7 @@ class TritonDriver:
             self._unready[replica.id] = reason
         if reason is not None:
             self._inputs.pop(replica.id, None)  # it may come back with another model version: read it again
+            self._one_response.discard(replica.id)
         return reason is None
 
     async def _unready_reason(self, replica: Endpoint) -> str | None:
@@ -510,9 +551,9 @@ class _Channel:
         )
         # The same method read as unary-unary, for non-streaming calls: one response, then the stream's end, in one
         # await. The driver's CPU per call fell from 417-448 to 277 us against the real Triton lane (the unary-stream
-        # call's two reads each hand a completion from grpc's poller thread to the event loop). It assumes what
-        # TensorRT-LLM does, one response to a non-streaming request (n > 1 is refused): a model that sent a second
-        # would leave the call waiting until the request's timeout (EngineTimeout), never pass half an answer.
+        # call's two reads each hand a completion from grpc's poller thread to the event loop). Used only for a
+        # replica whose model has answered so (``TritonDriver._whole``): one that sent a second response would leave
+        # the call waiting until the request's timeout, since gRPC holds the call's status behind the unread message.
         self.infer_whole = self.channel.unary_unary(
             _STREAM_INFER,
             request_serializer=service_pb2.ModelInferRequest.SerializeToString,

@@ -232,6 +232,9 @@ class PoolConfig(_Frozen):
     discovery: DiscoveryConfig | None = None
     connect_timeout_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=300.0, gt=0)
+    # The engine's context length in tokens (vLLM's --max-model-len): no request uses more per sequence, so no usage
+    # report is charged more (gateway/tenants/admission.py). The default is above every model's; set it to tighten.
+    context_tokens: int = Field(default=1_048_576, ge=1)
     adapter_load_timeout_s: float = Field(default=60.0, gt=0)
     max_connections_per_replica: int = Field(default=256, ge=1)
     health: HealthConfig = HealthConfig()

@@ -86,7 +86,7 @@ class SimReplica(Restartable):
 
     def faults(self, **settings: Any) -> None:
         """Switch faults on or off (loadtests/sim/faults.py): hang, delay_s, error_status, cut_stream_after,
-        failing_adapters, failing_marker."""
+        failing_adapters, failing_marker, reported_completion_tokens."""
         self._control({"faults": settings})
 
     def pause(self, paused: bool) -> None:

@@ -166,6 +166,10 @@ class GatewayMetrics:
             "past admin.failed_logins_per_minute refused before its token was compared (rate_limited)",
             ["outcome"], registry=r,
         )  # fmt: skip
+        self.usage_clamped = Counter(
+            "tenantgate_usage_clamped", "Usage reports above what the request could have used (an engine's bug), "
+            "charged at the request's ceiling instead (gateway/tenants/admission.py)", ["pool", "replica"], registry=r,
+        )  # fmt: skip
         self.upstream_errors = Counter(
             "tenantgate_upstream_errors", "Errors talking to a replica, by kind", ["pool", "replica", "kind"],
             registry=r,

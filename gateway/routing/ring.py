@@ -39,7 +39,7 @@ class Ring:
         # A tuple: a slice of it is the head a large ring's walk returns, with no copy.
         self._owners: tuple[str, ...] = tuple(owner for _, owner in points)
         self._shift, self._buckets = _bucket_index(self._positions)
-        self._ahead = _table_ahead(self._owners)
+        self._ahead, self._width = _table_ahead(self._owners)
         self._heads: dict[tuple[str, int], tuple[str, ...]] = {}
         # Renewed whenever a key's order may change (balanced homes, the placement table): what callers derived
         # from the orders under another version is stale. Unique across rings, so a new ring is never mistaken.
@@ -137,9 +137,10 @@ class Ring:
             return first[:count]
         index = self._first_after(key_point(key))  # runs at every key's first sight
         owners, table = self._owners, self._ahead
-        if table and count <= len(table[0]):
-            # A small ring: the distinct owners from each point are tabled (see _table_ahead).
-            ahead = table[index % len(owners)]
+        if table and count <= self._width:
+            # A small ring: the distinct owners from each point are tabled (see _table_ahead), at its first use.
+            point = index % len(owners)
+            ahead = table[point] or self._table_row(point)
             if not first:
                 return ahead[:count]
             rest = [owner for owner in ahead if owner not in first]
@@ -153,6 +154,10 @@ class Ring:
             if len(ahead) == count and len(set(ahead)) == count:
                 return ahead
         return _distinct_owners(owners, index, count, first)
+
+    def _table_row(self, point: int) -> tuple[str, ...]:
+        row = self._ahead[point] = _distinct_owners(self._owners, point, self._width)
+        return row
 
     def _first_after(self, point: int) -> int:
         """The index of the first ring point after ``point`` (``total`` past the last): a bisect within the point's
@@ -206,19 +211,19 @@ def _distinct_owners(owners: Sequence[str], index: int, count: int, first: tuple
 
 # A ring of this many points or fewer tables the first distinct owners from every point, this many of them (the
 # default routing.candidates): on a small ring the next points repeat owners, so a walk takes many steps where a
-# large ring's next few points are distinct (one slice). 16,384 points: about 100 replicas at 160 vnodes, built in
-# about 40 ms, holding about 1.5 MB.
+# large ring's next few points are distinct (one slice). 16,384 points: about 100 replicas at 160 vnodes, holding
+# about 1.5 MB once every point has been used. A point's row is made at its first use (a key's first sight there):
+# made whole with the ring, the table took 29-46 ms of the event loop per 100-replica pool at every reload.
 _TABLE_POINTS = 16_384
 _TABLE_WIDTH = 8
 
 
-def _table_ahead(owners: Sequence[str]) -> list[tuple[str, ...]]:
-    """Per point, its first ``_TABLE_WIDTH`` distinct owners clockwise (fewer on a smaller ring); empty above
-    ``_TABLE_POINTS`` points."""
+def _table_ahead(owners: Sequence[str]) -> tuple[list[tuple[str, ...] | None], int]:
+    """Per point, a place for its first ``width`` distinct owners clockwise (``_TABLE_WIDTH``, fewer on a smaller
+    ring), each filled at its first use; no table (empty) above ``_TABLE_POINTS`` points."""
     if not owners or len(owners) > _TABLE_POINTS:
-        return []
-    width = min(_TABLE_WIDTH, len(set(owners)))
-    return [_distinct_owners(owners, index, width) for index in range(len(owners))]
+        return [], 0
+    return [None] * len(owners), min(_TABLE_WIDTH, len(set(owners)))
 
 
 # The index has about one bucket per ring point, and never fewer than this many.

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.appkeys import STATE, TELEMETRY, TRAFFIC
+from gateway.appkeys import METRICS, STATE, TELEMETRY, TRAFFIC
 from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.serving.connections import authenticated
@@ -18,11 +18,14 @@ from gateway.serving.json_body import RefusedInput, read_body
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
 from gateway.serving.whole_answer import VARIANT_HEADER
-from gateway.tenants.admission import estimate_tokens
+from gateway.tenants.admission import clamp_usage, completion_ceiling, estimate_tokens, prompt_ceiling
 from gateway.tenants.identity import identify
 
 # nginx's code for a client that went away before the answer: counted, never sent.
 CLIENT_CLOSED_REQUEST = 499
+
+# Content part types whose tokens their bytes bound (gateway/tenants/admission.py).
+_TEXT = frozenset({"text"})
 
 _PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -85,8 +88,15 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord, teleme
                 exc.headers = {**exc.headers, VARIANT_HEADER: ctx.variant}
             raise
     finally:
-        prompt, completion = record.prompt_tokens, record.completion_tokens
-        used = prompt + completion if prompt is not None and completion is not None else None
+        # The engine's figures, believed up to what this request could have used (a bad engine's absurd figure is
+        # clamped and counted, never a debt the tenant cannot pay off).
+        context = pool_config.context_tokens
+        used = clamp_usage(
+            record,
+            app[METRICS],
+            prompt_ceiling(len(body), inference.part_types <= _TEXT, context),
+            completion_ceiling(max_tokens, inference.choices, context),
+        )
         ticket.settle(used)
         # The key's traffic (gateway/placement/): what the engine reported, else what admission estimated, and
         # whether the scheduler sent it off the key's replica set for demand (what a replica set grows on).

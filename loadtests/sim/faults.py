@@ -9,12 +9,15 @@ never affected.
 - ``cut_stream_after``: a stream's connection is dropped after this many token chunks, without [DONE];
 - ``failing_adapters``: requests for these adapters answer 500 (a bad adapter version);
 - ``failing_marker``: inference requests whose body holds this text answer 500, as vLLM does for a prompt that
-  breaks it (a lone surrogate did): a failure the request causes, on every replica alike.
+  breaks it (a lone surrogate did): a failure the request causes, on every replica alike;
+- ``reported_completion_tokens``: every usage the engine reports says this many completion tokens, whatever it
+  generated (an engine whose usage count is wrong).
 
 In Triton mode the same switches act on gRPC (loadtests/sim/triton_grpc.py): ``hang`` and ``delay_s`` hold every
 RPC and every request on a stream; ``error_status`` answers each inference with an in-stream error;
 ``cut_stream_after`` aborts the whole gRPC stream (UNAVAILABLE) after that many token responses;
-``failing_adapters`` names LoRA tasks as the engine does, ``task-<lora_task_id>``.
+``failing_adapters`` names LoRA tasks as the engine does, ``task-<lora_task_id>``; ``failing_marker`` fails a request
+whose ``text_input`` holds it with TensorRT-LLM's executor error (loadtests/sim/triton_model.py).
 """
 
 from __future__ import annotations
@@ -39,11 +42,15 @@ class Faults:
     cut_stream_after: int | None = None
     failing_adapters: frozenset[str] = frozenset()
     failing_marker: str | None = None
+    reported_completion_tokens: int | None = None
     _released: asyncio.Event = field(default_factory=asyncio.Event)
 
     def update(self, settings: dict[str, Any]) -> None:
         """Apply ``settings`` (the keys above; null or false switches one off); raises ValueError on a bad one."""
-        known = {"hang", "delay_s", "error_status", "cut_stream_after", "failing_adapters", "failing_marker"}
+        known = {
+            "hang", "delay_s", "error_status", "cut_stream_after", "failing_adapters", "failing_marker",
+            "reported_completion_tokens",
+        }  # fmt: skip
         unknown = set(settings) - known
         if unknown:
             raise ValueError(f"unknown faults: {sorted(unknown)}")
@@ -65,6 +72,10 @@ class Faults:
         marker = settings.get("failing_marker", self.failing_marker)
         if marker is not None and (not isinstance(marker, str) or not marker):
             raise ValueError("failing_marker must be a non-empty string or null")
+        reported = settings.get("reported_completion_tokens", self.reported_completion_tokens)
+        if reported is not None and (not isinstance(reported, int) or isinstance(reported, bool) or reported < 0):
+            raise ValueError("reported_completion_tokens must be a number of tokens >= 0 or null")
+        self.reported_completion_tokens = reported
         self.failing_adapters = frozenset(failing)
         self.failing_marker = marker
         self.hang, self.delay_s, self.error_status, self.cut_stream_after = hang, float(delay), status, cut
@@ -81,6 +92,7 @@ class Faults:
             "cut_stream_after": self.cut_stream_after,
             "failing_adapters": sorted(self.failing_adapters),
             "failing_marker": self.failing_marker,
+            "reported_completion_tokens": self.reported_completion_tokens,
         }
 
     async def stall(self) -> None:

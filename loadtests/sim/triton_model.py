@@ -83,11 +83,19 @@ class TrtLlmModel:
             yield Reply(text, prompt_tokens, len(words), last=True)
 
 
+# What TensorRT-LLM's executor answers when a request breaks the model (its text: an internal error, not the
+# request's, so a router cannot tell it from a broken replica but by where else it fails).
+POISONED = "Encountered an error in forwardAsync function: the executor failed on this request"
+
+
 def refuse_by_faults(faults: Faults, request: GenerateRequest) -> None:
-    """The injected faults that refuse a request (either protocol): an engine error for every request, or for the
-    adapters named (as ``task-<lora_task_id>``, the only name the engine knows)."""
+    """The injected faults that refuse a request (either protocol): an engine error for every request, for the
+    adapters named (as ``task-<lora_task_id>``, the only name the engine knows), or for a prompt (``text_input``,
+    as the gateway rendered it) holding the failing marker."""
     if faults.error_status is not None:
         raise TritonError(f"Injected fault (HTTP status {faults.error_status})", Kind.UNAVAILABLE)
     adapter = None if request.lora_task_id is None else f"task-{request.lora_task_id}"
     if adapter is not None and adapter in faults.failing_adapters:
         raise TritonError(f"Injected failure of adapter {adapter}", Kind.INTERNAL)
+    if faults.failing_marker is not None and faults.failing_marker in request.prompt:
+        raise TritonError(POISONED, Kind.INTERNAL)

@@ -134,8 +134,10 @@ async def _tokens(engine: SimEngine, request: SimRequest) -> AsyncIterator[str]:
         engine.abort(request)
 
 
-def _usage(request: SimRequest) -> dict[str, int]:
+def _usage(faults: Faults, request: SimRequest) -> dict[str, int]:
     prompt, completion = len(request.prompt_tokens), len(request.answer)
+    if faults.reported_completion_tokens is not None:
+        completion = faults.reported_completion_tokens
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
 
 
@@ -200,7 +202,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "finish_reason": sim_request.finish_reason,
             "stop_reason": None,
         }
-        return web.json_response({**head, "choices": [choice], "usage": _usage(sim_request)})
+        return web.json_response({**head, "choices": [choice], "usage": _usage(request.app[FAULTS], sim_request)})
 
     response = await _start_sse(request)
 
@@ -208,7 +210,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
 
     await _stream_tokens(request, response, head, sim_request, text_choice)
-    return await _end_sse(response, head, sim_request, include_usage)
+    return await _end_sse(request, response, head, sim_request, include_usage)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -239,7 +241,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             "finish_reason": sim_request.finish_reason,
             "stop_reason": None,
         }
-        return web.json_response({**head, "choices": [choice], "usage": _usage(sim_request)})
+        return web.json_response({**head, "choices": [choice], "usage": _usage(request.app[FAULTS], sim_request)})
 
     response = await _start_sse(request)
     opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -249,7 +251,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish_reason}
 
     await _stream_tokens(request, response, head, sim_request, delta_choice)
-    return await _end_sse(response, head, sim_request, include_usage)
+    return await _end_sse(request, response, head, sim_request, include_usage)
 
 
 async def _stream_tokens(
@@ -280,10 +282,14 @@ async def _start_sse(request: web.Request) -> web.StreamResponse:
 
 
 async def _end_sse(
-    response: web.StreamResponse, head: dict[str, Any], sim_request: SimRequest, include_usage: bool
+    request: web.Request,
+    response: web.StreamResponse,
+    head: dict[str, Any],
+    sim_request: SimRequest,
+    include_usage: bool,
 ) -> web.StreamResponse:
     if include_usage:
-        await response.write(_sse({**head, "choices": [], "usage": _usage(sim_request)}))
+        await response.write(_sse({**head, "choices": [], "usage": _usage(request.app[FAULTS], sim_request)}))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response

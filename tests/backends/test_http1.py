@@ -388,6 +388,23 @@ async def test_at_the_limit_a_request_waits_for_a_connection_and_a_cancelled_wai
         origin.close()
 
 
+async def test_closing_the_origin_fails_the_requests_waiting_for_a_connection_at_once() -> None:
+    """Not at their deadlines (30 s here): the connection they wait for may be a stream that runs for minutes. The
+    request holding it is left to finish."""
+    async with serving(one_chunk_then_holds) as server:
+        origin = server.origin(limit=1)
+        holding = await post(origin, timeout_s=30)
+        waiting = [asyncio.create_task(post(origin, timeout_s=30)) for _ in range(2)]
+        await until(lambda: len(origin._waiters) == 2, "the two requests wait for the connection")
+        origin.close()
+        for task in waiting:
+            with pytest.raises(http1.ResponseError, match="pool is closed"):
+                await within(task)
+        assert server.connections == 1 and server.closed == 0 and origin._woken == 0
+        holding.release()
+        await until(lambda: server.closed == 1, "the held connection closes once its answer is released")
+
+
 async def test_reading_pauses_while_the_reader_is_behind() -> None:
     size = 4 * 1024 * 1024
 

@@ -1,15 +1,18 @@
-"""A non-streaming Triton call is read as gRPC unary-unary (backends/triton.py ``_whole``): a model that ends the
-call without any response is an engine that broke off its answer (StreamBroken, as the streaming path reads it),
-not a crash in the gateway; an answer larger than any text answer is refused, not taken into memory whole. The
-simulator always answers sensibly, so a minimal gRPC server stands in for such a model."""
+"""A non-streaming Triton call (backends/triton.py ``_whole``): read response by response until the replica's model
+has answered with one response and the stream's end, as gRPC unary-unary from then on. A model that ends the call
+without any response is an engine that broke off its answer (StreamBroken, as the streaming path reads it), not a
+crash in the gateway; one that sends a second response, or does not end the stream, answers with its first at once;
+an answer larger than any text answer is refused, not taken into memory whole. The simulator always answers
+sensibly, so a minimal gRPC server stands in for such a model."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -137,11 +140,84 @@ async def test_the_resend_after_a_cache_miss_keeps_to_the_requests_deadline(tmp_
             await driver.send(replica, request)
 
 
-async def test_a_model_that_sends_two_responses_leaves_the_call_waiting_until_its_deadline() -> None:
-    """What docs/triton.md says unary-unary assumes: one response to a non-streaming request. A model that sent two
-    would leave the call waiting until the request's time is up, read as the engine not answering in time."""
-    answer = service_pb2.ModelStreamInferResponse()
-    add_output(answer.infer_response, "text_output", "BYTES", b"hi")
-    async with serving(ScriptedModel([answer, answer])) as (driver, replica):
+def answer(text: bytes = b"hi") -> service_pb2.ModelStreamInferResponse:
+    message = service_pb2.ModelStreamInferResponse()
+    add_output(message.infer_response, "text_output", "BYTES", text)
+    return message
+
+
+class OpenEnded(ScriptedModel):
+    """A model that sends its answers and then neither ends the stream nor answers more, until the call goes."""
+
+    def __init__(self, answers: Sequence[service_pb2.ModelStreamInferResponse]) -> None:
+        super().__init__(answers)
+        self.cancelled = asyncio.Event()
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[service_pb2.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        async for message in super().ModelStreamInfer(requests, context):
+            yield message
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.cancelled.set()
+
+
+async def text_of(driver: TritonDriver, replica: TritonEndpoint, request: EngineRequest) -> str:
+    response = await driver.send(replica, request)
+    body: dict[str, Any] = json.loads(await response.read())
+    text: str = body["choices"][0]["text"]
+    return text
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param(lambda: ScriptedModel([answer(b"first"), answer(b"second")]), id="two responses"),
+        pytest.param(lambda: OpenEnded([answer(b"first")]), id="one, and no end of the stream"),
+    ],
+)
+async def test_a_model_that_does_not_end_at_its_answer_answers_at_once_not_at_the_deadline(
+    model: Callable[[], ScriptedModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first response is the answer, at most FINAL_GRACE_S later: where the call was read as unary-unary
+    whatever the model did, gRPC held its status behind the unread second response (or the stream's end that never
+    came) until the request's deadline, a 504 however fast the model answered. The engine's call is cancelled, and
+    the replica logged once."""
+    scripted = model()
+    async with serving(scripted) as (driver, replica):
+        for _ in range(2):  # and the next request alike: such a model is never read as unary-unary
+            assert await text_of(driver, replica, REQUEST._replace(timeout_s=5)) == "first"
+        if isinstance(scripted, OpenEnded):
+            await asyncio.wait_for(scripted.cancelled.wait(), 5)
+    assert len([r for r in caplog.records if "more than one response" in r.getMessage()]) == 1  # once per replica
+
+
+class TurnsToTwo(ScriptedModel):
+    """A model that answers with one response until ``turn`` is set, then with two (a model swapped under a replica
+    that stayed ready)."""
+
+    def __init__(self) -> None:
+        super().__init__([answer()])
+        self.turn = False
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[service_pb2.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        async for _ in requests:
+            for message in [answer(), answer()] if self.turn else [answer()]:
+                yield message
+
+
+async def test_a_model_that_answered_alone_and_then_sends_two_costs_one_deadline_then_answers_at_once() -> None:
+    """Once the replica's model has answered with one response and the stream's end, its calls are read as
+    unary-unary (one await); a model that then sends two leaves the call in flight waiting until its deadline (what
+    docs/triton.md states), and the next is read response by response again."""
+    model = TurnsToTwo()
+    async with serving(model) as (driver, replica):
+        assert await text_of(driver, replica, REQUEST) == "hi"
+        model.turn = True
         with pytest.raises(EngineTimeout):
             await driver.send(replica, REQUEST._replace(timeout_s=0.5))
+        assert await text_of(driver, replica, REQUEST._replace(timeout_s=5)) == "hi"

@@ -11,11 +11,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from loadtests.faultkit import GatewayUnderTest, SimReplica, SteadyTraffic, sim_replicas
-from loadtests.fleet import api_key, gateway_config, write_adapters
+from loadtests.fleet import BASE_MODEL, api_key, gateway_config, simulated_triton_replicas, triton_pool, write_adapters
+from loadtests.peft_files import write_peft_adapter
 from loadtests.processes import free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -23,6 +25,9 @@ pytestmark = pytest.mark.timeout(180)
 SIM = ["--time-scale", "0.1", "--max-loras", "4", "--max-cpu-loras", "8"]
 TENANTS = {"noisy": ["lora-noisy"], "quiet": ["lora-quiet"]}
 MARKER = "tg-poison-7f3a"  # the simulators answer 500 to a request holding it (loadtests/sim/faults.py)
+ADAPTERS = ("lora-noisy", "lora-quiet")
+TRITON_MODEL = "tensorrt_llm_bls"
+TRITON_SIM = ["--time-scale", "0.01", "--max-loras", "2", "--max-cpu-loras", "4"]
 
 
 def config_for(root: Path, replicas: dict[str, SimReplica], tenants: dict[str, list[str]] = TENANTS) -> dict[str, Any]:
@@ -77,6 +82,28 @@ def test_long_generations_past_the_pool_timeout_and_prompts_that_break_the_engin
         state = replicas_state(gw)
         assert [(s["ejected"], s["ejections"], s["healthy"]) for s in state.values()] == [(False, 0, True)] * 2
         assert statuses(gw, "quiet", 3, prompt="hello", max_tokens=4) == [200] * 3
+
+
+def test_prompts_that_break_a_triton_model_cost_only_their_own_requests(tmp_path: Path) -> None:
+    """The same on a Triton pool: prompts that make every replica's model fail (TensorRT-LLM's executor error, the
+    simulator's failing_marker in Triton mode), twice over the ejection threshold, whole and streamed, each a 502;
+    no replica is ejected or counted against, and the other tenant's requests, and the noisy tenant's next one,
+    are served."""
+    adapters = {name: str(write_peft_adapter(tmp_path / name, 8, seed=i)) for i, name in enumerate(ADAPTERS)}
+    with simulated_triton_replicas(tmp_path, 2, TRITON_MODEL, *TRITON_SIM) as replicas:
+        config = gateway_config({"unused": "http://127.0.0.1:9"}, TENANTS, adapters, port=free_port())
+        pool = triton_pool(replicas, TRITON_MODEL, BASE_MODEL, name="llama")
+        config["pools"] = [{**pool, "slow_start_s": 0, "outlier": {"consecutive_failures": 5}}]
+        for replica in replicas:
+            faults = {"faults": {"failing_marker": MARKER}}
+            httpx.post(replica["url"] + "/sim/control", json=faults, timeout=10).raise_for_status()
+        with GatewayUnderTest(tmp_path, config) as gw:
+            for stream in (False, True, False, True):
+                assert statuses(gw, "noisy", 5, prompt=f"{MARKER} please", max_tokens=4, stream=stream) == [502] * 5
+            state = replicas_state(gw)
+            assert statuses(gw, "quiet", 3, prompt="hello", max_tokens=4) == [200] * 3
+            assert statuses(gw, "noisy", 1, prompt="hello", max_tokens=4) == [200]
+    assert [(s["ejected"], s["ejections"], s["healthy"]) for s in state.values()] == [(False, 0, True)] * 2, state
 
 
 def test_a_broken_replica_serving_one_tenant_is_still_ejected(tmp_path: Path) -> None:

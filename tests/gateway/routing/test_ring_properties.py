@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect
 from collections import Counter
+from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.routing import ring as ring_module
 from gateway.routing.decision import ReplicaLoad
 from gateway.routing.pipeline import decide
 from gateway.routing.ring import Ring
@@ -139,3 +143,37 @@ def test_a_keys_point_and_the_first_point_after_it_are_uhashrings(size: int, vno
     positions = ring._positions
     for probe in [point, 0, 2**128 - 1, *positions[:: max(1, len(positions) // 50)]]:
         assert ring._first_after(probe) == bisect(positions, probe)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=st.integers(1, 40),
+    vnodes=st.sampled_from([1, 3, 160]),
+    keys=st.lists(st.text(max_size=20), min_size=1, max_size=30),
+    count=st.integers(1, 10),
+)
+def test_a_small_rings_tabled_heads_are_its_walks(size: int, vnodes: int, keys: list[str], count: int) -> None:
+    """The table of each point's next distinct owners (rows made at their first use) gives what walking the ring
+    gives, the first use of a point and the next alike."""
+    ring = Ring([f"r{i}" for i in range(size)], vnodes=vnodes)
+    for key in keys * 2:
+        assert ring.head_unremembered(key, count) == tuple(itertools.islice(ring.distinct_from(key), count))
+
+
+def test_a_ring_is_built_without_walking_its_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100-replica pool's ring (16,000 points) is built at every reload, on the event loop: its table of each
+    point's next distinct owners is filled at each point's first use, not walked whole with the ring (which took
+    29-46 ms), and a key's first sight walks its own point only."""
+    walks: list[int] = []
+    real = ring_module._distinct_owners
+
+    def counted(owners: Sequence[str], index: int, count: int, first: tuple[str, ...] = ()) -> tuple[str, ...]:
+        walks.append(index)
+        return real(owners, index, count, first)
+
+    monkeypatch.setattr(ring_module, "_distinct_owners", counted)
+    ring = Ring([f"r{i}" for i in range(100)], vnodes=160)
+    assert len(ring._owners) == 16_000 and walks == []
+    ring.head("tenant-1", 8)
+    ring.head_unremembered("tenant-1", 8)  # the same point: its row is there
+    assert len(walks) == 1

@@ -11,8 +11,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.fleet import (
+    ADMIN_TOKEN,
     api_key,
     fleet_with_gateway,
     gateway_config,
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.timeout(120)
 
 SIM = ["--time-scale", "0.01", "--max-loras", "4"]
 TENANTS = {"acme": ["support-acme"], "globex": ["sql-globex"]}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def post(url: str, tenant: str, model: str) -> httpx.Response:
@@ -59,6 +62,30 @@ def test_token_limits_and_the_max_tokens_cap(tmp_path: Path) -> None:
             client.completions.create(model="support-acme", prompt="x", max_tokens=40)
     body = refused.value.body
     assert isinstance(body, dict) and body["type"] == "tokens"
+
+
+def test_an_engines_absurd_usage_is_charged_at_the_requests_ceiling(tmp_path: Path) -> None:
+    """An engine that reports 10^15 - 1 completion tokens (the most the gateway reads): each request is charged
+    what it could have used (its prompt and its max_tokens), so the tenant's next requests are admitted; the clamp
+    is counted against the replica."""
+    limits = {"acme": {"limits": {"tokens_per_minute": 1000}}}
+    with fleet_with_gateway(tmp_path, TENANTS, 1, SIM, tenant_options=limits) as fleet:
+        client = openai.OpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("acme"), max_retries=0)
+        faults = {"faults": {"reported_completion_tokens": 10**15 - 1}}
+        httpx.post(fleet.replica_urls["r0"] + "/sim/control", json=faults).raise_for_status()
+        stream = client.completions.create(model="support-acme", prompt="hi", max_tokens=2, stream=True)
+        assert [chunk for chunk in stream]
+        client.completions.create(model="support-acme", prompt="hi", max_tokens=2)  # 429 if the stream's counted
+        httpx.post(fleet.replica_urls["r0"] + "/sim/control", json={"faults": {"reported_completion_tokens": None}})
+        client.completions.create(model="support-acme", prompt="hi", max_tokens=2)
+        metrics = httpx.get(fleet.gateway_url + "/metrics", headers=ADMIN, timeout=10).text
+    found = {
+        (sample.name, sample.labels.get("tenant"), sample.labels.get("replica")): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
+    assert found[("tenantgate_usage_clamped_total", None, "r0")] == 2
+    assert found[("tenantgate_completion_tokens_total", "acme", None)] == 3 * 2
 
 
 def test_limits_hold_across_two_gateways_sharing_redis(tmp_path: Path, redis_server: RedisServer) -> None:
