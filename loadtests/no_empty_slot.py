@@ -1,9 +1,12 @@
 """No empty slot, measured: 16 tenants on 4 simulated vLLM replicas of 4 adapter slots at a GPU-like time scale,
 the gateway ready and idle for 10 s, then 10 streamed requests per tenant (all tenants at once). Prints the loads
 made before traffic, the cold loads on the request path (the replicas' own counters) and TTFT p50/p99, as the
-README quotes them. The clients are set up (and have spoken to the gateway once) before any request is timed.
+README quotes them, once per repeat (the machine's load moves the tail: read the spread). The clients are set up
+(and have spoken to the gateway once) before any request is timed. The defaults are the gateway's own (the fill and
+its warm-up on, the default routing policy).
 
-    python -m loadtests.no_empty_slot --fill on --warm-up on --gpu-slots 4
+    python -m loadtests.no_empty_slot --repeats 3
+    python -m loadtests.no_empty_slot --warm-up off --gpu-slots 2
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ async def traffic(gateway_url: str, requests: int) -> list[float]:
                 pass
             await asyncio.sleep(0.2)
 
-    await asyncio.gather(*(tenant(name) for name in TENANTS))
+    try:
+        await asyncio.gather(*(tenant(name) for name in TENANTS))
+    finally:
+        await asyncio.gather(*(client.close() for client in clients.values()))
     return ttfts
 
 
@@ -69,13 +75,15 @@ def measure(fill: bool, warm_up: bool, gpu_slots: int, policy: str, idle_s: floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fill", choices=["on", "off"], default="on")
-    parser.add_argument("--warm-up", choices=["on", "off"], default="off")
+    parser.add_argument("--warm-up", choices=["on", "off"], default="on")
     parser.add_argument("--gpu-slots", type=int, default=4)
-    parser.add_argument("--policy", default="bounded_consistent_hash")
+    parser.add_argument("--policy", default="predicted_ttft")
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--requests", type=int, default=10)
     args = parser.parse_args()
-    print(measure(args.fill == "on", args.warm_up == "on", args.gpu_slots, args.policy, args.idle_s, args.requests))
+    for _ in range(args.repeats):
+        print(measure(args.fill == "on", args.warm_up == "on", args.gpu_slots, args.policy, args.idle_s, args.requests))
 
 
 if __name__ == "__main__":

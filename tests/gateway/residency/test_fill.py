@@ -30,7 +30,8 @@ async def test_the_fill_takes_free_slots_in_plan_order_and_never_evicts(store: R
     await life.ensure("r0", ref("x"))  # a request's adapter holds one of the three slots
     loaded = await life.fill("r0", [ref("a"), ref("x"), ref("b"), ref("c")])
     assert loaded == ["a", "b"]  # x was there; c finds the set full
-    assert engine.warm_requests == []  # fill_warm_up is off by default
+    # fill_warm_up is on by default: the adapters the fill loaded (not x) get one token, the most important last.
+    assert [json.loads(body)["model"] for _, body in engine.warm_requests] == ["b", "a"]
     assert engine.loaded["r0"] == {"x", "a", "b"} and engine.unloads == []
     assert set((await store.record("llama", "r0")).resident) == {"x", "a", "b"}
     assert life.counters.fill_loads == 2 and life.resident_on("a") == frozenset({"r0"})
@@ -44,6 +45,13 @@ async def test_with_warm_up_each_loaded_adapter_gets_one_token_the_most_importan
     assert await life.fill("r0", [ref("a"), ref("b"), ref("c"), ref("d")]) == ["a", "b", "c"]
     # The engine's GPU slots are LRU: the last warmed (a, the most important) is the last to leave them.
     assert [json.loads(body)["model"] for _, body in engine.warm_requests] == ["c", "b", "a"]
+
+
+async def test_without_warm_up_the_fill_only_loads(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig(fill_warm_up=False))
+    assert await life.fill("r0", [ref("a"), ref("b")]) == ["a", "b"]
+    assert engine.warm_requests == []
 
 
 async def test_a_failing_fill_load_is_skipped_and_the_next_loaded(store: ResidencyStore) -> None:
