@@ -95,7 +95,7 @@ async def _attempt(
         try:
             if not ctx.stream:
                 answer = await upstream.read()
-                return relay.respond(telemetry, ctx, record, upstream, answer), None
+                return await relay.respond(request, telemetry, ctx, record, upstream, answer), None
             broken: Verdict | None = None
 
             def stream_broke(exc: BackendError) -> GatewayError:

@@ -24,13 +24,26 @@ _FAULT = GatewayError("The gateway failed to handle the request.")
 log = logging.getLogger(__name__)
 
 
-def respond(
-    telemetry: Telemetry, ctx: RequestContext, record: RequestRecord, upstream: EngineResponse, answer: bytes
+async def respond(
+    request: web.Request,
+    telemetry: Telemetry,
+    ctx: RequestContext,
+    record: RequestRecord,
+    upstream: EngineResponse,
+    answer: bytes,
 ) -> web.StreamResponse:
-    """The engine's whole (non-streaming) answer, read by the caller, as the client's response."""
+    """The engine's whole (non-streaming) answer, read by the caller, written to the client now: before the lease's
+    release, the outcome's report, the admission's settlement and the request's telemetry, which the client need
+    not wait for (aiohttp would write the response only once the handler had returned)."""
     telemetry.first_byte(record)
     record.read_usage(answer)
-    return WholeAnswer(answer, upstream.status, ctx.variant or None)
+    response = WholeAnswer(answer, upstream.status, ctx.variant or None)
+    try:
+        await response.prepare(request)
+    except ConnectionResetError:  # the client left: the engine's answer still counts (aiohttp's write gives up)
+        return response
+    record.answered = response.status
+    return response
 
 
 async def stream(
