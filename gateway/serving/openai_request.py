@@ -46,7 +46,7 @@ class InferenceRequest(NamedTuple):  # immutable, and built per request at a thi
     user: str | None
     max_tokens: int | None
     prompt_chars: int
-    # How many completions the engine generates for it (n, or best_of when larger).
+    # How many completions the engine generates for it: n (or best_of when larger) for each prompt of a batch.
     choices: int = 1
     # The chat content part types the messages use, and the chat_template_kwargs keys the request sets.
     part_types: frozenset[str] = frozenset()
@@ -115,8 +115,11 @@ def parse_inference(
     part_types: set[str] = set()
     part_urls: list[str] = []
     template_kwargs: frozenset[str] = frozenset()
+    prompts = 1
     if kind == "completions":
-        prompt_chars = _check_prompt(body.get("prompt"))
+        prompt = body.get("prompt")
+        prompt_chars = _check_prompt(prompt)
+        prompts = _prompts(prompt)
         max_tokens = body.get("max_tokens")
     else:
         prompt_chars = _check_messages(body.get("messages"), part_types, part_urls)
@@ -126,7 +129,8 @@ def parse_inference(
         param = "prompt" if kind == "completions" else "messages"
         raise InvalidRequest(f"The prompt is longer than {max_prompt_chars} characters.", param=param)
     best_of = body.get("best_of")
-    choices = max(body.get("n") or 1, best_of if isinstance(best_of, int) and not isinstance(best_of, bool) else 1)
+    each = max(body.get("n") or 1, best_of if isinstance(best_of, int) and not isinstance(best_of, bool) else 1)
+    choices = prompts * each
     return InferenceRequest(
         body, model, bool(stream), user, max_tokens, prompt_chars, choices, frozenset(part_types), template_kwargs,
         tuple(part_urls),
@@ -176,6 +180,14 @@ def _check_prompt(prompt: Any) -> int:
     ):
         return sum(len(p) if isinstance(p, str) else 4 for p in prompt)
     raise InvalidRequest("'prompt' is required: a non-empty string or list.", param="prompt")
+
+
+def _prompts(prompt: Any) -> int:
+    """How many prompts a (checked) completions ``prompt`` holds: a list of strings is a batch, each prompt answered
+    with its own ``n`` choices (an engine reads a list of integers as one prompt's token ids)."""
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return len(prompt)
+    return 1
 
 
 def _check_messages(messages: Any, part_types: set[str], part_urls: list[str]) -> int:

@@ -25,7 +25,8 @@ The ceiling, per figure:
   byte fallback too) covers at least one byte of the text, which the JSON holds in as many bytes or more; a token
   id takes at least two (a digit and a comma); a chat template adds a preamble and a few tokens per message, fewer
   than the message's own JSON takes. Images and other parts may cost tokens their bytes do not show: context only.
-- completion: ``choices`` x the request's ``max_tokens`` (its own, or the tenant's cap), none above the context.
+- completion: ``choices`` x the request's ``max_tokens`` (its own, or the tenant's cap), none above the context;
+  ``choices`` is ``n`` for each prompt of a completions batch (a ``prompt`` that is a list of strings).
 """
 
 from __future__ import annotations

@@ -85,13 +85,13 @@ def _adapter_for(engine: SimEngine, model: Any) -> str | None:
     )
 
 
-def _completion_prompt(body: dict[str, Any]) -> str:
+def _completion_prompts(body: dict[str, Any]) -> list[str]:
+    """The completions request's prompts: one, or a batch (a list of strings), each answered as its own request."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
+    prompts = prompt if isinstance(prompt, list) else [prompt]
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
         raise _bad_request("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
-    return prompt
+    return [str(p) for p in prompts]
 
 
 def _chat_prompt(body: dict[str, Any]) -> str:
@@ -180,29 +180,39 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await _json_object(request)
     adapter = _adapter_for(engine, body.get("model"))
     _fail_if_told(request, adapter)
-    prompt = _completion_prompt(body)
+    prompts = _completion_prompts(body)
     max_tokens = _optional_int(body, "max_tokens", 1)
     _check_n(body)
     stream, include_usage = _stream_options(body)
+    if stream and len(prompts) > 1:
+        raise _bad_request("The simulator streams one prompt at a time.", "prompt")
     if max_tokens is None:
         max_tokens = engine.params.default_completion_max_tokens
-    sim_request = _submit(engine, adapter, prompt, max_tokens, body)
+    batch = [_submit(engine, adapter, prompt, max_tokens, body) for prompt in prompts]
     head = {
         "id": f"cmpl-{uuid.uuid4().hex[:16]}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": body.get("model") or engine.model_name,
     }
-    if not stream:
-        words = [token async for token in _tokens(engine, sim_request)]
-        choice = {
-            "index": 0,
-            "text": " ".join(words),
-            "logprobs": None,
-            "finish_reason": sim_request.finish_reason,
-            "stop_reason": None,
-        }
-        return web.json_response({**head, "choices": [choice], "usage": _usage(request.app[FAULTS], sim_request)})
+    if not stream:  # a batch as vLLM answers one: a choice per prompt, in order, and their usage summed
+        choices, usage = [], {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}
+        for index, each in enumerate(batch):
+            words = [token async for token in _tokens(engine, each)]
+            text = " ".join(words)
+            choices.append(
+                {
+                    "index": index,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": each.finish_reason,
+                    "stop_reason": None,
+                }
+            )
+            for field, count in _usage(request.app[FAULTS], each).items():
+                usage[field] += count
+        return web.json_response({**head, "choices": choices, "usage": usage})
+    sim_request = batch[0]
 
     response = await _start_sse(request)
 

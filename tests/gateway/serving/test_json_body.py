@@ -85,6 +85,19 @@ def test_the_engine_gets_exactly_the_authorised_model_once() -> None:
     assert json.loads(sent) == {"model": "support-acme", "prompt": "x", "max_tokens": 2}
 
 
+@pytest.mark.parametrize(
+    ("prompt", "choices"),
+    [
+        pytest.param(["a", "b", "c"], 6, id="a batch: n for each prompt"),
+        pytest.param([1, 2, 3], 2, id="token ids: one prompt"),
+        pytest.param("abc", 2, id="one string"),
+    ],
+)
+def test_a_completions_batch_counts_each_prompts_choices(prompt: object, choices: int) -> None:
+    raw = json.dumps({"model": "m", "prompt": prompt, "n": 2, "max_tokens": 4}).encode()
+    assert parse_inference(raw, "completions").choices == choices
+
+
 def test_an_empty_model_is_no_model() -> None:
     assert parse_inference(b'{"model": "", "prompt": "x"}', "completions").model is None
 

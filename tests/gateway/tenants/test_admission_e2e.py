@@ -88,6 +88,29 @@ def test_an_engines_absurd_usage_is_charged_at_the_requests_ceiling(tmp_path: Pa
     assert found[("tenantgate_completion_tokens_total", "acme", None)] == 3 * 2
 
 
+def test_a_batch_of_prompts_is_charged_for_each_prompts_completions(tmp_path: Path) -> None:
+    """A completions request whose prompt is a list of strings is a batch: the engine answers each prompt with its
+    own choices, so its ceiling (and its estimate) is max_tokens for each. Counted as one prompt's, a batch of five
+    was charged a fifth of what it used (the engine's honest report clamped), a tenant's way round its limit."""
+    limits = {"acme": {"limits": {"tokens_per_minute": 150}}}
+    with fleet_with_gateway(tmp_path, TENANTS, 1, SIM, tenant_options=limits) as fleet:
+        client = openai.OpenAI(base_url=fleet.gateway_url + "/v1", api_key=api_key("acme"), max_retries=0)
+        batch = {"model": "support-acme", "prompt": ["hi"] * 5, "max_tokens": 20, "extra_body": {"ignore_eos": True}}
+        answer = client.completions.create(**batch)  # type: ignore[call-overload]
+        assert len(answer.choices) == 5 and answer.usage is not None and answer.usage.completion_tokens == 100
+        with pytest.raises(openai.RateLimitError):  # about 110 of 150 charged: the next batch's 103 must wait
+            client.completions.create(**batch)  # type: ignore[call-overload]
+        metrics = httpx.get(fleet.gateway_url + "/metrics", headers=ADMIN, timeout=10).text
+    found = {
+        (sample.name, sample.labels.get("tenant"), sample.labels.get("replica")): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.labels.get("adapter", "support-acme") == "support-acme"  # not the refused request's "-"
+    }
+    assert found.get(("tenantgate_usage_clamped_total", None, "r0"), 0.0) == 0
+    assert found[("tenantgate_completion_tokens_total", "acme", None)] == 100
+
+
 def test_limits_hold_across_two_gateways_sharing_redis(tmp_path: Path, redis_server: RedisServer) -> None:
     """60 requests alternate between two gateways; a 30-per-minute limit admits at most 30 (plus a second's
     refill) and at least 30 less one lease (3) per gateway: the stated tolerance."""
