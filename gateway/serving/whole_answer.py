@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
+from aiohttp.http_writer import StreamWriter
 
 VARIANT_HEADER = "x-tenantgate-variant"
 _CONTENT_TYPE = "application/json"
@@ -45,13 +46,16 @@ class WholeAnswer(web.StreamResponse):
         super().__init__(status=status)
         self._answer = body
         self._variant = variant
+        self._written = False
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         if self._eof_sent or self._payload_writer is not None:
             return await super().prepare(request)
         status = self.status
+        writer = request._payload_writer
         if (
-            request.version != HttpVersion11
+            not isinstance(writer, StreamWriter)  # aiohttp's own (a test's mock may be another)
+            or request.version != HttpVersion11
             or status < 200
             or status in (204, 304)
             or (isinstance(request, web.Request) and request.app.on_response_prepare)
@@ -65,11 +69,13 @@ class WholeAnswer(web.StreamResponse):
         tail = b"\r\nDate: " + rfc822_formatted_time().encode() + _SERVER
         if not keep_alive:
             tail += b"Connection: close\r\n"
-        writer = self._payload_writer = request._payload_writer
-        await writer.write_eof(b"".join((_head(status, self.reason, self._variant), str(len(body)).encode(), tail,
-                                         b"\r\n", body)))  # fmt: skip
-        self._eof_sent = True
-        self._body_length = writer.output_size
+        self._payload_writer = writer
+        # Handed to the connection now, not waited for: the wait for a slow client to take it (past the socket's
+        # buffers) is write_eof's, once the handler has returned and the request's lease and place in flight are
+        # given back. A client that stops reading holds its connection, nothing of the fleet's.
+        await writer.write(b"".join((_head(status, self.reason, self._variant), str(len(body)).encode(), tail,
+                                     b"\r\n", body)), drain=False)  # fmt: skip
+        self._written = True
         return writer
 
     async def _as_aiohttp_would(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
@@ -80,4 +86,9 @@ class WholeAnswer(web.StreamResponse):
         return await super().prepare(request)
 
     async def write_eof(self, data: bytes = b"") -> None:
-        await super().write_eof(data or self._answer)  # written already unless aiohttp's path prepared it
+        if self._written:  # by prepare: what is left is the wait for the client to take it
+            if self._payload_writer is not None:
+                await self._payload_writer.drain()
+            await super().write_eof()
+        else:  # aiohttp's path prepared it
+            await super().write_eof(data or self._answer)

@@ -7,16 +7,22 @@ event loop can be held while the client reads."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 from pathlib import Path
 
 import httpx
 from aiohttp.test_utils import TestServer
 
+from backends.base import Endpoint, EngineRequest
+from backends.registry import EngineSpec, NoSettings, register
 from gateway.app import create_app
 from gateway.appkeys import TELEMETRY
+from gateway.config import GatewayConfig
 from gateway.observe.telemetry import RequestRecord
 from loadtests.fleet import api_key
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine, FakeResponse
 from tests.gateway.serving.test_request_walk import config
 
 REQUESTS = 2  # the first loads the adapter on its replica; the second finds it resident
@@ -49,3 +55,59 @@ async def test_the_client_has_a_whole_answer_while_the_gateway_books_the_request
 
         assert await asyncio.to_thread(client) == [200] * REQUESTS
     assert seen_while_booking == [True] * REQUESTS
+
+
+BIG = 16 * 1024 * 1024  # far more than a socket's buffers hold for a client that does not read
+
+
+class BigAnswer(FakeResponse):
+    async def read(self) -> bytes:
+        return b'{"text": "' + b"x" * BIG + b'"}'
+
+
+class BigAnswers(FakeDriver):
+    """The fake engine, answering a request whose prompt says "big" with a 16 MiB answer."""
+
+    async def send(self, replica: Endpoint, request: EngineRequest) -> FakeResponse:
+        return BigAnswer() if b"big" in request.body else await super().send(replica, request)
+
+
+register(EngineSpec("answer-fake", NoSettings, lambda settings, pool: BigAnswers(FakeEngine())))
+
+
+async def test_a_client_that_does_not_read_its_answer_holds_no_request_in_flight(tmp_path: Path) -> None:
+    """The answer is handed to the connection before the request is booked, but the wait for the client to take it
+    comes after: a client that stops reading holds its connection only, not the request's place in flight (here
+    the gateway's only one: limits.max_in_flight 1), its lease on the replica or its tenant's concurrency."""
+    raw = config(tmp_path).model_dump(mode="json")
+    raw["pools"][0]["backend"] = "answer-fake"
+    raw["limits"]["max_in_flight"] = 1
+    app = create_app(GatewayConfig.model_validate(raw))
+    async with TestServer(app, host="127.0.0.1") as server:
+        headers = {"Authorization": f"Bearer {api_key('acme')}"}
+        body = json.dumps({"model": "lora-a", "prompt": "big", "max_tokens": 4}).encode()
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and it never reads
+        stalled.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(stalled, ("127.0.0.1", server.port or 0))
+        head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        await loop.sock_sendall(
+            stalled,
+            f"POST /v1/completions HTTP/1.1\r\nHost: gw\r\n{head}Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body,
+        )
+        url = str(server.make_url("/v1/completions"))
+        small = {"model": "lora-a", "prompt": "hello", "max_tokens": 4}
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                statuses = []
+                for _ in range(100):  # bounded: 503 (the gateway's one place in flight taken) until the big answer
+                    statuses.append((await client.post(url, json=small, headers=headers)).status_code)  # is out
+                    if statuses[-1] == 200:
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            stalled.close()
+    assert statuses[-1] == 200, statuses
