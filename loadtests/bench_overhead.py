@@ -182,7 +182,11 @@ def bare_proxy(replicas: list[str], root: Path, client: str = "aiohttp") -> Iter
 
 
 @contextlib.contextmanager
-def peer(router: str, replicas: list[str], root: Path) -> Iterator[Running]:
+def peer(router: str, replicas: list[str], root: Path, adapters: dict[str, str]) -> Iterator[Running]:
+    # Every adapter loaded again: the peers route without loading adapters, and tenantgate's runs before trim each
+    # replica's set back to its max_adapters (the residency's over-bound trim), which leaves the peers' requests
+    # a 404 for the adapters it unloaded.
+    _preload(replicas, adapters)
     port = free_port()
     if router == "vllm-router":
         cmd = [str(PEERS / "vllm-router/bin/vllm-router"), "--policy", "consistent_hash"]
@@ -321,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for router in ("vllm-router", "sglang-router"):
             if (PEERS / router / "bin").exists():
-                setups.append((router, lambda router=router: peer(router, replicas, root)))  # type: ignore[misc]
+                setups.append((router, lambda router=router: peer(router, replicas, root, adapters)))  # type: ignore[misc]
             else:
                 print(f"{router}: not installed (make peers)")
         for name, start in setups:

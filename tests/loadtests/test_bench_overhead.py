@@ -3,9 +3,11 @@ profile's summary ranks functions by their own samples."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import httpx
@@ -13,8 +15,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from loadtests.bare_proxy import make_app
-from loadtests.bench_overhead import _top_functions, tree_cpu_s
-from loadtests.fleet import process_cpu_s
+from loadtests.bench_overhead import _preload, _top_functions, peer, tree_cpu_s
+from loadtests.bench_routing import PEERS
+from loadtests.fleet import process_cpu_s, simulated_replicas, write_adapters
 from tests.servers import EngineProcess
 
 
@@ -52,3 +55,22 @@ def test_the_profile_summary_ranks_functions_by_own_samples(tmp_path: Path) -> N
     assert lines[1].split() == ["60.0", "60.0", "poll", "(loop.py:9)"]
     assert lines[2].split() == ["30.0", "30.0", "encode", "(json.py:5)"]
     assert lines[3].split() == ["10.0", "40.0", "handle", "(app.py:10)"]
+
+
+@pytest.mark.skipif(not (PEERS / "vllm-router" / "bin").exists(), reason="vllm-router not installed (make peers)")
+def test_a_peer_finds_every_adapter_though_a_gateway_before_it_unloaded_some(tmp_path: Path) -> None:
+    """tenantgate's runs trim each replica's adapters back to its max_adapters before the peers run on the same
+    replicas; a peer routes without loading adapters, so it must find them all loaded again."""
+    adapters = write_adapters(tmp_path, ["lora-t00", "lora-b"])  # lora-t00: what the peer is first asked for
+    with simulated_replicas(tmp_path, 1, "--time-scale", "0") as urls:
+        replica = urls["r0"]
+        _preload([replica], adapters)
+        unload = json.dumps({"lora_name": "lora-t00"}).encode()
+        request = urllib.request.Request(
+            replica + "/v1/unload_lora_adapter", unload, {"Content-Type": "application/json"}
+        )
+        urllib.request.urlopen(request, timeout=10).close()  # as the gateway's trim does
+        with peer("vllm-router", [replica], tmp_path, adapters) as serving:
+            url, headers, body = serving.target("t01", "lora-b")
+            answer = httpx.post(url, content=body, headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
