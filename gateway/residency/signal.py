@@ -165,6 +165,10 @@ class SlotSignal:
         self._flying_n: dict[str, int] = {}
         self._flying: dict[tuple[str, str], dict[str, int]] = {}
         self.listening = False  # this gateway's subscription is up: it hears the others
+        # After the subscription came back, what the others hold is not all heard again until then (flying_at):
+        # each says it again within RENEW_S.
+        self._heard_all_at = 0.0
+        self._listened = False  # the subscription has been up before
         metrics.slot_signal_up.set(0)
 
     # --- the lifecycle's side -------------------------------------------------------------------------------------
@@ -224,8 +228,10 @@ class SlotSignal:
 
     def flying_at(self, pool: str, replica: str) -> frozenset[str] | None:
         """The adapters other gateways have requests in flight for on the replica, as they last shared them; None
-        while this gateway is not listening (it may have missed some: judge by the in-use window instead)."""
-        if not self.listening:
+        while this gateway is not listening, or for ``REMOTE_TTL_S`` after its subscription came back (it may have
+        missed some, or not heard them again yet: a gateway repeats what it holds only every ``RENEW_S``; judge by
+        the in-use window instead)."""
+        if not self.listening or self._clock() < self._heard_all_at:
             return None
         key = (pool, replica)
         return frozenset().union(*(sets.get(key, _NOWHERE) for sets, _, _ in self._flying_from.values()))
@@ -323,6 +329,9 @@ class SlotSignal:
         if up == self.listening:
             return
         self.listening = up
+        if up and self._listened:  # what the others held was forgotten when it went down (below)
+            self._heard_all_at = self._clock() + REMOTE_TTL_S
+        self._listened = self._listened or up
         for sender in list(self._flying_from):  # what was said while down is lost: trust only what comes next
             self._forget_flying(sender)
         self._flying_n.clear()

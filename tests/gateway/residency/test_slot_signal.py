@@ -719,3 +719,24 @@ async def test_a_set_run_over_its_bound_drops_what_no_gateway_has_in_flight_thou
         clock.advance(FLYING_GRACE_S / 10)
     await a.trim_over_bound()
     assert engine.unloads == [("r0", "y")] and engine.loaded["r0"] == {"x", "z"}
+
+
+async def test_after_its_subscription_comes_back_a_gateway_evicts_nothing_another_has_in_flight_unheard(
+    store: ResidencyStore,
+) -> None:
+    """What the others hold was forgotten while the subscription was down, and each says it again only within
+    RENEW_S (while it holds something): for REMOTE_TTL_S after the subscription came back, an empty picture is no
+    proof that no gateway has an adapter in flight, so evictions judge by the in-use window. Trusted at once, A
+    evicted x, which B still had a request in flight for (its next request then paid a cold load)."""
+    engine, bus, clock = FakeEngine(), Bus(), Clock(START)
+    a, b = vllm_gateway(store, engine, bus, clock), vllm_gateway(store, engine, bus, clock)
+    await a.ensure("r0", ref("x"))
+    await a.ensure("r0", ref("y"))
+    b.begin_use("r0", "x")  # B's request for x, in flight throughout
+    assert isinstance(a.signal, SlotSignal)
+    a.signal.subscribed(False)
+    a.signal.subscribed(True)  # B's next renewal has not come yet
+    assert a.signal.flying_at("llama", "r0") is None
+    clock.advance(5 * FLYING_GRACE_S)  # within the window (1 s), past the grace
+    await a.ensure("r0", ref("z"))
+    assert "x" in engine.loaded["r0"] and ("r0", "x") not in engine.unloads
