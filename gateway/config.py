@@ -101,9 +101,9 @@ class RoutingConfig(_Frozen):
     # load_scrape_interval_s) plus this gateway's change since that scrape, falling back to its own count when the
     # scrape is older than 3 intervals or failed; "shared", this gateway's own plus the requests the other gateways
     # sharing its Redis have in flight there, as each shares them every 50 ms (gateway/residency/signal.py; without
-    # Redis the same as "gateway"). Another view is to become the default once `make bench` shows it wins with
-    # several gateways.
-    load_view: Literal["gateway", "engine", "shared"] = "gateway"
+    # Redis the same as "gateway"). The default: with 3 gateways on the hot trace its TTFT p99 was within one
+    # gateway's spread where "gateway"'s was not (docs/benchmarks.md, "Three gateways").
+    load_view: Literal["gateway", "engine", "shared"] = "shared"
     load_scrape_interval_s: float = Field(default=0.5, gt=0, le=60)
     # balanced: the tenants (or adapters) this file names get homes balanced over each pool's replicas, at most
     # ceil(keys / replicas) each (gateway/routing/ring.py); ring: every home where the ring puts it. Sessions and

@@ -116,7 +116,7 @@ class Setup:
     # Router processes sharing the fleet (tenantgate's share one redis-server; a peer's share nothing); the client
     # sends each request to the next in turn, as a load balancer would.
     gateways: int = 1
-    load_view: str = "gateway"
+    load_view: str = "shared"  # the product's default (routing.load_view)
     # Routing settings beside the defaults (tenantgate only), e.g. {"balance_factor": 2.0}.
     routing: tuple[tuple[str, Any], ...] = ()
     # Other config sections (tenantgate only), e.g. {"placement": {...}}.
@@ -175,11 +175,11 @@ SETUPS = [
         load_view="engine",
     ),
     Setup(
-        "tenantgate predicted_ttft, 3 gateways, shared load view",
+        "tenantgate predicted_ttft, 3 gateways, gateway load view",
         "tenantgate",
         "predicted_ttft",
         gateways=3,
-        load_view="shared",
+        load_view="gateway",
     ),
     *(Setup(f"vllm-router {p}", "vllm-router", p) for p in VLLM_ROUTER_POLICIES),
     Setup("vllm-router consistent_hash, 3 instances", "vllm-router", "consistent_hash", gateways=3),
@@ -198,6 +198,7 @@ PUBLISHED = {
     "tenantgate predicted_ttft, no cold stall",
     "tenantgate predicted_ttft, 3 gateways",
     "tenantgate predicted_ttft, 3 gateways, engine load view",
+    "tenantgate predicted_ttft, 3 gateways, gateway load view",
     "vllm-router consistent_hash",
     "vllm-router sticky_least_loaded",
     "vllm-router consistent_hash, 3 instances",

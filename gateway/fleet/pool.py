@@ -17,6 +17,7 @@ from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.outlier import Failure
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.signal import NO_SIGNAL
 from gateway.routing.costs import Line, Regime, TtftModel
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.pipeline import Router
@@ -90,8 +91,8 @@ class Pool:
         # gateway routes on its own count again.
         self.engine_view_max_age_s = 3 * routing.load_scrape_interval_s if routing.load_view == "engine" else None
         # "shared": this gateway's requests in flight plus the other gateways' as they share them every 50 ms
-        # (gateway/residency/signal.py).
-        self.shared_load_view = routing.load_view == "shared"
+        # (gateway/residency/signal.py). Without Redis there is no other gateway to hear: its own count, no lookup.
+        self.shared_load_view = routing.load_view == "shared" and residency.signal is not NO_SIGNAL
         self.scrape_interval_s = routing.load_scrape_interval_s
         # A scrape this recent still says which adapters are running on the GPU.
         self.scrape_fresh_s = 3 * routing.load_scrape_interval_s

@@ -103,12 +103,14 @@ async def test_a_request_another_gateway_placed_makes_its_adapter_warm_there_so_
 
 
 async def test_the_shared_load_view_counts_the_requests_other_gateways_have_in_flight() -> None:
-    """``routing.load_view: shared``: a replica's load is this gateway's requests there plus the other gateways',
-    as they last shared them; the default view counts this gateway's own only."""
+    """``routing.load_view: shared`` (the default): a replica's load is this gateway's requests there plus the other
+    gateways', as they last shared them; ``gateway`` counts this gateway's own only."""
     bus = Bus()
-    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0, load_view="shared")
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0)
+    assert routing.load_view == "shared"
     a = predicting_pool(signal=bus.signal())
-    b, own = predicting_pool(routing=routing, signal=bus.signal()), predicting_pool(signal=bus.signal())
+    b = predicting_pool(routing=routing, signal=bus.signal())
+    own = predicting_pool(routing=routing.model_copy(update={"load_view": "gateway"}), signal=bus.signal())
     for _ in range(3):
         a.residency.begin_use("r2", "a")
     assert isinstance(a.residency.signal, SlotSignal)
@@ -134,6 +136,7 @@ async def test_the_shared_load_view_leaves_out_other_gateways_requests_for_the_b
         await until(lambda: b.explain("k", "a").predictions["r2"].load == 3, lambda: str(bus.published))
         assert sum(p.load for p in b.explain("k", "a").predictions.values()) == 3
     alone = predicting_pool(routing=routing)  # no Redis: no signal, nothing heard
+    assert not alone.shared_load_view  # its own count, without a lookup per candidate
     with alone.lease("k", None) as lease:
         assert alone.routed_load(lease.replica_id, time.monotonic()) == 1
         assert {r: p.load for r, p in alone.explain("k", "a").predictions.items()}[lease.replica_id] == 1
