@@ -63,6 +63,10 @@ class Running:
 
     target: Callable[[str, str], Target]  # (tenant, adapter) -> what to send
     pids: list[int] = field(default_factory=list)
+    profiled: int | None = None  # the process py-spy samples: the router's own, or one of --workers' workers
+
+    def profiled_pid(self) -> int:
+        return self.profiled if self.profiled is not None else self.pids[0]
 
 
 def _body(adapter: str) -> bytes:
@@ -237,7 +241,10 @@ def tenantgate(
             headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key(tenant)}"}
             return url + "/v1/completions", headers, _body(adapter)
 
-        yield Running(target, [process.pid, *(extra_pids or [])])
+        # Under --workers, the supervisor only keeps the workers running: a profile samples the first worker.
+        workers_ = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split() if workers > 1 else []
+        profiled = int(workers_[0]) if workers_ else None
+        yield Running(target, [process.pid, *(extra_pids or [])], profiled)
 
 
 def _preload(replicas: list[str], adapters: dict[str, str]) -> None:
@@ -257,7 +264,7 @@ def _profile(running_: Running, tenants: dict[str, list[str]], requests: int, ou
     raw = out / "overhead-profile.txt"
     duration_s = 8
     spy = subprocess.Popen(
-        [str(PY_SPY), "record", "--pid", str(running_.pids[0]), "--format", "raw", "--output", str(raw),
+        [str(PY_SPY), "record", "--pid", str(running_.profiled_pid()), "--format", "raw", "--output", str(raw),
          "--duration", str(duration_s), "--rate", "250", "--nonblocking", "--gil"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -15,9 +15,11 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from loadtests.bare_proxy import make_app
-from loadtests.bench_overhead import _preload, _top_functions, peer, tree_cpu_s
+from loadtests.bench_overhead import _preload, _top_functions, peer, tenantgate, tree_cpu_s
 from loadtests.bench_routing import PEERS
-from loadtests.fleet import process_cpu_s, simulated_replicas, write_adapters
+from loadtests.fleet import gateway_config, process_cpu_s, simulated_replicas, write_adapters
+from loadtests.processes import free_port
+from tests.redis_server import RedisServer
 from tests.servers import EngineProcess
 
 
@@ -74,3 +76,15 @@ def test_a_peer_finds_every_adapter_though_a_gateway_before_it_unloaded_some(tmp
             url, headers, body = serving.target("t01", "lora-b")
             answer = httpx.post(url, content=body, headers=headers, timeout=30)
     assert answer.status_code == 200, answer.text
+
+
+def test_a_profile_of_workers_samples_a_worker_not_the_supervisor(sim_engine: EngineProcess, tmp_path: Path) -> None:
+    with RedisServer(log_path=tmp_path / "redis.log") as redis:
+        extra = {"state": {"redis_url": redis.url}}
+        adapters = {"a1": sim_engine.adapters["a1"]}
+        config = gateway_config({"r0": sim_engine.url}, {"acme": ["a1"]}, adapters, port=free_port(), extra=extra)
+        with tenantgate(tmp_path, "workers", config, workers=2) as serving:
+            supervisor, profiled = serving.pids[0], serving.profiled_pid()
+            status = Path(f"/proc/{profiled}/status").read_text()
+    assert profiled != supervisor
+    assert f"PPid:\t{supervisor}\n" in status  # one of the supervisor's workers
