@@ -168,7 +168,7 @@ class Fleet:
             loops: list[tuple[float, Callable[[], Awaitable[None]], str]] = [
                 (pool.config.health.interval_s, pool.probe, "health probe"),
                 (residency.use_flush_interval_s, life.flush_uses, "use flush"),
-                (residency.use_flush_interval_s, life.trim_over_bound, "over-bound trim"),
+                (residency.use_flush_interval_s, partial(life.trim_over_bound, pool.is_healthy), "over-bound trim"),
                 (residency.sync_interval_s, life.sync, "residency sync"),
                 (residency.reconcile_interval_s, life.reconcile, "reconciliation"),
                 (residency.evict_interval_s, partial(life.evict_idle, pool.is_healthy), "eviction"),

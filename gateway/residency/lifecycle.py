@@ -556,7 +556,7 @@ class PoolResidency:
         if gone or appeared:
             self.signal.set_changed(self.pool, replica_id)
 
-    async def trim_over_bound(self) -> None:
+    async def trim_over_bound(self, healthy: Callable[[str], bool]) -> None:
         """Bring a set that ran over ``max_adapters`` (vLLM: a load found every adapter in use) back under it as soon
         as an adapter no gateway has in flight is there to drop; a replica's lock only where its set is over. The
         engine's host cache dropped its least recently used idle adapter when the load went over: until the record
@@ -567,7 +567,12 @@ class PoolResidency:
             return  # an engine that refuses loads into a full cache never has its set run over
         for replica_id, view in self.views.items():
             over = len(view.resident) > self.max_adapters
-            if not over or self._engine_victim(replica_id, view.resident, view.pinned) is None:
+            # A replica out of service is left alone: its unload would fail at every flush (the timer's rule too).
+            if (
+                not over
+                or not healthy(replica_id)
+                or self._engine_victim(replica_id, view.resident, view.pinned) is None
+            ):
                 continue
             try:
                 async with self._locked(replica_id, "trim") as record:

@@ -23,6 +23,11 @@ REPLICAS = [Endpoint("r0", "http://r0"), Endpoint("r1", "http://r1")]
 START = 1_000.0  # the fake wall clock's first reading, unix seconds
 
 
+def in_service(replica_id: str) -> bool:
+    """Every replica is healthy."""
+    return True
+
+
 def lifecycle(
     store: ResidencyStore,
     engine: FakeEngine,
@@ -418,18 +423,20 @@ async def test_a_set_run_over_its_bound_comes_back_once_an_adapter_is_idle_witho
     for name in ("a", "b", "c"):  # each in use from its load on: c loads over max_adapters (2)
         await life.ensure("r0", ref(name))
         life.begin_use("r0", name)
-    await life.trim_over_bound()
+    await life.trim_over_bound(in_service)
     assert engine.unloads == [] and len(engine.loaded["r0"]) == 3  # every one in flight: none to drop yet
     clock.advance(1)
     life.end_use("r0", "b")
     clock.advance(1)
     life.end_use("r0", "a")
-    await life.trim_over_bound()
+    await life.trim_over_bound(lambda replica: replica != "r0")  # out of service: its unload would only fail
+    assert engine.unloads == []
+    await life.trim_over_bound(in_service)
     assert engine.unloads == [("r0", "b")] and engine.loaded["r0"] == {"a", "c"}
     assert set((await store.record("llama", "r0")).resident) == {"a", "c"}
     trigger = {"pool": "llama", "replica": "r0", "trigger": "over_bound"}
     assert life.metrics.registry.get_sample_value("tenantgate_adapter_evictions_total", trigger) == 1
-    await life.trim_over_bound()  # within the bound: nothing more goes
+    await life.trim_over_bound(in_service)  # within the bound: nothing more goes
     assert engine.unloads == [("r0", "b")]
 
 
@@ -440,5 +447,5 @@ async def test_a_set_within_its_bound_or_on_an_engine_that_refuses_is_never_trim
     await vllm.ensure("r0", ref("b"))
     clock.advance(100)
     for life in (vllm, trt):
-        await life.trim_over_bound()
+        await life.trim_over_bound(in_service)
     assert engine.unloads == [] and engine.loaded["r0"] == {"a", "b"}

@@ -717,7 +717,7 @@ async def test_a_set_run_over_its_bound_drops_what_no_gateway_has_in_flight_thou
     for name in ("x", "y", "z"):
         a.end_use("r0", name)
         clock.advance(FLYING_GRACE_S / 10)
-    await a.trim_over_bound()
+    await a.trim_over_bound(lambda replica: True)
     assert engine.unloads == [("r0", "y")] and engine.loaded["r0"] == {"x", "z"}
 
 
