@@ -16,7 +16,7 @@ from gateway.app import create_app
 from gateway.appkeys import METRICS
 from gateway.config import GatewayConfig
 from loadtests.fleet import api_key, gateway_config, write_adapters
-from tests.gateway.residency.fakes import FakeDriver, FakeEngine
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine, FakeResponse
 
 EVENT = b'data: {"id":"c1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -46,7 +46,9 @@ class HeldStream:
 class HeldDriver(FakeDriver):
     ended = asyncio.Event()
 
-    async def send(self, replica: Endpoint, request: EngineRequest) -> HeldStream:  # type: ignore[override]
+    async def send(self, replica: Endpoint, request: EngineRequest) -> HeldStream | FakeResponse:  # type: ignore[override]
+        if not request.stream:  # the start-up fill's one-token warm-ups (residency.fill_warm_up)
+            return await super().send(replica, request)
         return HeldStream(self.ended)
 
 

@@ -15,7 +15,7 @@ from backends.registry import EngineSpec, NoSettings, register
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from loadtests.fleet import api_key, gateway_config, write_adapters
-from tests.gateway.residency.fakes import FakeDriver, FakeEngine
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine, FakeResponse
 
 EVENT = b'data: {"id":"c1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n'
 
@@ -38,7 +38,9 @@ class FaultyStream:
 
 
 class FaultyDriver(FakeDriver):
-    async def send(self, replica: Endpoint, request: EngineRequest) -> FaultyStream:  # type: ignore[override]
+    async def send(self, replica: Endpoint, request: EngineRequest) -> FaultyStream | FakeResponse:  # type: ignore[override]
+        if not request.stream:  # the start-up fill's one-token warm-ups (residency.fill_warm_up)
+            return await super().send(replica, request)
         return FaultyStream()
 
 
