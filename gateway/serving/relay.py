@@ -4,6 +4,7 @@ client, a failure can only end the stream with the OpenAI error event dispatch h
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -22,6 +23,8 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contr
 _LAST_EVENT = b"data: [DONE]\n\n"
 _FAULT = GatewayError("The gateway failed to handle the request.")
 log = logging.getLogger(__name__)
+# How long past the request's deadline a stream may wait for a client that does not take its events.
+STALLED_WRITE_GRACE_S = 1.0
 
 
 async def respond(
@@ -60,32 +63,45 @@ async def stream(
     headers = {**_SSE_HEADERS, VARIANT_HEADER: ctx.variant} if ctx.variant else _SSE_HEADERS
     response = web.StreamResponse(status=upstream.status, headers=headers)
     await response.prepare(request)
+    # A write waits for the client to take what came before (the engine's answer is not buffered without bound),
+    # and the engine's deadline is kept only while its answer is read: a client that stops reading is cut off
+    # STALLED_WRITE_GRACE_S past the request's deadline, which gives back its lease and its place in flight.
+    transport = request.transport
+    cut_off = (
+        asyncio.get_running_loop().call_at(ctx.deadline + STALLED_WRITE_GRACE_S, transport.abort)
+        if transport is not None
+        else None
+    )
     events = StreamEvents(ctx.strip_usage)
-    try:
-        async for chunk in upstream.chunks():
-            complete, onward = events.feed(chunk)
-            if complete:
-                record.read_usage(complete)
-            if onward:
-                if record.first_byte is None:
-                    telemetry.first_byte(record)
-                await response.write(onward)
-                if onward.endswith(_LAST_EVENT):
-                    # The client has everything: one that leaves now (the OpenAI SDK closes on [DONE]) while the
-                    # engine ends its body was answered, not a 499.
-                    record.answered = response.status
-        rest = events.rest()
-        if rest:
-            await response.write(rest)
-    except BackendError as exc:  # an unfinished event is dropped: the client gets whole events, then the error
-        await response.write(broken(exc).sse_event())
-    except ConnectionResetError:  # the client left: nothing to tell it (ingress counts a 499)
-        raise
-    except Exception as exc:  # a fault of the gateway's own past the first byte: the stream's end, never a second
-        # response (the middleware's answer would be written into this one's body)
-        log.exception("stream failed after it started")
-        record.error = type(exc).__name__
-        await response.write(_FAULT.sse_event())
-    record.answered = response.status
-    await response.write_eof()
+    try:  # one frame for the stream's chunks to resume through: the loop inline, not a coroutine of its own
+        try:
+            async for chunk in upstream.chunks():
+                complete, onward = events.feed(chunk)
+                if complete:
+                    record.read_usage(complete)
+                if onward:
+                    if record.first_byte is None:
+                        telemetry.first_byte(record)
+                    await response.write(onward)
+                    if onward.endswith(_LAST_EVENT):
+                        # The client has everything: one that leaves now (the OpenAI SDK closes on [DONE]) while
+                        # the engine ends its body was answered, not a 499.
+                        record.answered = response.status
+            rest = events.rest()
+            if rest:
+                await response.write(rest)
+        except BackendError as exc:  # an unfinished event is dropped: the client gets whole events, then the error
+            await response.write(broken(exc).sse_event())
+        except ConnectionResetError:  # the client left: nothing to tell it (ingress counts a 499)
+            raise
+        except Exception as exc:  # a fault of the gateway's own past the first byte: the stream's end, never a
+            # second response (the middleware's answer would be written into this one's body)
+            log.exception("stream failed after it started")
+            record.error = type(exc).__name__
+            await response.write(_FAULT.sse_event())
+        record.answered = response.status
+        await response.write_eof()
+    finally:
+        if cut_off is not None:
+            cut_off.cancel()
     return response

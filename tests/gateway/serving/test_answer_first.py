@@ -10,10 +10,12 @@ import asyncio
 import json
 import socket
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import BaseTestServer, TestServer
 
 from backends.base import Endpoint, EngineRequest
 from backends.registry import EngineSpec, NoSettings, register
@@ -75,6 +77,24 @@ class BigAnswers(FakeDriver):
 register(EngineSpec("answer-fake", NoSettings, lambda settings, pool: BigAnswers(FakeEngine())))
 
 
+async def stalled_request(server: BaseTestServer, headers: dict[str, str], body: dict[str, Any]) -> socket.socket:
+    """A client that sends ``body`` and never reads (a small receive buffer, so the gateway's writes fill up)."""
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(stalled, ("127.0.0.1", server.port or 0))
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    raw = json.dumps(body).encode()
+    await loop.sock_sendall(
+        stalled,
+        f"POST /v1/completions HTTP/1.1\r\nHost: gw\r\n{head}Content-Type: application/json\r\n"
+        f"Content-Length: {len(raw)}\r\n\r\n".encode()
+        + raw,
+    )
+    return stalled
+
+
 async def test_a_client_that_does_not_read_its_answer_holds_no_request_in_flight(tmp_path: Path) -> None:
     """The answer is handed to the connection before the request is booked, but the wait for the client to take it
     comes after: a client that stops reading holds its connection only, not the request's place in flight (here
@@ -85,19 +105,7 @@ async def test_a_client_that_does_not_read_its_answer_holds_no_request_in_flight
     app = create_app(GatewayConfig.model_validate(raw))
     async with TestServer(app, host="127.0.0.1") as server:
         headers = {"Authorization": f"Bearer {api_key('acme')}"}
-        body = json.dumps({"model": "lora-a", "prompt": "big", "max_tokens": 4}).encode()
-        stalled = socket.socket()
-        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and it never reads
-        stalled.setblocking(False)
-        loop = asyncio.get_running_loop()
-        await loop.sock_connect(stalled, ("127.0.0.1", server.port or 0))
-        head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        await loop.sock_sendall(
-            stalled,
-            f"POST /v1/completions HTTP/1.1\r\nHost: gw\r\n{head}Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body,
-        )
+        stalled = await stalled_request(server, headers, {"model": "lora-a", "prompt": "big", "max_tokens": 4})
         url = str(server.make_url("/v1/completions"))
         small = {"model": "lora-a", "prompt": "hello", "max_tokens": 4}
         try:
@@ -105,6 +113,54 @@ async def test_a_client_that_does_not_read_its_answer_holds_no_request_in_flight
                 statuses = []
                 for _ in range(100):  # bounded: 503 (the gateway's one place in flight taken) until the big answer
                     statuses.append((await client.post(url, json=small, headers=headers)).status_code)  # is out
+                    if statuses[-1] == 200:
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            stalled.close()
+    assert statuses[-1] == 200, statuses
+
+
+EVENT = b'data: {"choices": [{"index": 0, "text": "' + b"x" * 1000 + b'"}]}\n\n'
+
+
+class LongStream(FakeResponse):
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for _ in range(BIG // len(EVENT)):
+            yield EVENT
+        yield b"data: [DONE]\n\n"
+
+
+class LongStreams(FakeDriver):
+    """The fake engine, streaming 16 MiB of events to a request whose prompt says "long"."""
+
+    async def send(self, replica: Endpoint, request: EngineRequest) -> FakeResponse:
+        return LongStream() if b"long" in request.body else await super().send(replica, request)
+
+
+register(EngineSpec("stream-fake", NoSettings, lambda settings, pool: LongStreams(FakeEngine())))
+
+
+async def test_a_stream_to_a_client_that_stops_reading_ends_past_the_requests_deadline(tmp_path: Path) -> None:
+    """A stream waits for a slow client to take its events (the engine's answer is not buffered without bound), but
+    not past the request's deadline (and STALLED_WRITE_GRACE_S): then the connection is closed, and the request's
+    place in flight (here the gateway's only one) and its lease are given back. Before, a client that stopped
+    reading held them for as long as it liked."""
+    raw = config(tmp_path).model_dump(mode="json")
+    raw["pools"][0]["backend"] = "stream-fake"
+    raw["pools"][0]["request_timeout_s"] = 1.0
+    raw["limits"]["max_in_flight"] = 1
+    app = create_app(GatewayConfig.model_validate(raw))
+    async with TestServer(app, host="127.0.0.1") as server:
+        headers = {"Authorization": f"Bearer {api_key('acme')}"}
+        stalled = await stalled_request(server, headers, {"model": "lora-a", "prompt": "long", "stream": True})
+        url = str(server.make_url("/v1/completions"))
+        small = {"model": "lora-a", "prompt": "hello", "max_tokens": 4}
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                statuses = []
+                for _ in range(200):  # bounded: 503 (the one place in flight taken) until the stream is ended
+                    statuses.append((await client.post(url, json=small, headers=headers)).status_code)
                     if statuses[-1] == 200:
                         break
                     await asyncio.sleep(0.05)
