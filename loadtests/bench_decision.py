@@ -12,16 +12,24 @@ alone (ring, reservations, filters, picker, the residency view). Every replica i
   beforehand (untimed);
 - explain: ``Pool.explain`` (the same decision, not taken) for a fifth of the seen-before draws.
 
-Each timed call is ``place`` then ``release`` at once, so loads stay at zero in flight and the picker's bound never
-bites (every key goes home): this is the decision's fixed cost, not the cost of spilling. Timing is
-``time.perf_counter_ns`` around each call, with the cyclic GC off; p99 and max include the interpreter's noise,
-so on a shared machine read p50 first. Each fleet runs in a fresh process, so its build time and RSS growth
-(VmRSS from /proc after the measurements, less VmRSS before the pool was built: the pool, its ring and what the
-calls left behind, such as reservations and memos) are its own. Above 100 replicas the sample counts shrink in
-proportion (``--full`` keeps them) so the default run stays within about three minutes on 2 cores; the counts
-used are printed under the table.
+Every engine answers one scrape (idle, one GPU slot) before the calls, as the gateway scrapes every engine
+when it routes by predicted_ttft: a decision reads the scrape's running adapters and GPU slots as it does there.
 
-    python -m loadtests.bench_decision [--replicas 16,64,256,1000] [--keys 100000] [--calls 50000]
+Each timed call is ``place`` then ``release`` at once, so loads stay at zero in flight and the picker's bound never
+bites (every key goes home): this is the decision's fixed cost, not the cost of spilling. Each call is timed on
+each clock of ``--clock`` (``wall``: ``time.perf_counter_ns``, what a request waits, preemption included; ``cpu``:
+the thread's CPU time, without preemption but with what a busy neighbour does to the caches), with the cyclic GC
+off, ``--runs`` times in fresh processes: a cell gives the lowest and highest of the runs' figures. The tail on a
+shared machine moves with whatever else runs, so beside each fleet's seen-before figures the same process times a
+fixed piece of pure Python work calibrated to the decision's median, call by call in the same way ("same-length
+work"): its p99 is what the machine alone does to a call that long. The share of calls over ``--target-us``
+(20 us: the scheduler issue's target for p99) and the load average over each run are printed too. Each fleet runs
+in a fresh process, so its build time and RSS growth (VmRSS from /proc after the measurements, less VmRSS before
+the pool was built: the pool, its ring and what the calls left behind, such as reservations and memos) are its own.
+Above 100 replicas the sample counts shrink in proportion (``--full`` keeps them) so the default run stays within
+about two minutes on 2 cores; the counts used are printed under the tables.
+
+    python -m loadtests.bench_decision [--replicas 16,64,256,1000] [--keys 100000] [--calls 20000] [--runs 3]
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import argparse
 import asyncio
 import gc
 import multiprocessing
+import os
 import random
 import resource
 import time
@@ -47,6 +56,9 @@ from gateway.residency.memory import MemoryStore
 
 ADAPTER = "bench-lora"
 RESIDENT_SHARE = 0.10
+# What every replica's engine says of itself when scraped: idle, with vLLM's default --max-loras GPU slots. With
+# predicted_ttft the gateway scrapes every routing.load_scrape_interval_s, so a decision reads a scrape as here.
+IDLE_ENGINE = EngineLoad(running=0, waiting=0, kv_cache_usage=0.0, running_adapters=frozenset(), gpu_slots=1)
 # Above this many replicas the sample counts shrink in proportion (unless --full).
 FULL_SAMPLES_UP_TO = 100
 
@@ -73,7 +85,7 @@ class NullDriver:
         return True
 
     async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
-        return None
+        return IDLE_ENGINE
 
     async def close(self) -> None:
         return None
@@ -93,6 +105,8 @@ class FleetResult:
     first_sight_us: list[float]
     seen_before_us: list[float]
     explain_us: list[float]
+    # The same-length work's calls (see the module docstring), as many as the seen-before ones.
+    reference_us: list[float]
     build_s: float
     rss_growth_mb: float
     samples: Samples
@@ -143,6 +157,26 @@ def _timed(call: Callable[[str], None], keys: Sequence[str], clock: Callable[[],
     return [ns / 1000 for ns in spent]
 
 
+def _work(steps: int) -> int:
+    """Pure Python work of a fixed length (the same-length work's body)."""
+    total = 0
+    for step in range(steps):
+        total += step
+    return total
+
+
+def _same_length_work(median_us: float, calls: int, clock: Callable[[], int]) -> list[float]:
+    """``calls`` timings of ``_work`` sized so that its median is about ``median_us`` on this machine now."""
+    steps = 1000
+
+    def work(_: str) -> None:
+        _work(steps)
+
+    probe = _pct(_timed(work, [""] * 200, clock), 0.5)
+    steps = max(1, round(1000 * median_us / max(0.01, probe)))
+    return _timed(work, [""] * calls, clock)
+
+
 def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str, clock: str = "wall") -> FleetResult:
     """One fleet, measured in this process (the parent runs each in a fresh one) with ``clock`` (CLOCKS)."""
     timer = CLOCKS[clock]
@@ -159,6 +193,7 @@ def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str
     pool = build_pool(replicas, policy)
     build_s = time.perf_counter() - started
     asyncio.run(pool.probe())  # the start-up probe: every replica up
+    asyncio.run(pool.scrape_engines())  # and one scrape of each engine's own signals
     assert all(replica.healthy for replica in pool.replicas.values())
     for replica_id in rng.sample(sorted(pool.replicas), max(1, round(RESIDENT_SHARE * replicas))):
         pool.residency.views[replica_id].resident[ADAPTER] = time.time()
@@ -178,8 +213,9 @@ def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str
     explain_us = _timed(explain, explained, timer)
     assert pool.in_flight == 0
     rss_growth = _rss_mb() - rss_before
+    reference = _same_length_work(_pct(seen_before, 0.5), len(seen_before), timer)
     used = Samples(samples.first_sight, samples.calls, samples.explain, warmed=len(to_warm))
-    return FleetResult(replicas, first_sight, seen_before, explain_us, build_s, rss_growth, used)
+    return FleetResult(replicas, first_sight, seen_before, explain_us, reference, build_s, rss_growth, used)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -194,54 +230,95 @@ def _samples(replicas: int, keys: int, first_sight: int, calls: int, full: bool)
     return Samples(first, drawn, max(100, drawn // 5))
 
 
+def _span(values: Sequence[float], digits: int = 1) -> str:
+    """The lowest and highest of the runs' figures ("a-b"; one figure when they agree at this precision)."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def _p50_p99(runs: list[list[float]]) -> str:
+    """p50 / p99 over the runs' calls: each the lowest-highest of the runs."""
+    return f"{_span([_pct(run, 0.5) for run in runs])} / {_span([_pct(run, 0.99) for run in runs], 0)}"
+
+
+def _over(values: list[float], target_us: float) -> float:
+    return 100 * sum(1 for value in values if value > target_us) / len(values)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", default="16,64,256,1000", help="fleet sizes, comma-separated")
     parser.add_argument("--keys", type=int, default=100_000, help="distinct keys (tenant ids)")
-    parser.add_argument("--calls", type=int, default=50_000, help="seen-before decisions per fleet")
-    parser.add_argument("--first-sight", type=int, default=20_000, help="first decisions per fleet")
+    parser.add_argument("--calls", type=int, default=20_000, help="seen-before decisions per fleet")
+    parser.add_argument("--first-sight", type=int, default=5_000, help="first decisions per fleet")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", default=PoolConfig.model_fields["policy"].default, help="the pool's policy "
                         "(default: the config's default)")  # fmt: skip
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall: perf_counter (preemption included); cpu: the thread's CPU time")  # fmt: skip
+    parser.add_argument("--clock", default="cpu,wall", help="the clocks, comma-separated: wall (perf_counter, "
+                        "preemption included), cpu (the thread's CPU time); default both")  # fmt: skip
+    parser.add_argument("--runs", type=int, default=3, help="runs per clock, each fleet in a fresh process")
+    parser.add_argument("--target-us", type=float, default=20.0, help="report the share of calls over this")
     parser.add_argument("--full", action="store_true", help=f"no smaller samples above {FULL_SAMPLES_UP_TO} replicas")
     args = parser.parse_args()
     sizes = [int(size) for size in args.replicas.split(",")]
+    clocks = [clock for clock in args.clock.split(",") if clock]
+    unknown = sorted(set(clocks) - set(CLOCKS))
+    if unknown:
+        parser.error(f"unknown clocks {unknown}; known: {sorted(CLOCKS)}")
     routing = RoutingConfig()
     print(
-        f"one decision on a real Pool: place + release per call (explain alone in its own columns); "
+        f"one decision on a real Pool: place + release per call (explain alone in its own column); "
         f"{routing.vnodes} vnodes, {args.policy}, {args.keys} keys, adapter resident on "
-        f"{RESIDENT_SHARE:.0%} of replicas; cyclic GC disabled while timing; {args.clock} clock; seed {args.seed}"
+        f"{RESIDENT_SHARE:.0%} of replicas; cyclic GC disabled while timing; {args.runs} runs per clock, each "
+        f"fleet in a fresh process (cells: lowest-highest over the runs); seed {args.seed}"
     )
+    context = multiprocessing.get_context("spawn")
+    used: dict[int, Samples] = {}
+    for clock in clocks:
+        results: dict[int, list[FleetResult]] = {replicas: [] for replicas in sizes}
+        loads: list[str] = []
+        for _ in range(args.runs):
+            before = os.getloadavg()[0]
+            for replicas in sizes:
+                samples = _samples(replicas, args.keys, args.first_sight, args.calls, args.full)
+                with ProcessPoolExecutor(max_workers=1, mp_context=context) as executor:
+                    result = executor.submit(
+                        run_fleet, replicas, args.keys, samples, args.seed, args.policy, clock
+                    ).result()
+                results[replicas].append(result)
+                used[replicas] = result.samples
+            loads.append(f"{before:.1f}-{os.getloadavg()[0]:.1f}")
+        _print_table(clock, results, args.target_us)
+        print(f"load average (1 min) at the start and end of each run: {', '.join(loads)}")
+    print("samples used (first sight keys / seen-before calls, their drawn keys decided beforehand / explain calls):")
+    for replicas, samples in used.items():
+        print(f"{replicas:>8}: {samples.first_sight} / {samples.calls}, {samples.warmed} warmed / {samples.explain}")
+
+
+def _print_table(clock: str, results: dict[int, list[FleetResult]], target_us: float) -> None:
+    over = f"over {target_us:g} us"
     header = (
-        f"{'replicas':>8} | {'first sight p50 / p99 / max (us)':>32} | {'seen before p50 / p99 (us)':>26} | "
-        f"{'explain p50 / p99 (us)':>22} | {'pool build (s)':>14} | {'RSS growth (MB)':>15}"
+        f"{'replicas':>8} | {'first sight p50 / p99':>22} | {'seen before p50 / p99':>22} | "
+        f"{over + ' (first, seen)':>24} | {'same-length work p50 / p99':>26} | {'explain p50 / p99':>18} | "
+        f"{'build (s)':>9} | {'RSS (MB)':>8}"
     )
+    print(f"\n{clock} clock, microseconds per call")
     print(header)
     print("-" * len(header))
-    results: list[FleetResult] = []
-    context = multiprocessing.get_context("spawn")
-    for replicas in sizes:
-        samples = _samples(replicas, args.keys, args.first_sight, args.calls, args.full)
-        with ProcessPoolExecutor(max_workers=1, mp_context=context) as executor:
-            result = executor.submit(
-                run_fleet, replicas, args.keys, samples, args.seed, args.policy, args.clock
-            ).result()
-        results.append(result)
-        first, seen, explained = result.first_sight_us, result.seen_before_us, result.explain_us
-        first_cell = f"{_pct(first, 0.5):.1f} / {_pct(first, 0.99):.1f} / {max(first):.1f}"
-        seen_cell = f"{_pct(seen, 0.5):.1f} / {_pct(seen, 0.99):.1f}"
-        explain_cell = f"{_pct(explained, 0.5):.1f} / {_pct(explained, 0.99):.1f}"
+    for replicas, runs in results.items():
+        first = _p50_p99([r.first_sight_us for r in runs])
+        seen = _p50_p99([r.seen_before_us for r in runs])
+        share = (
+            f"{_span([_over(r.first_sight_us, target_us) for r in runs])}%, "
+            f"{_span([_over(r.seen_before_us, target_us) for r in runs])}%"
+        )
+        same = _p50_p99([r.reference_us for r in runs])
+        explained = _p50_p99([r.explain_us for r in runs])
         print(
-            f"{replicas:>8} | {first_cell:>32} | {seen_cell:>26} | {explain_cell:>22} | "
-            f"{result.build_s:>14.2f} | {result.rss_growth_mb:>15.1f}",
+            f"{replicas:>8} | {first:>22} | {seen:>22} | {share:>24} | {same:>26} | {explained:>18} | "
+            f"{runs[0].build_s:>9.2f} | {runs[0].rss_growth_mb:>8.1f}",
             flush=True,
         )
-    print("samples used (first sight keys / seen-before calls, their drawn keys decided beforehand / explain calls):")
-    for result in results:
-        used = result.samples
-        print(f"{result.replicas:>8}: {used.first_sight} / {used.calls}, {used.warmed} warmed / {used.explain}")
 
 
 if __name__ == "__main__":
