@@ -34,7 +34,6 @@ _RESERVING = frozenset({"bounded_consistent_hash", "predicted_ttft"})
 # Keys whose recent replicas predicted_ttft remembers (the least recently routed go first): session keys are
 # unbounded in number.
 _RECENT_KEYS = 65_536
-_NEVER = -math.inf
 # The resident set of a request without an adapter (or a policy that does not read residency): one object, so a
 # key's kept candidates (_candidates) are seen to hold.
 _NOWHERE: frozenset[str] = frozenset()
@@ -229,12 +228,17 @@ class Pool:
         cap = self.max_in_flight_per_replica
         predicting = scoring is not None
         warm_since = now - self.prefix_warm_s
-        recent = self._recent.get(key, {}) if predicting else {}
+        # Where the key was served within prefix_warm_s (its prefix likely still in the KV cache there): one or two
+        # replicas, found once per decision rather than looked up per candidate.
+        recent = self._recent.get(key) if predicting else None
+        warm_here = [replica_id for replica_id, at in recent.items() if at >= warm_since] if recent else ()
         # Where other gateways have requests in flight with the adapter (their loads under way included).
         flying = self.residency.signal.flying_on(self.name, engine_model) if predicting and engine_model else ()
         elsewhere = self.residency.signal.load_elsewhere(self.name) if self.shared_load_view else None
         reserved = reservations.by_replica
         likely_on_gpu = self.residency.likely_on_gpu
+        listed_after = now - self.scrape_fresh_s  # a scrape since then still lists the adapters running
+        evicting = self._evicting and engine_model is not None
         # The named tuple's own __new__ without its Python-level argument handling: 0.10 us against 0.23 per
         # candidate per decision (every field is passed, in order).
         new_load = tuple.__new__
@@ -253,14 +257,19 @@ class Pool:
             if predicting and healthy:
                 if engine_model is None:  # the base model is on every GPU
                     on_gpu = True
+                elif (
+                    (scraped := replica.engine_load) is not None
+                    and engine_model in scraped.running_adapters
+                    and replica.scraped_at >= listed_after
+                ):
+                    on_gpu = True  # the engine's last fresh scrape lists it running (any gateway's request)
                 elif in_flight or replica_id in resident or replica_id in flying:
-                    if replica.engine_load is None:  # _running_on's first case, without its call
-                        on_gpu = likely_on_gpu(replica_id, engine_model, 1)
-                    else:
-                        on_gpu = self._running_on(replica_id, replica, engine_model, now)
-                else:  # no gateway's request there and not resident: only a scrape can list it running
-                    on_gpu = replica.engine_load is not None and self._listed_running(replica, engine_model, now)
-                key_recent = bool(recent) and recent.get(replica_id, _NEVER) >= warm_since
+                    # The record: in use there, or among the replica's most recently used adapters (as many as the
+                    # engine has GPU slots, 1 until a scrape says). Asked only where this gateway has requests in
+                    # flight (the lease marks the adapter in use), the adapter is resident, or another gateway has
+                    # it in flight: elsewhere the record cannot say yes.
+                    on_gpu = likely_on_gpu(replica_id, engine_model, 1 if scraped is None else scraped.gpu_slots or 1)
+                key_recent = replica_id in warm_here
             loads.append(
                 new_load(
                     ReplicaLoad,
@@ -275,9 +284,7 @@ class Pool:
                         in_flight >= cap,
                         on_gpu,
                         key_recent,
-                        self._evict_loss(replica_id, now)
-                        if self._evicting and engine_model is not None and replica_id not in resident
-                        else 0.0,
+                        self._evict_loss(replica_id, now) if evicting and replica_id not in resident else 0.0,
                     ),
                 )
             )
@@ -292,24 +299,6 @@ class Pool:
             explain,
             also_home,
         )
-
-    def _running_on(self, replica_id: str, replica: Replica, engine_model: str, now: float) -> bool:
-        """Whether the adapter is on the replica's GPU now, as far as the gateway can tell: the engine's last fresh
-        scrape listed it running (any gateway's request), or the record says it is in use or among the replica's
-        most recently used (as many as the engine has GPU slots, 1 until a scrape says). The record's part needs
-        the adapter resident there or a request of this gateway's there (the lease marks it in use)."""
-        load = replica.engine_load
-        if load is None:
-            return self.residency.likely_on_gpu(replica_id, engine_model, 1)
-        if self._listed_running(replica, engine_model, now):
-            return True
-        return self.residency.likely_on_gpu(replica_id, engine_model, load.gpu_slots or 1)
-
-    def _listed_running(self, replica: Replica, engine_model: str, now: float) -> bool:
-        """The replica's last scrape is fresh and lists the adapter running (``replica.engine_load`` is set)."""
-        load = replica.engine_load
-        assert load is not None
-        return engine_model in load.running_adapters and now - replica.scraped_at <= self.scrape_fresh_s
 
     def _candidates(self, key: str, resident: frozenset[str]) -> tuple[tuple[str, ...], frozenset[str]]:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at

@@ -150,18 +150,20 @@ class PoolResidency:
         under way is seen), or it is among the replica's ``gpu_slots`` most recently used adapters (engines replace
         the least recently used slot; the use times are every gateway's when they share a store)."""
         view = self.views[replica_id]
-        if engine_name in view.in_flight or self.signal.flying_elsewhere(self.pool, replica_id, engine_name):
+        if engine_name in view.in_flight:
             return True
         used = view.resident.get(engine_name)
-        if used is None:
-            return False
-        newer = 0  # adapters used after it: once gpu_slots of them, it has been swapped out (counted per candidate)
-        for other in view.resident.values():
-            if other > used:
-                newer += 1
-                if newer >= gpu_slots:
-                    return False
-        return True
+        if used is not None:
+            newer = 0  # adapters used after it: once gpu_slots of them, it has been swapped out
+            for other in view.resident.values():
+                if other > used:
+                    newer += 1
+                    if newer >= gpu_slots:
+                        break
+            else:
+                return True
+        # Last, as it costs a call: another gateway's requests in flight there (the slot signal's last news).
+        return self.signal.flying_elsewhere(self.pool, replica_id, engine_name)
 
     def next_victim(self, replica_id: str) -> str | None:
         """The adapter a load on the replica would push out now: None while its set has a free slot, else the least

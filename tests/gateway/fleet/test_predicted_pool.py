@@ -207,7 +207,9 @@ def test_the_snapshot_says_what_the_pool_knows_of_each_candidate(
     adapter: str | None,
 ) -> None:
     """The snapshot's shortcuts (health's full_weight_at; the adapter on the GPU asked of the record only where it
-    is resident or this gateway has requests in flight) say what health and the record say, at every candidate."""
+    is resident or this gateway has requests in flight) say what health and the record say, at every candidate: on
+    the GPU where the engine's fresh scrape lists the adapter running, or where the record has it in use or among
+    the replica's most recently used (as many as the last scrape's GPU slots, else 1)."""
     pool = pool_of(6, RoutingConfig(ttft_priors=PRIORS, home_reservation_s=0), policy="predicted_ttft")
     for index, name, used in resident:
         pool.residency.views[f"r{index}"].resident[name] = float(used)
@@ -224,7 +226,11 @@ def test_the_snapshot_says_what_the_pool_knows_of_each_candidate(
         replica = pool.replicas[load.id]
         healthy, weight = replica.health.routing_state(time.monotonic())
         assert (load.healthy, load.weight) == (healthy, weight)
-        gpu = adapter is None or pool._running_on(load.id, replica, adapter, time.monotonic())
+        scraped = replica.engine_load
+        fresh = time.monotonic() - replica.scraped_at <= pool.scrape_fresh_s
+        listed = scraped is not None and adapter in scraped.running_adapters and fresh
+        slots = 1 if scraped is None else scraped.gpu_slots or 1
+        gpu = adapter is None or listed or pool.residency.likely_on_gpu(load.id, adapter, slots)
         assert load.on_gpu == (healthy and gpu), load
     for lease in held:
         lease.__exit__(None, None, None)
