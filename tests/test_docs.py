@@ -184,6 +184,56 @@ def test_every_default_the_docs_state_after_a_bare_key_is_the_configs() -> None:
     assert checked >= 15 and not wrong, wrong
 
 
+def named_fields(name: str, leaves: dict[str, list[FieldInfo]]) -> list[FieldInfo]:
+    """The fields a key the docs name stands for: a dotted key's one field, a bare name's fields where the config
+    has that name (several where sections share it, as `policy`)."""
+    if "." in name or name in GatewayConfig.model_fields:
+        field = config_field(name)
+        return [field] if isinstance(field, FieldInfo) else []
+    return leaves.get(name, [])
+
+
+def test_every_switch_the_docs_call_on_or_off_by_default_is() -> None:
+    """`residency.fill_warm_up` (on by default), (`pools[].cache_salt`, on by default), `eviction`, off by default
+    (a scorer: on when `routing.scorers` names it): the default is what the docs say, so a default turned on or off
+    fails here until the docs follow."""
+    from gateway.config import RoutingConfig
+    from gateway.routing.scorers import SCORERS
+
+    scorers_on = RoutingConfig().scorers
+    leaves, checked, wrong = leaf_fields(), 0, []
+    for where, match in doc_matches(r"`([a-z_]+(?:\[\])?(?:\.[a-z_]+)*)`(?: \(|, )(on|off) by default"):
+        name, on = match.group(1), match.group(2) == "on"
+        if name == "routing.scorers":
+            continue  # "An `eviction` scorer (`routing.scorers`, off by default": the scorer's, checked by its name
+        checked += 1
+        if name in SCORERS:
+            if (scorers_on.get(name, 0) > 0) != on:
+                wrong.append(f"{where} scorer {name}: {match.group(2)} by default")
+            continue
+        fields = named_fields(name, leaves)
+        assert fields and all(f.annotation is bool for f in fields), f"{where} {name}: not a switch"
+        wrong += [f"{where} {name}: {match.group(2)} by default" for f in fields if f.default != on]
+    assert checked >= 4 and not wrong, wrong
+
+
+def test_every_choice_the_docs_call_the_default_is_its_keys_default() -> None:
+    """`routing.load_view`: `shared` (default), `predicted_ttft` (default): the value named is the default of the
+    key whose choices it is (each key of that name, where sections share one)."""
+    leaves, checked, wrong = leaf_fields(), 0, []
+    for where, match in doc_matches(r"`([a-z_]+)` \(default\)"):
+        value = match.group(1)
+        keys = [name for name, fields in leaves.items() if all(value in typing.get_args(f.annotation) for f in fields)]
+        assert len(keys) == 1, f"{where} {value}: the choice of {keys or 'no key'}"
+        checked += 1
+        wrong += [
+            f"{where} {keys[0]}: {value} is not its default ({f.default})"
+            for f in leaves[keys[0]]
+            if f.default != value
+        ]
+    assert checked >= 2 and not wrong, wrong
+
+
 def test_the_runbooks_metric_table_gives_each_recorded_metrics_type_and_labels() -> None:
     """docs/operations.md, Every metric: a row's type and labels are those gateway/observe/metrics.py declares (the
     families read at scrape time, declared by the fleet's and placement's collectors, are checked by name above)."""
@@ -388,14 +438,16 @@ def test_every_setup_variant_and_trace_the_docs_run_exists() -> None:
     assert checked >= 5 and not unknown, unknown
 
 
-def literal_number(node: ast.expr | None) -> float | None:
-    """A module constant's value where it is a number or arithmetic on numbers (``0.05``, ``64 * 1024 * 1024``,
-    ``1 << 20``), else None."""
+def literal_number(node: ast.expr | None, known: dict[str, float | None]) -> float | None:
+    """A module constant's value where it is a number or arithmetic on numbers and the module's earlier constants
+    (``0.05``, ``64 * 1024 * 1024``, ``1 << 20``, ``3 * RENEW_S``), else None."""
     if isinstance(node, ast.Constant):
         value = node.value
         return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if isinstance(node, ast.Name):
+        return known.get(node.id)
     if isinstance(node, ast.BinOp):
-        left, right = literal_number(node.left), literal_number(node.right)
+        left, right = literal_number(node.left, known), literal_number(node.right, known)
         if left is None or right is None:
             return None
         if isinstance(node.op, ast.Mult):
@@ -418,11 +470,13 @@ def code_definitions() -> tuple[dict[str, set[str]], dict[str, float | None]]:
     for top in ("gateway", "backends", "loadtests"):
         for path in (REPO / top).rglob("*.py"):
             tree = ast.parse(path.read_text())
+            own: dict[str, float | None] = {}  # this module's constants so far, for one defined from another
             for node in tree.body:
                 targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
                 for target in targets:
                     if isinstance(target, ast.Name):
-                        module_names[target.id] = literal_number(getattr(node, "value", None))
+                        own[target.id] = literal_number(getattr(node, "value", None), own)
+                        module_names[target.id] = own[target.id]
             for found in ast.walk(tree):
                 if not isinstance(found, ast.ClassDef):
                     continue
@@ -459,7 +513,11 @@ def test_every_class_member_and_constant_the_docs_name_is_defined() -> None:
     for library_class in (web.Application, values.MutexValue):
         classes.setdefault(library_class.__name__, set()).update(dir(library_class))
     members = doc_matches(r"`([A-Z][A-Za-z0-9]+)\.([a-z_][a-z0-9_]*)(?:\(\))?`")
-    constants = doc_matches(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{4,})`(?: \((\d[\d,.]*) ?(ms|s|MiB)?\))?")
+    # The value the docs give a constant: `SHARE_S` (50 ms), `FLYING_GRACE_S`, 0.1 s, `MAX_SHARED_PAIRS` (4,096).
+    constants = doc_matches(
+        r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{4,})`"
+        r"(?:(?: \(|, )(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?: ?(ms|s|MiB)\b)?(?![\d,.]*\d))?"
+    )
     missing = [
         f"{where} {match.group(1)}.{match.group(2)}"
         for where, match in members
