@@ -259,6 +259,37 @@ def test_the_runbooks_metric_table_gives_each_recorded_metrics_type_and_labels()
     assert checked >= 20 and not wrong, wrong
 
 
+def test_every_label_and_value_the_docs_give_a_metric_is_the_codes() -> None:
+    """`tenantgate_adapter_evictions_total{trigger="over_bound"}`, `...{outcome=waited|over|refused}`,
+    `...{pool, replica}`: each label is one the metric declares (for gateway/observe/metrics.py's), and each value is a
+    string the code writes (a literal of gateway/ or backends/): a renamed trigger or reason fails here."""
+    metrics = GatewayMetrics()
+    declared = {
+        metric._name: set(metric._labelnames)
+        for metric in vars(metrics).values()
+        if isinstance(metric, Counter | Gauge | Histogram)
+    }
+    literals = {
+        node.value
+        for top in ("gateway", "backends")
+        for path in (REPO / top).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    named, wrong, values = doc_matches(r"`(tenantgate_[a-z_]+)\{([^}]*)\}`"), [], 0
+    for where, match in named:
+        labels = declared.get(re.sub(r"_total$", "", match.group(1)))
+        for pair in match.group(2).split(","):
+            label, _, given = pair.strip().partition("=")
+            if labels is not None and label not in labels:
+                wrong.append(f"{where} {match.group(1)}: no label {label} (it has {sorted(labels)})")
+            for value in filter(None, given.strip('"').split("|")):
+                values += 1
+                if value not in literals:
+                    wrong.append(f"{where} {match.group(1)}: {label}={value} is nothing the code writes")
+    assert len(named) >= 10 and values >= 8 and not wrong, wrong
+
+
 def command_lines(program: str, inline: bool) -> list[tuple[str, str]]:
     """Each line of the docs' shell blocks (and, with ``inline``, of their inline code) that runs ``program``:
     from the program on, up to a pipe or a comment, continuation lines joined."""
