@@ -594,6 +594,31 @@ def test_the_maps_name_every_driver_routing_and_runnable_loadtest_module() -> No
     assert len(runnable) > 10 and not missing, missing
 
 
+def test_the_request_paths_map_names_modules_and_classes_that_exist() -> None:
+    """docs/architecture.md, "One request's path": the diagram names modules without backticks and often without
+    their package's `gateway/` or their `.py` (`tenants/identity.py`, `routing/pipeline`, `fleet/pool.Lease`);
+    each is a module (or package) of the tree, and a class named after one is defined there."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    [diagram] = re.findall(r"```\n(client .*?)```", text, re.DOTALL)
+    packages = "|".join(path.name for path in (REPO / "gateway").iterdir() if (path / "__init__.py").exists())
+    named = list(
+        re.finditer(
+            rf"(?<![\w/])((?:gateway/)?(?:{packages})/[a-z_]+|backends/[a-z_]+|gateway/[a-z_]+)(?:\.py)?"
+            r"(?:\.([A-Z]\w+))?",
+            diagram,
+        )
+    )
+    missing = []
+    for match in named:
+        path = match.group(1) if match.group(1).startswith(("gateway/", "backends/")) else "gateway/" + match.group(1)
+        module = REPO / (path + ".py")
+        if not module.exists() and not (REPO / path / "__init__.py").exists():
+            missing.append(match.group(0))
+        elif match.group(2) and not re.search(rf"^class {match.group(2)}\b", module.read_text(), re.MULTILINE):
+            missing.append(f"{match.group(0)}: no class {match.group(2)}")
+    assert len(named) >= 12 and not missing, missing
+
+
 def test_every_test_the_docs_cite_exists() -> None:
     """A test file the docs name (`test_slot_signal_redis.py`, with or without its folder or backticks) and a test
     function they cite by name: a renamed or removed test fails here instead of leaving a claim without its proof."""
