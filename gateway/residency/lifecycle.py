@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from dataclasses import dataclass, field
 
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
-from backends.errors import AdapterCacheFull, BackendError
+from backends.errors import AdapterCacheFull, BackendError, EngineUnavailable
 from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics, adder
@@ -685,6 +685,8 @@ class PoolResidency:
         response = await self.driver.send(self.endpoints[replica_id], request)
         try:
             await response.read()
+        except (OSError, ValueError) as exc:  # the answer broken off or garbled (the relay maps these for requests)
+            raise EngineUnavailable(f"{replica_id}: the warm-up's answer could not be read: {exc!r}") from exc
         finally:
             response.release()
 

@@ -6,6 +6,7 @@ It counts loads and refuses none, so assertions are about what the gateway chose
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -35,6 +36,8 @@ class FakeDriver:
         # Hooks a test sets to hold a preparation or a load where it wants (awaited before the work is done).
         self.before_prepare: Callable[[AdapterRef], Awaitable[None]] | None = None
         self.before_load: Callable[[Endpoint, AdapterRef], Awaitable[None]] | None = None
+        # What reading the answer to a one-token request for a model raises (an engine breaking off its answer).
+        self.answer_errors: dict[str, Exception] = {}
 
     async def prepare_adapter(self, adapter: AdapterRef) -> None:
         if self.before_prepare is not None:
@@ -62,7 +65,7 @@ class FakeDriver:
 
     async def send(self, replica: Endpoint, request: EngineRequest) -> FakeResponse:
         self.engine.warm_requests.append((replica.id, request.body))
-        return FakeResponse()
+        return FakeResponse(self.answer_errors.get(json.loads(request.body)["model"]))
 
     async def healthy(self, replica: Endpoint) -> bool:
         return replica.id not in self.engine.down
@@ -78,7 +81,12 @@ class FakeResponse:
     status = 200
     content_type = "application/json"
 
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+
     async def read(self) -> bytes:
+        if self.error is not None:
+            raise self.error
         return b"{}"
 
     async def chunks(self) -> AsyncIterator[bytes]:

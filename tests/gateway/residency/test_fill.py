@@ -47,6 +47,16 @@ async def test_with_warm_up_each_loaded_adapter_gets_one_token_the_most_importan
     assert [json.loads(body)["model"] for _, body in engine.warm_requests] == ["c", "b", "a"]
 
 
+async def test_a_warm_up_whose_answer_breaks_off_leaves_the_others_warmed(store: ResidencyStore) -> None:
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig())
+    driver = life.driver
+    assert isinstance(driver, FakeDriver)
+    driver.answer_errors = {"b": ConnectionResetError("the engine closed mid-answer"), "c": ValueError("garbled")}
+    assert await life.fill("r0", [ref("a"), ref("b"), ref("c")]) == ["a", "b", "c"]  # loaded all the same
+    assert [json.loads(body)["model"] for _, body in engine.warm_requests] == ["c", "b", "a"]
+
+
 async def test_without_warm_up_the_fill_only_loads(store: ResidencyStore) -> None:
     engine, clock = FakeEngine(), Clock(START)
     life = lifecycle(store, engine, clock, ResidencyConfig(fill_warm_up=False))
