@@ -633,3 +633,21 @@ def test_every_test_the_docs_cite_exists() -> None:
     missing = [f"{where} {match.group(1)}" for where, match in cited_files if match.group(1) not in files]
     missing += [f"{where} {match.group(1)}" for where, match in cited_tests if match.group(1) not in defined]
     assert len(cited_files) > 20 and len(cited_tests) >= 2 and not missing, missing
+
+
+def test_nothing_in_the_repository_points_outside_it() -> None:
+    """No tracked file names a path of the machine it was written on (under /work) or the design notes kept beside
+    the repository: a fresh clone has neither, so such a pointer leads nowhere."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60)
+    outside = re.compile(r"(?<![\w.-])/wor" + r"k/|\bDESIGN" + r"\.md\b")  # split so this file names neither
+    found = []
+    for name in tracked.stdout.decode().split("\0"):
+        path = REPO / name
+        if not name or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue  # a binary file
+        found += [f"{name}:{text.count(chr(10), 0, m.start()) + 1}" for m in outside.finditer(text)]
+    assert len(tracked.stdout) > 1000 and not found, found
