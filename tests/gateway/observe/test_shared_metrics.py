@@ -55,6 +55,41 @@ elif mode == "ANSWER_AS_A_DEAD_WORKERS_GAUGES_GO":
 """
 
 
+# A worker's app (gateway/app.py) left running, never scraped: its own timer writes what it counted to its file
+# within FLUSH_S, and this prints how long that took (or "never" after 20 flush periods).
+APP_WORKER = """
+import asyncio, glob, os, sys, time
+from aiohttp import web
+from gateway.app import create_app
+from gateway.appkeys import METRICS
+from gateway.config import GatewayConfig
+from gateway.observe.shared_metrics import FLUSH_S
+from loadtests.fleet import gateway_config
+
+async def main():
+    config = gateway_config({"r0": "http://127.0.0.1:9"}, {"acme": ["a1"]}, {"a1": "/srv/loras/a1"}, port=0)
+    app = create_app(GatewayConfig.model_validate(config))
+    runner = web.AppRunner(app)
+    await runner.setup()  # the app's cleanup contexts start: its timers among them
+    try:
+        counter = app[METRICS].requests.labels("acme", "a1", "llama", "r0", "200")  # its entry made in the file
+        [path] = glob.glob(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], "counter_*.db"))
+        before = open(path, "rb").read()
+        counter.inc()
+        started = time.monotonic()
+        while time.monotonic() - started < 20 * FLUSH_S:  # bounded: the timer's period is FLUSH_S
+            if open(path, "rb").read() != before:
+                print("written after", round(time.monotonic() - started, 2), "s")
+                return
+            await asyncio.sleep(FLUSH_S / 10)
+        print("never")
+    finally:
+        await runner.cleanup()
+
+asyncio.run(main())
+"""
+
+
 def _worker(directory: Path, mode: str, amount: float) -> subprocess.CompletedProcess[str]:
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory), "PYTHONPATH": str(root)}
@@ -101,3 +136,16 @@ def test_a_dead_workers_gauges_removed_during_a_scrape_leave_it_whole(tmp_path: 
     assert [s.value for s in _samples(text, "tenantgate_client_connections")] == [4]  # the living worker's only
     [requests] = _samples(text, "tenantgate_requests_total")
     assert requests.value == 2 + 4  # the dead worker's counts stay
+
+
+def test_a_workers_app_writes_its_counts_every_flush_period_without_a_scrape(tmp_path: Path) -> None:
+    """docs/operations.md, several workers: each worker writes its values to the files every FLUSH_S (0.5 s), not
+    only when it stops or a scrape asks; a worker killed outright loses at most that period's counts."""
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    result = subprocess.run(
+        [sys.executable, "-c", APP_WORKER], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    answer = result.stdout.strip().splitlines()[-1]
+    assert answer.startswith("written after"), answer  # within 20 periods (a bounded poll), with no scrape
