@@ -290,6 +290,31 @@ def test_every_label_and_value_the_docs_give_a_metric_is_the_codes() -> None:
     assert len(named) >= 10 and values >= 8 and not wrong, wrong
 
 
+def test_every_label_value_the_runbooks_metric_table_names_is_one_the_code_writes() -> None:
+    """docs/operations.md, Every metric: a row's description names the values its labels take in backticks
+    (evictions' `request_path`, `scheduled` or `over_bound`; ejections' `several_tenants`); each is a string the code
+    writes, unless it is one of the row's labels, a metric or a config key."""
+    literals = {
+        node.value
+        for top in ("gateway", "backends")
+        for path in (REPO / top).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    keys = leaf_fields().keys()
+    runbook = (REPO / "docs/operations.md").read_text()
+    checked, wrong = 0, []
+    for row in re.finditer(r"^\| (`tenantgate_[^|]+) \| [^|]+ \| ([^|]*) \| (.*)\|$", runbook, re.MULTILINE):
+        labels = {label.strip() for label in row.group(2).split(",")}
+        for value in re.findall(r"`([a-z_:]+)`", row.group(3)):
+            if value in labels or value in keys or value.startswith("tenantgate_"):
+                continue
+            checked += 1
+            if value not in literals:
+                wrong.append(f"{row.group(1).split()[0]}: {value} is nothing the code writes")
+    assert checked >= 30 and not wrong, wrong
+
+
 def command_lines(program: str, inline: bool) -> list[tuple[str, str]]:
     """Each line of the docs' shell blocks (and, with ``inline``, of their inline code) that runs ``program``:
     from the program on, up to a pipe or a comment, continuation lines joined."""
