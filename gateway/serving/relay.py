@@ -13,6 +13,7 @@ from aiohttp import web
 from backends.base import EngineResponse
 from backends.errors import BackendError
 from gateway.errors import GatewayError
+from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.serving.context import RequestContext
 from gateway.serving.sse_events import StreamEvents
@@ -25,6 +26,13 @@ _FAULT = GatewayError("The gateway failed to handle the request.")
 log = logging.getLogger(__name__)
 # How long past the request's deadline a stream may wait for a client that does not take its events.
 STALLED_WRITE_GRACE_S = 1.0
+
+
+def _cut_off(transport: asyncio.Transport, metrics: GatewayMetrics) -> None:
+    """Close a stream's connection whose client stopped taking its events, counted as the connection caps' closes
+    are (an operator sees clients that stall their streams)."""
+    metrics.client_connections_closed.labels("stalled_write").inc()
+    transport.abort()
 
 
 async def respond(
@@ -68,7 +76,7 @@ async def stream(
     # STALLED_WRITE_GRACE_S past the request's deadline, which gives back its lease and its place in flight.
     transport = request.transport
     cut_off = (
-        asyncio.get_running_loop().call_at(ctx.deadline + STALLED_WRITE_GRACE_S, transport.abort)
+        asyncio.get_running_loop().call_at(ctx.deadline + STALLED_WRITE_GRACE_S, _cut_off, transport, telemetry.metrics)
         if transport is not None
         else None
     )

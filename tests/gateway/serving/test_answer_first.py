@@ -20,7 +20,7 @@ from aiohttp.test_utils import BaseTestServer, TestServer
 from backends.base import Endpoint, EngineRequest
 from backends.registry import EngineSpec, NoSettings, register
 from gateway.app import create_app
-from gateway.appkeys import TELEMETRY
+from gateway.appkeys import METRICS, TELEMETRY
 from gateway.config import GatewayConfig
 from gateway.observe.telemetry import RequestRecord
 from loadtests.fleet import api_key
@@ -167,3 +167,7 @@ async def test_a_stream_to_a_client_that_stops_reading_ends_past_the_requests_de
         finally:
             stalled.close()
     assert statuses[-1] == 200, statuses
+    closed = app[METRICS].registry.get_sample_value(
+        "tenantgate_client_connections_closed_total", {"reason": "stalled_write"}
+    )
+    assert closed == 1  # counted, as the connection caps' closes are
