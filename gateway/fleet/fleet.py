@@ -115,7 +115,7 @@ class Fleet:
             self.pools[pool_config.name] = Pool(
                 pool_config, config.routing, driver, residency, config.limits.max_in_flight_per_replica
             )
-        if config.routing.home_placement == "balanced":
+        if config.routing.home_placement != "ring":  # balanced, and traffic's homes start from balanced ones
             keys = homed_keys(homes_from or config)
             for name, pool in self.pools.items():
                 pool.ring.balance(keys[name])

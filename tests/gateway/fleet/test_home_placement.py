@@ -65,14 +65,17 @@ def test_under_adapter_affinity_a_pool_balances_the_models_requests_run_on() -> 
     assert homed_keys(parsed) == {"llama": llama, "mistral": {"sql"}}
 
 
-@pytest.mark.parametrize("placement", ["balanced", "ring"])
+@pytest.mark.parametrize("placement", ["balanced", "ring", "traffic"])
 async def test_homes_and_prewarm_follow_the_placement(placement: str) -> None:
+    """Homes from traffic start from balanced homes, as the config says (the plan moves keys from there): started
+    from the ring's, a replica held 6 of 16 tenants for 4 adapter slots on the collide trace (docs/benchmarks.md)."""
     fleet = Fleet(GatewayConfig.model_validate(config(home_placement=placement)))
     try:
         pool = fleet.pools["llama"]
         homes = {key: pool.ring.home(key) for key in homed_keys(fleet.config)["llama"]}
         most = max(Counter(homes.values()).values())
-        if placement == "balanced":
+        balanced = placement != "ring"
+        if balanced:
             assert most <= math.ceil(len(homes) / len(REPLICAS))
         else:
             assert all(home == pool.ring.ring_home(key) for key, home in homes.items())
@@ -82,7 +85,7 @@ async def test_homes_and_prewarm_follow_the_placement(placement: str) -> None:
             replica for replica, adapters in pool.prewarm.items() if any(a.engine_name == "solo" for a, _ in adapters)
         }
         assert solo == {homes[MOVED]}
-        assert (homes[MOVED] != pool.ring.ring_home(MOVED)) == (placement == "balanced")
+        assert (homes[MOVED] != pool.ring.ring_home(MOVED)) == balanced
     finally:
         await fleet.close()
 
