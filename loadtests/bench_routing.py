@@ -12,9 +12,14 @@ it does for tenantgate. Each router gets the tenant the way it reads it: tenantg
 Per setup: TTFT and end-to-end p50/p99, requests/s, cold loads against the compulsory minimum (distinct
 adapters), evictions, prefix-cache hit ratio, max/mean replica load, the share of each tenant's requests at its
 most-used replica, and the peak queue (running + waiting, sampled every 0.1 s from the engines' /metrics) on the
-most loaded replica. Setups with several gateways start that many `tenantgate serve` processes sharing one
-redis-server, and the client sends each request to the next gateway in turn, as a load balancer would. Written to
-OUT as results.json, results.md and two plots (TTFT distributions; cold loads over time).
+most loaded replica. On the hot trace, through tenantgate, the hot tenant's cold spills once its second home is
+warm (its first cold load in the trace ended): its streams that met the cold regime (waited for their adapter's
+load on the request path; counted per replica and regime by tenantgate_stream_regimes_total, read once after the
+trace) but those on replicas whose loads of it all began before then, and its requests whose adapter the engine had
+dropped since (the cold-load log's cause `request`); results.json keeps its streams per regime (`hot_spills`).
+Setups with several gateways start that many `tenantgate serve` processes sharing one redis-server, and the client
+sends each request to the next gateway in turn, as a load balancer would. Written to OUT as results.json,
+results.md and two plots (TTFT distributions; cold loads over time).
 
     python -m loadtests.bench_routing [--seconds 30] [--rate 20] [--seed 17] [--only NAME] [--out bench-results]
 """
@@ -41,13 +46,14 @@ from typing import Any
 import httpx
 
 from gateway.routing.ring import Ring
-from loadtests.fleet import api_key, gateway_config, gateway_process, sim_stats, write_adapters
+from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, gateway_process, sim_stats, write_adapters
 from loadtests.processes import free_port, healthy, running, sim_command
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / ".peers"
 REPLICAS, MAX_LORAS, MAX_CPU_LORAS = 4, 2, 4
 HOT = "t05"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @dataclass(frozen=True)
@@ -268,6 +274,9 @@ class Observed:
     peak_queue: dict[str, float] = field(default_factory=dict)
     # When the trace started (time.monotonic: the simulators on this host share the clock).
     started: float = 0.0
+    # tenantgate, on a trace with a hot tenant: its streams by (replica, regime met), summed over the gateways, read
+    # from tenantgate_stream_regimes_total once the trace has run.
+    hot_regimes: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 def headers_for(router: str, tenant: str) -> dict[str, str]:
@@ -278,7 +287,9 @@ def headers_for(router: str, tenant: str) -> dict[str, str]:
     return {"X-SMG-Routing-Key": tenant}
 
 
-async def replay(urls: list[str], router: str, trace: list[Arrival], replicas: dict[str, str]) -> Observed:
+async def replay(
+    urls: list[str], router: str, trace: list[Arrival], replicas: dict[str, str], hot: bool = False
+) -> Observed:
     started = time.monotonic()
     observed = Observed(started=started)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
@@ -328,7 +339,54 @@ async def replay(urls: list[str], router: str, trace: list[Arrival], replicas: d
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
+        if router == "tenantgate" and hot:  # once, at the end: a gateway renders /metrics on its event loop
+            for gateway_url in urls:
+                page = await client.get(gateway_url + "/metrics", headers=ADMIN_HEADERS)
+                observed.hot_regimes.update(stream_regimes(page.text, HOT))
     return observed
+
+
+def stream_regimes(metrics: str, tenant: str) -> Counter[tuple[str, str]]:
+    """A gateway's streams of ``tenant`` by (replica, regime met), from its /metrics page."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for line in metrics.splitlines():
+        if line.startswith("tenantgate_stream_regimes_total{") and f'tenant="{tenant}"' in line:
+            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(","))
+            counts[(labels["replica"].strip('"'), labels["regime"].strip('"'))] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def hot_spills(
+    regimes: Counter[tuple[str, str]], events: list[tuple[float, str, str, str, list[str]]], time_scale: float = 1.0
+) -> dict[str, Any]:
+    """The hot tenant's cold spills once its second home is warm (issue 19), from its streams by (replica, regime
+    met) and the cold-load log. Its second home is the replica of its first cold load in the trace (its home was
+    filled before), warm ``LOAD_S`` x ``time_scale`` after that load began. A stream that met the cold regime
+    waited for its adapter's load on the request path; those on a replica whose loads of the adapter all began
+    before then were waiting for a load of the spill's first moments. Counted: every other cold stream (its home's
+    included: reloaded after an eviction) and every request whose adapter the engine had dropped (cause
+    ``request``: the gateway predicted it resident) from then on."""
+    name = f"lora-{HOT}"
+    loads = [(t, replica) for t, replica, adapter, _, _ in events if adapter == name]
+    by_regime: Counter[str] = Counter()
+    for (_, regime), n in regimes.items():
+        by_regime[regime] += n
+    cold_by_replica = {replica: n for (replica, regime), n in regimes.items() if regime == "cold" and n}
+    if not loads:
+        return {"second_home": None, "by_regime": dict(by_regime), "cold_by_replica": cold_by_replica,
+                "cold_after_warm": by_regime["cold"]}  # fmt: skip
+    warm_at = loads[0][0] + LOAD_S * time_scale
+    early = {replica for t, replica in loads if t < warm_at} - {replica for t, replica in loads if t >= warm_at}
+    cold = sum(n for replica, n in cold_by_replica.items() if replica not in early)
+    dropped = sum(1 for t, _, adapter, cause, _ in events if adapter == name and cause == "request" and t >= warm_at)
+    return {
+        "second_home": loads[0][1],
+        "second_home_warm_s": round(warm_at, 2),
+        "by_regime": dict(by_regime),
+        "cold_by_replica": cold_by_replica,
+        "engine_dropped": dropped,
+        "cold_after_warm": cold + dropped,
+    }
 
 
 def engine_queue(metrics: str) -> float:
@@ -445,13 +503,19 @@ def run_setup(setup: Setup, trace: list[Arrival], spec: TraceSpec, time_scale: f
         assert all(healthy(url) for url in replicas.values())
         router_urls = stack.enter_context(router_for(setup, root, replicas, adapters, spec.tenant_ids))
         before = {r: sim_stats(u) for r, u in replicas.items()}
-        observed = asyncio.run(replay(router_urls, setup.router, trace, replicas))
+        observed = asyncio.run(replay(router_urls, setup.router, trace, replicas, hot=spec.hot_extra > 0))
         after = {r: sim_stats(u) for r, u in replicas.items()}
-    return summarize(setup, trace, observed, before, after)
+    return summarize(setup, trace, observed, before, after, hot=spec.hot_extra > 0, time_scale=time_scale)
 
 
 def summarize(
-    setup: Setup, trace: list[Arrival], observed: Observed, before: dict[str, Any], after: dict[str, Any]
+    setup: Setup,
+    trace: list[Arrival],
+    observed: Observed,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    hot: bool = False,
+    time_scale: float = 1.0,
 ) -> dict[str, Any]:
     def delta(key: str) -> int:
         return sum(int(after[r][key]) - int(before[r][key]) for r in after)
@@ -496,9 +560,27 @@ def summarize(
         "cold_load_events": events,
         "served_by_replica": {r: dict(counts) for r, counts in served.items()},
         **cold_load_sources(events),
+        **hot_tenant(setup, observed, events, hot, time_scale),
     }
 
 
+def hot_tenant(
+    setup: Setup,
+    observed: Observed,
+    events: list[tuple[float, str, str, str, list[str]]],
+    hot: bool,
+    time_scale: float,
+) -> dict[str, Any]:
+    """On a trace with a hot tenant, through tenantgate: its streams after its second home is warm (hot_spills)."""
+    if not hot or setup.router != "tenantgate":
+        return {"hot_spills": None, "hot_cold_spills": None}
+    spills = hot_spills(observed.hot_regimes, events, time_scale)
+    return {"hot_spills": spills, "hot_cold_spills": spills["cold_after_warm"]}
+
+
+# The simulator's longest cold load of the benchmark's adapters (rank 8) at time scale 1: its cold_load_s (0.4 s)
+# x (0.5 + 0.5 x 8 / 16) x (1 + its jitter, 0.25) = 0.375 s.
+LOAD_S = 0.375
 # A victim loaded again on the same replica within this many seconds of its eviction was an eviction regretted.
 REGRET_S = 10.0
 
@@ -556,9 +638,11 @@ COLUMNS = [
     ("tenant at top replica", "tenant_share_at_top_replica", "{:.0%}"),
     ("peak queue", "peak_queue", "{:.0f}"),
     ("failed", "failed", "{:.0f}"),
+    # The hot tenant's streams that paid a cold load once a second replica was warm for it (tenantgate; hot_spills).
+    ("hot cold spills", "hot_cold_spills", "{:.1f}"),
 ]
 # Shown as the mean over seeds with the worst and best seed beside it.
-SPREAD = {"ttft_p50_ms", "ttft_p99_ms", "cold_loads", "peak_queue"}
+SPREAD = {"ttft_p50_ms", "ttft_p99_ms", "cold_loads", "peak_queue", "hot_cold_spills"}
 
 
 def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -663,8 +747,9 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] = print)
                 by_setup.setdefault(setup.name, []).append(row)
                 runs.append(row)
                 failed |= bool(row["failed"]) and setup.router == "tenantgate"
+                spills = f", hot tenant: {row['hot_spills']}" if row["hot_spills"] else ""
                 progress(f"  seed {seed} {setup.name}: TTFT p50 {row['ttft_p50_ms']:.1f} ms, p99 "
-                         f"{row['ttft_p99_ms']:.1f} ms, cold loads {row['cold_loads']}")  # fmt: skip
+                         f"{row['ttft_p99_ms']:.1f} ms, cold loads {row['cold_loads']}{spills}")  # fmt: skip
         results = [combine(rows) for rows in by_setup.values()]
         out = args.out / spec.name
         out.mkdir(parents=True, exist_ok=True)

@@ -120,7 +120,7 @@ class Pool:
                 "cold": Line(priors.cold_ms, priors.per_request_ms),
             }
             model = TtftModel(lines, routing.ttft_learning_rate)
-            settings = ScorerSettings(routing.affinity_margin_ms, routing.eviction_cost)
+            settings = ScorerSettings(routing.affinity_margin_ms, routing.eviction_cost, routing.cold_margin_ms)
             self.scoring = build_scoring(routing.scorers, settings, model)
         # The eviction scorer's evidence: each adapter's requests as a moving average over reuse_window_s (count,
         # when last counted), and how far ahead a victim's loss is counted.
@@ -136,6 +136,10 @@ class Pool:
         # built from (_candidates).
         self._orders: dict[str, tuple[frozenset[str], int, tuple[str, ...], frozenset[str]]] = {}
         self._welcomes: set[asyncio.Task[None]] = set()
+        # The adapter being warmed ahead of a key's spills (warm_ahead), by (replica, adapter), and how many were.
+        self._warming_ahead: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.spill_warm_replicas = routing.spill_warm_replicas
+        self.warm_aheads = 0
         self._unscraped: set[str] = set()  # replicas whose last scrape raised in the driver (logged once)
         self.in_flight = 0
         # Set while no request is in flight: a retired pool waits on it before it closes.
@@ -160,7 +164,38 @@ class Pool:
         decision = self.place(key, adapter.engine_name if adapter is not None else None, avoid)
         if decision.chosen is not None and not avoid:  # a request placed: what the retry budget's share counts
             self.retry_budget.request()
-        return Lease(self, decision, adapter)
+        lease = Lease(self, decision, adapter)
+        if decision.warm_ahead is not None and adapter is not None:
+            self.warm_ahead(decision.warm_ahead, adapter)
+        return lease
+
+    def warm_ahead(self, replica_id: str, adapter: AdapterRef) -> None:
+        """predicted_ttft found ``replica_id``, where the adapter is cold, within the cold margin of a hot key's warm
+        replicas (pickers.warm_or_cold): load and warm the adapter there in the background (a load and a one-token
+        request), so the key's next requests spill there warm rather than one of them paying the load (issue 19: a
+        hot adapter is warmed on a replica before requests spill there). One warm-up ahead at a time in the pool
+        (each is a cold load that stalls its replica and may evict an adapter; on the collide trace two heavy keys
+        warmed at once both spread where one moving was enough), and none once the adapter is resident on
+        ``routing.spill_warm_replicas`` replicas; the copies go as any adapter does, by the engine's LRU and the
+        eviction timer, once the key's demand falls."""
+        name = adapter.engine_name
+        slot = (replica_id, name)
+        if self._warming_ahead or self.residency.is_resident(replica_id, name):
+            return
+        if len(self.residency.resident_on(name)) >= self.spill_warm_replicas:
+            return
+        task = asyncio.create_task(self._warm_ahead(replica_id, adapter), name=f"warm ahead {self.name}/{slot}")
+        self._warming_ahead[slot] = task
+        task.add_done_callback(lambda _: self._warming_ahead.pop(slot, None))
+
+    async def _warm_ahead(self, replica_id: str, adapter: AdapterRef) -> None:
+        try:
+            await self.residency.warm(replica_id, adapter, pinned=False)
+        except (BackendError, GatewayError) as exc:  # a later decision may ask again
+            log.warning("warming %s ahead on %s/%s failed: %s", adapter.engine_name, self.name, replica_id, exc)
+            return
+        self.warm_aheads += 1
+        self.residency.metrics.warm_aheads.labels(self.name).inc()
 
     def place(self, key: str, engine_model: str | None, avoid: Collection[str] = ()) -> RoutingDecision:
         """Decide where ``key``'s request goes and count it there; every placed decision must be released.
@@ -377,7 +412,8 @@ class Pool:
             log.warning("replica %s/%s ejected for %.0f s (%s)", self.name, replica_id, until, reason)
 
     def cancel_welcomes(self) -> None:
-        for task in self._welcomes:
+        """Stop the pool's background work: replicas' welcomes back and warm-ups ahead of spills."""
+        for task in [*self._welcomes, *self._warming_ahead.values()]:
             task.cancel()
 
     async def scrape_engines(self) -> tuple[float, dict[str, EngineLoad | None]]:

@@ -114,6 +114,16 @@ class GatewayMetrics:
             "return) rather than by a request; they are also counted in tenantgate_adapter_loads_total",
             ["pool"], registry=r,
         )  # fmt: skip
+        self.warm_aheads = Counter(
+            "tenantgate_adapter_warm_aheads", "Adapters loaded and warmed in the background on a replica "
+            "predicted_ttft found faster for a key but where the adapter was cold (routing.cold_margin_ms), so the "
+            "key's next requests spill there warm; also counted in tenantgate_adapter_loads_total", ["pool"],
+            registry=r,
+        )  # fmt: skip
+        self.stream_regimes = Counter(
+            "tenantgate_stream_regimes", "predicted_ttft, streams: the regime each met on its replica (warm, kv_cold, "
+            "host, or cold: it waited for its adapter's load)", ["tenant", "pool", "replica", "regime"], registry=r,
+        )  # fmt: skip
         self.engine_adapter_events = Counter(
             "tenantgate_engine_adapter_events", "What an engine's own adapter cache answered: an adapter it had "
             "evicted (cache_miss, resent with weights) or no room for one (cache_full)", ["pool", "replica", "event"],

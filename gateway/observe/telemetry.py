@@ -66,6 +66,8 @@ class RequestRecord:
     error_detail: str | None = None
     retries: int = 0
     trace_id: str | None = None
+    # predicted_ttft, streams: the regime the stream met on its replica (cold: it waited for its adapter's load).
+    regime: str | None = None
     # A stream's status once its last event was handed to the connection: a client that closes as soon as it has
     # read it may cancel the handler on its way out, and was answered all the same (not a 499).
     answered: int | None = None
@@ -168,11 +170,12 @@ class Telemetry:
         if self.tracer is not None:
             trace.get_current_span().add_event("first_byte")
 
-    def ttft_learned(self, pool: str, learned: tuple[str, float, float] | None) -> None:
+    def ttft_learned(self, record: RequestRecord, pool: str, learned: tuple[str, float, float] | None) -> None:
         """predicted_ttft's model learned a stream's TTFT (regime, what it expected, what it measured, in ms):
-        count how far off it was."""
+        count how far off it was, and keep the regime the stream met for its counts (``finish``)."""
         if learned is not None:
             regime, expected_ms, measured_ms = learned
+            record.regime = regime
             self.metrics.ttft_prediction_error.labels(pool, regime).observe(abs(measured_ms - expected_ms) / 1000)
 
     def finish(self, record: RequestRecord) -> None:
@@ -205,6 +208,7 @@ class _Series:
         self._metrics, self._labels = m, (tenant, adapter, pool, replica)
         self._requests: dict[int, Add] = {}
         self._routing: dict[str, Add] = {}
+        self._regimes: dict[str, Add] = {}
         self._errors: dict[tuple[str, str], Any] = {}
         self.ttft = observer(m.ttft.labels(tenant, adapter, pool))
         self.duration = observer(m.duration.labels(tenant, adapter, pool))
@@ -236,6 +240,14 @@ class _Series:
                     self._metrics.routing.labels(self._labels[0], self._labels[2], reason)
                 )
             routing(1)
+        if record.regime is not None:
+            regimes = self._regimes.get(record.regime)
+            if regimes is None:
+                tenant, _, pool, replica = self._labels
+                regimes = self._regimes[record.regime] = adder(
+                    self._metrics.stream_regimes.labels(tenant, pool, replica, record.regime)
+                )
+            regimes(1)
         if record.error is not None and self._labels[3] != UNRESOLVED:
             self._error(record)
 

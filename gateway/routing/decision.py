@@ -93,6 +93,10 @@ class RoutingDecision:
     resident_on: frozenset[str] = field(default=frozenset(), repr=False)
     # The replicas the filters kept, in the key's ring order (``candidates`` names them).
     kept: Sequence[ReplicaLoad] = field(default=(), repr=False)
+    # predicted_ttft, a hot key: a replica where its adapter is cold came within the cold margin of the warm ones
+    # (pickers.warm_or_cold): the pool warms the adapter there in the background, so the key's next requests find
+    # it warm (issue 19).
+    warm_ahead: str | None = None
 
     @property
     def candidates(self) -> list[str]:

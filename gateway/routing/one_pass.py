@@ -39,6 +39,7 @@ def decide_plain(
     resident: frozenset[str],
     table: Mapping[Regime, Linear] | None,
     also_home: frozenset[str],
+    cold_margin_ms: float = 0.0,
 ) -> RoutingDecision | None:
     """The decision when the case is plain (see the module docstring), else None. ``replicas[i]`` describes
     ``order[i]``; ``table``: predicted_ttft's summed scorers (None for bounded_consistent_hash)."""
@@ -49,8 +50,16 @@ def decide_plain(
     if table is None:  # bounded_consistent_hash
         plain, total, most = _plain_bounded(replicas, count_reserved)
     else:  # predicted_ttft: scored in the same pass
-        best, regime, best_ms, plain, total, most = lowest_predicted(
-            replicas, table, home, resident, also_home, count_reserved
+        best, regime, best_ms, plain, total, most, ahead = lowest_predicted(
+            replicas,
+            table,
+            home,
+            resident,
+            also_home,
+            count_reserved,
+            cold_margin_ms,
+            standing.in_flight,
+            capacity_floor,
         )
     if not plain:
         return None
@@ -79,6 +88,7 @@ def decide_plain(
         False,
     )
     decision.predictions[chosen] = _new(Prediction, (regime, best.in_flight, NO_PARTS, best_ms))
+    decision.warm_ahead = ahead
     return decision
 
 

@@ -102,9 +102,20 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     # not linear, each scorer is asked per candidate; explaining keeps every candidate's prediction and parts.
     table = None if given.explain else scoring.table()
     if table is not None:
-        chosen, regime, best_ms, _, _, _ = lowest_predicted(allowed, table, home, resident, given.also_home)
+        chosen, regime, best_ms, _, _, _, ahead = lowest_predicted(
+            allowed,
+            table,
+            home,
+            resident,
+            given.also_home,
+            False,
+            scoring.cold_margin_ms,
+            given.standing.in_flight,
+            given.capacity_floor,
+        )
         best = chosen.id
         decision.predictions[best] = Prediction(regime, chosen.in_flight, NO_PARTS, best_ms)
+        decision.warm_ahead = ahead
     else:
         best = _score_each(decision, allowed, given, scoring)
     decision.chosen = best
@@ -120,18 +131,25 @@ def lowest_predicted(
     resident: frozenset[str],
     also_home: frozenset[str],
     count_reserved: bool = False,
-) -> tuple[ReplicaLoad, Regime, float, bool, int, int]:
+    cold_margin_ms: float = 0.0,
+    key_in_flight: int = 0,
+    capacity_floor: int = 1,
+) -> tuple[ReplicaLoad, Regime, float, bool, int, int, str | None]:
     """The candidate with the lowest predicted TTFT by the scorers' summed table (scorers/base.py), its regime and
-    its prediction: one lookup and two multiplications per candidate (a tie keeps the earlier one in ring order).
-    In the same pass, what one_pass.py needs to know the case is plain: whether every candidate is up, at full
-    weight and under its cap, the load total the bound is taken over (this request included) and the highest load
-    the bound judges (reserved slots count when ``count_reserved``)."""
+    its prediction: one lookup and two multiplications per candidate (a tie keeps the earlier one in ring order;
+    the best candidate where the adapter is cold against the best where it is warm as ``warm_or_cold`` says, for
+    a key with ``key_in_flight`` requests in flight). In the same pass, what one_pass.py needs to know the case is
+    plain: whether every candidate is up, at full weight and under its cap, the load total the bound is taken over
+    (this request included) and the highest load the bound judges (reserved slots count when ``count_reserved``).
+    Last, the replica to warm the adapter on ahead of the key's next requests, or None."""
     # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
     warm_c, warm_p, warm_o = table["warm"]
     kv_cold_c, kv_cold_p, kv_cold_o = table["kv_cold"]
     host_c, host_p, host_o = table["host"]
     cold_c, cold_p, cold_o = table["cold"]
     best, best_ms = candidates[0], math.inf
+    cold, cold_ms = best, math.inf  # the best candidate where the adapter is cold, kept apart
+    warm_count = 0
     regime: Regime
     best_regime: Regime = "cold"
     plain, total, most = True, 1, 0
@@ -155,14 +173,42 @@ def lowest_predicted(
             regime = "host"
             constant, per_request, off_home = host_c, host_p, host_o
         else:
-            regime = "cold"
-            constant, per_request, off_home = cold_c, cold_p, cold_o
+            ms = cold_c + cold_p * load
+            if replica_id != home and replica_id not in also_home:
+                ms += cold_o
+            if ms < cold_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
+                cold, cold_ms = replica, ms
+            continue
+        warm_count += 1
         ms = constant + per_request * load
         if replica_id != home and replica_id not in also_home:
             ms += off_home
-        if ms < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
+        if ms < best_ms:
             best, best_ms, best_regime = replica, ms, regime
-    return best, best_regime, best_ms, plain, total, most
+    if not warm_count:  # cold everywhere
+        return cold, "cold", cold_ms, plain, total, most, None
+    hot = key_in_flight >= capacity_floor * warm_count
+    take_cold, ahead = warm_or_cold(best_ms, cold.id, cold_ms, cold_margin_ms if hot else 0.0)
+    if take_cold:
+        return cold, "cold", cold_ms, plain, total, most, None
+    return best, best_regime, best_ms, plain, total, most, ahead
+
+
+def warm_or_cold(warm_ms: float, cold_id: str, cold_ms: float, cold_margin_ms: float) -> tuple[bool, str | None]:
+    """The best candidate where the request's adapter is warm (``warm_ms``) against the best where it is cold:
+    whether the cold one is taken, and otherwise where to warm the adapter in the background, or None.
+
+    ``cold_margin_ms`` is ``routing.cold_margin_ms`` for a hot key, one whose requests in flight reach the pool's
+    ``capacity_floor`` on every replica where its adapter is warm (its demand fills what they take before the bound
+    may spill it), and 0 for another. A hot key takes a cold replica only when predicted faster by more than the
+    margin (the load runs on the request's path and stalls the requests already there), and has its adapter warmed
+    there in the background once the cold one comes within the margin: its warm replicas fill up while the load
+    runs, so it starts before the cold one would win, and its requests spill there warm (issue 19). Another key
+    takes the cold replica when predicted faster, as a spill always did: warming copies ahead for it would evict
+    adapters other tenants still want (docs/benchmarks.md, hot and collide)."""
+    if cold_ms + cold_margin_ms < warm_ms:
+        return True, None
+    return False, cold_id if cold_margin_ms and cold_ms < warm_ms + cold_margin_ms else None
 
 
 def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given: PickInput, scoring: Scoring) -> str:
@@ -171,6 +217,8 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
     home, resident, explain = decision.home, given.resident, given.explain
     lines, weighted = scoring.model.lines, scoring.weighted
     best, best_ms = allowed[0].id, math.inf
+    cold, cold_ms = best, math.inf  # the best candidate where the adapter is cold, kept apart (lowest_predicted)
+    warm_count = 0
     for replica in allowed:
         regime = regime_of(replica.on_gpu, replica.id in resident, replica.key_recent)
         candidate = Candidate(replica, regime, lines[regime], replica.id == home or replica.id in given.also_home)
@@ -183,9 +231,18 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
             for _, weight, score in weighted:
                 total += weight * score(candidate)
         decision.predictions[replica.id] = Prediction(regime, replica.in_flight, parts, total)
-        if total < best_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
+        if regime == "cold":
+            if total < cold_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
+                cold, cold_ms = replica.id, total
+            continue
+        warm_count += 1
+        if total < best_ms:
             best, best_ms = replica.id, total
-    return best
+    if not warm_count:
+        return cold
+    hot = given.standing.in_flight >= given.capacity_floor * warm_count
+    take_cold, decision.warm_ahead = warm_or_cold(best_ms, cold, cold_ms, scoring.cold_margin_ms if hot else 0.0)
+    return cold if take_cold else best
 
 
 def round_robin(decision: RoutingDecision, given: PickInput) -> None:

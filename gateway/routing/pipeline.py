@@ -78,6 +78,7 @@ class Router:
                     resident,
                     table,
                     also_home,
+                    scoring.cold_margin_ms if scoring is not None else 0.0,
                 )
                 if plain is not None:
                     return plain

@@ -109,7 +109,7 @@ async def _attempt(
                 response = await relay.stream(request, telemetry, ctx, record, upstream, stream_broke)
             finally:  # a stream's first byte is its TTFT, what predicted_ttft learns: even if the client left since
                 if record.first_byte is not None:
-                    telemetry.ttft_learned(lease.pool.name, lease.learn_ttft(record.first_byte))
+                    telemetry.ttft_learned(record, lease.pool.name, lease.learn_ttft(record.first_byte))
             return response, broken
         finally:
             upstream.release()

@@ -6,9 +6,21 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from gateway.config import GatewayConfig
 from gateway.fleet.fleet import Fleet
-from loadtests.bench_routing import REPLICAS, TRACES, cold_load_events, cold_load_sources, colliding, make_trace
+from loadtests.bench_routing import (
+    HOT,
+    LOAD_S,
+    REPLICAS,
+    TRACES,
+    cold_load_events,
+    cold_load_sources,
+    colliding,
+    hot_spills,
+    make_trace,
+)
 from loadtests.fleet import gateway_config, write_adapters
 
 
@@ -51,3 +63,27 @@ def test_cold_load_sources_count_first_sights_causes_and_regretted_evictions() -
     assert sources["cold_loads_first_sight"] == 3
     # a2, evicted from r0 at 0 s, was loaded there again 3 s later; a3 was evicted from r0, not from r1.
     assert sources["cold_loads_regretted"] == 1
+
+
+def test_the_hot_tenants_cold_spills_count_from_its_second_homes_warm_moment() -> None:
+    """The hot tenant's first cold load in the trace (r1 at 15 s) is its second home, warm once the load ended
+    (LOAD_S later); a cold stream on a replica whose loads of it all began before then waited for the spill's first
+    moments and is not counted (r2's, whose load began at 15.1 s); every other one is: r3's (loaded at 18 s) and
+    r0's (its home, loaded again after an eviction), and a request whose adapter the engine had dropped since."""
+    hot = f"lora-{HOT}"
+    events: list[tuple[float, str, str, str, list[str]]] = [
+        (15.0, "r1", hot, "load", []),
+        (15.1, "r2", hot, "load", []),
+        (16.0, "r1", "lora-t01", "load", [hot]),
+        (17.0, "r1", hot, "request", []),
+        (18.0, "r3", hot, "load", []),
+        (19.0, "r0", hot, "load", []),
+    ]
+    regimes = Counter({("r1", "cold"): 3, ("r2", "cold"): 2, ("r3", "cold"): 1, ("r0", "cold"): 1, ("r1", "warm"): 9})
+    spills = hot_spills(regimes, events)
+    assert spills["second_home"] == "r1" and spills["second_home_warm_s"] == pytest.approx(15.0 + LOAD_S, abs=0.01)
+    assert spills["by_regime"] == {"cold": 7, "warm": 9}
+    # r1's cold streams count: the adapter was loaded there again after its second home was warm (the request's).
+    assert spills["engine_dropped"] == 1 and spills["cold_after_warm"] == 3 + 1 + 1 + 1
+    assert hot_spills(regimes, events[:2])["cold_after_warm"] == 1 + 1  # r3's and r0's only
+    assert hot_spills(Counter({("r0", "warm"): 5}), [])["cold_after_warm"] == 0

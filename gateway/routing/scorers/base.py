@@ -69,6 +69,9 @@ class ScorerSettings:
     affinity_margin_ms: float = 10.0
     # The eviction scorer: what losing a victim that is wanted again costs, in cold loads of the cold regime's base.
     eviction_cost: float = 2.0
+    # Not a scorer's: a candidate where the adapter is cold wins over one where it is warm only when predicted
+    # faster by more than this (pickers.warm_or_cold).
+    cold_margin_ms: float = 0.0
 
 
 ScorerFactory = Callable[[ScorerSettings], Scorer]
@@ -87,11 +90,14 @@ class Scoring:
     """A pool's scorers with their weights, and the TTFT model they read. ``weighted``: each term's name, weight
     and bound ``score``, looked up once here rather than per candidate."""
 
-    __slots__ = ("_linear", "_table", "_table_version", "model", "terms", "weighted")
+    __slots__ = ("_linear", "_table", "_table_version", "cold_margin_ms", "model", "terms", "weighted")
 
-    def __init__(self, terms: tuple[tuple[str, float, Scorer], ...], model: TtftModel) -> None:
+    def __init__(
+        self, terms: tuple[tuple[str, float, Scorer], ...], model: TtftModel, cold_margin_ms: float = 0.0
+    ) -> None:
         self.terms = terms
         self.model = model
+        self.cold_margin_ms = cold_margin_ms
         self.weighted: tuple[tuple[str, float, Callable[[Candidate], float]], ...] = tuple(
             (name, weight, term.score) for name, weight, term in terms
         )
@@ -126,4 +132,4 @@ def build_scoring(weights: Mapping[str, float], settings: ScorerSettings, model:
     if unknown:
         raise ValueError(f"unknown scorers {unknown}; known: {sorted(SCORERS)}")
     terms = tuple((name, weight, SCORERS[name](settings)) for name, weight in weights.items() if weight)
-    return Scoring(terms, model)
+    return Scoring(terms, model, settings.cold_margin_ms)

@@ -3,6 +3,7 @@ the key's prefix warm there) and what a lease teaches the pool's TTFT model."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 
@@ -269,3 +270,56 @@ def test_without_the_eviction_scorer_the_pool_reads_no_victims() -> None:
     assert "eviction" not in RoutingConfig().scorers
     pool = predicting_pool()
     assert all(r.evict_loss == 0.0 for r in pool.explain("k", "a").snapshot)
+
+
+async def until_resident_on(pool: Pool, replica_id: str, name: str) -> None:
+    for _ in range(5_000):  # a bounded poll: the warm-up runs in a task of its own
+        if pool.residency.is_resident(replica_id, name) and not pool._warming_ahead:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"{name} was not warmed on {replica_id}")
+
+
+async def test_a_hot_keys_adapter_is_warmed_ahead_in_the_background_before_its_requests_spill() -> None:
+    """A key whose requests in flight reach the floor at home, where a cold replica is predicted within the cold
+    margin: its requests stay where the adapter is warm, the pool loads and warms the adapter on the cold replica in
+    the background (one load, one one-token request), and the key's next requests find it resident there: they
+    spill warm. Up to routing.spill_warm_replicas replicas (2 here): then nothing more is warmed."""
+    # Home reservations on (their default): they are what counts a key's requests in flight.
+    routing = RoutingConfig(
+        ttft_priors=PRIORS, ttft_learning_rate=0, capacity_floor=2, cold_margin_ms=500, spill_warm_replicas=2
+    )
+    pool = predicting_pool(routing=routing)
+    engine = pool.residency.driver.engine  # type: ignore[attr-defined]
+    home = pool.ring.preference("k")[0]
+    await pool.residency.ensure(home, ADAPTER)
+    leases = [pool.lease("k", ADAPTER) for _ in range(3)]
+    assert [lease.replica_id for lease in leases] == [home] * 3  # warm at home, within the margin of a cold load
+    ahead = [lease.decision.warm_ahead for lease in leases]
+    assert ahead[:2] == [None, None] and ahead[2] not in (None, home)  # the third sees 2 in flight: the floor
+    await until_resident_on(pool, ahead[2] or "", "a")
+    assert engine.loads[(ahead[2], "a")] == 1
+    assert [replica for replica, body in engine.warm_requests if b'"max_tokens": 1' in body] == [ahead[2]]
+    assert pool.warm_aheads == 1
+    with pool.lease("k", ADAPTER) as spilled:  # home has 3 in flight: the copy warmed ahead takes it, warm
+        assert spilled.replica_id == ahead[2] and spilled.adapter_resident()
+        more = [pool.lease("k", ADAPTER) for _ in range(4)]
+        assert {lease.decision.warm_ahead for lease in more} - {None} <= {
+            r for r in pool.replicas if r not in (home, ahead[2])
+        }
+        assert not pool._warming_ahead  # resident on 2 replicas: spill_warm_replicas, nothing more warmed
+    for lease in [*leases, *more]:
+        lease.__exit__(None, None, None)
+
+
+async def test_warm_ups_ahead_run_one_at_a_time_in_a_pool() -> None:
+    pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0))
+    engine = pool.residency.driver.engine  # type: ignore[attr-defined]
+    pool.warm_ahead("r1", ADAPTER)
+    pool.warm_ahead("r1", ADAPTER)  # while the first runs
+    pool.warm_ahead("r2", ref("b"))  # another adapter elsewhere, too: one at a time
+    await until_resident_on(pool, "r1", "a")
+    assert not pool.residency.is_resident("r2", "b")
+    pool.warm_ahead("r1", ADAPTER)  # resident already
+    assert not pool._warming_ahead
+    assert engine.loads[("r1", "a")] == 1 and engine.duplicate_loads == 0 and len(engine.warm_requests) == 1

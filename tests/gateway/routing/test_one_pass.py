@@ -42,11 +42,12 @@ _REPLICA = st.tuples(
 @given(
     policy=st.sampled_from(["bounded_consistent_hash", "predicted_ttft"]),
     fleet=st.lists(_REPLICA, min_size=1, max_size=8),
-    standing=st.tuples(st.integers(0, 3), st.booleans()),
+    standing=st.tuples(st.sampled_from([0, 1, 2, 3, 8, 16]), st.booleans()),
     floor=st.sampled_from([1, 2, 8]),
     also_home=st.sets(st.sampled_from(ORDER), max_size=2),
     weights=st.tuples(*[st.sampled_from([0.0, 1.0, 2.0])] * 4),
     learned=st.integers(0, 4),
+    cold_margin=st.sampled_from([0.0, 50.0, 500.0]),
 )
 def test_the_one_pass_decides_as_the_general_pipeline(
     policy: str,
@@ -56,6 +57,7 @@ def test_the_one_pass_decides_as_the_general_pipeline(
     also_home: set[str],
     weights: tuple[float, ...],
     learned: int,
+    cold_margin: float,
 ) -> None:
     order = ORDER[: len(fleet)]
     loads = [
@@ -67,7 +69,8 @@ def test_the_one_pass_decides_as_the_general_pipeline(
     for i in range(learned):  # the summed table follows the model's lines as they move
         model.observe("cold" if i % 2 else "warm", i, 100.0 * i)
     names = ("queue", "regime", "affinity", "cold_stall")
-    scoring = build_scoring(dict(zip(names, weights, strict=True)), ScorerSettings(affinity_margin_ms=10), model)
+    settings_ = ScorerSettings(affinity_margin_ms=10, cold_margin_ms=cold_margin)
+    scoring = build_scoring(dict(zip(names, weights, strict=True)), settings_, model)
     common = {
         "pool": "p", "policy": policy, "balance_factor": 1.25, "capacity_floor": floor, "resident": resident,
         "standing": KeyStanding(standing[0], standing[0] == 0 or standing[1]), "scoring": scoring,
@@ -79,6 +82,7 @@ def test_the_one_pass_decides_as_the_general_pipeline(
     assert fast.reasons == general.reasons and fast.excluded == general.excluded
     assert fast.capacity == general.capacity and fast.used_reservation == general.used_reservation
     assert fast.candidates == general.candidates and fast.unavailable == general.unavailable
+    assert fast.warm_ahead == general.warm_ahead
     assert fast.predictions.keys() == general.predictions.keys()
     for replica_id, predicted in fast.predictions.items():
         expected = general.predictions[replica_id]

@@ -192,6 +192,64 @@ def test_the_bound_never_forces_a_cold_load() -> None:
     assert decision.chosen == SECOND and decision.predictions[SECOND].regime == "cold"
 
 
+# --- a cold replica against a warm one: the cold margin and warming ahead (issue 19) ----------------------------
+
+MARGIN = build_scoring(
+    {"queue": 1.0, "regime": 1.0, "affinity": 1.0},
+    ScorerSettings(affinity_margin_ms=10, cold_margin_ms=500),
+    TtftModel(PRIORS, 0),
+)
+HOT_KEY, LIGHT_KEY = KeyStanding(in_flight=10), KeyStanding(in_flight=2)  # the floor below is 8
+
+
+def choose(
+    home_load: int, standing: KeyStanding, scoring: Scoring = MARGIN, explain: bool = False, cold_load: int = 0
+) -> RoutingDecision:
+    """Home warm with ``home_load`` ahead (20 + 10 x load ms), the adapter cold on the two others (510 ms + 10 x
+    ``cold_load``)."""
+    fleet = [
+        replica(HOME, home_load, recent=True),
+        replica(SECOND, cold_load, gpu=False),
+        replica(THIRD, cold_load + 1, gpu=False),
+    ]
+    return decide(RING.preference(KEY), KEY, fleet, pool="p", policy="predicted_ttft", balance_factor=1.25,
+                  capacity_floor=8, resident=frozenset({HOME}), standing=standing, scoring=scoring,
+                  explain=explain)  # fmt: skip
+
+
+@pytest.mark.parametrize("explain", [False, True], ids=["table", "per_scorer"])
+def test_a_hot_key_waits_where_its_adapter_is_warm_and_has_it_warmed_where_a_cold_load_was_faster(
+    explain: bool,
+) -> None:
+    """A key whose requests in flight fill the floor of every replica where its adapter is warm does not take a
+    cold replica predicted faster by less than the cold margin: it stays warm, and the decision names the cold
+    replica to warm the adapter on in the background (before the key's requests spill there)."""
+    decision = choose(60, HOT_KEY, explain=explain)  # home 620 ms, second 510 ms: faster, by less than 500 ms
+    assert decision.chosen == HOME and decision.warm_ahead == SECOND
+    decision = choose(10, HOT_KEY, explain=explain)  # home 120 ms: the cold one within the margin of it (620 ms)
+    assert decision.chosen == HOME and decision.warm_ahead == SECOND
+    decision = choose(110, HOT_KEY, explain=explain)  # home 1,120 ms: the cold one wins by more than the margin
+    assert decision.chosen == SECOND and decision.predictions[SECOND].regime == "cold" and decision.warm_ahead is None
+    decision = choose(10, HOT_KEY, explain=explain, cold_load=20)  # the cold ones 710 ms: beyond it, nothing warmed
+    assert decision.chosen == HOME and decision.warm_ahead is None
+
+
+def test_a_key_that_is_not_hot_spills_cold_when_faster_as_before() -> None:
+    """A lighter key takes the cold replica predicted faster, whatever the margin, and warms nothing ahead: a copy
+    warmed for it on a full replica would evict an adapter another tenant still wants."""
+    decision = choose(60, LIGHT_KEY)
+    assert decision.chosen == SECOND and decision.warm_ahead is None
+    decision = choose(45, LIGHT_KEY)
+    assert decision.chosen == HOME and decision.warm_ahead is None
+
+
+def test_without_a_cold_margin_a_hot_key_spills_as_before() -> None:
+    scoring = build_scoring({"queue": 1.0, "regime": 1.0, "affinity": 1.0}, ScorerSettings(affinity_margin_ms=10),
+                            TtftModel(PRIORS, 0))  # fmt: skip
+    decision = choose(60, HOT_KEY, scoring)
+    assert decision.chosen == SECOND and decision.warm_ahead is None
+
+
 def test_a_key_holding_its_reservation_may_take_its_home_over_the_bound() -> None:
     standing = KeyStanding(in_flight=2, holds_reservation=True)
     decision = pick(replica(HOME, 6, recent=True), replica(SECOND, 5), replica(THIRD, 5), floor=1, standing=standing)
@@ -230,9 +288,19 @@ _FLEETS = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(fleet=_FLEETS, weights=st.tuples(*[st.sampled_from([0.0, 0.5, 1.0, 2.0])] * 4), learned=st.integers(0, 5))
+@given(
+    fleet=_FLEETS,
+    weights=st.tuples(*[st.sampled_from([0.0, 0.5, 1.0, 2.0])] * 4),
+    learned=st.integers(0, 5),
+    cold_margin=st.sampled_from([0.0, 50.0, 500.0]),
+    in_flight=st.sampled_from([1, 4, 8]),
+)
 def test_the_summed_linear_table_decides_as_asking_each_scorer_would(
-    fleet: list[tuple[int, bool, bool, bool, bool]], weights: tuple[float, ...], learned: int
+    fleet: list[tuple[int, bool, bool, bool, bool]],
+    weights: tuple[float, ...],
+    learned: int,
+    cold_margin: float,
+    in_flight: int,
 ) -> None:
     """The linear table (a request's own decision) and the per-scorer path (explain) agree on the choice and its
     total, whatever the weights, loads and regimes, and after the model has moved its lines."""
@@ -240,19 +308,21 @@ def test_the_summed_linear_table_decides_as_asking_each_scorer_would(
     model = TtftModel(PRIORS, 0.3)
     for i in range(learned):  # the table follows the model's lines as they move
         model.observe("cold" if i % 2 else "warm", i, 100.0 * i)
-    scoring = build_scoring(dict(zip(names, weights, strict=True)), ScorerSettings(affinity_margin_ms=10), model)
+    settings_ = ScorerSettings(affinity_margin_ms=10, cold_margin_ms=cold_margin)
+    scoring = build_scoring(dict(zip(names, weights, strict=True)), settings_, model)
     loads = [
         ReplicaLoad(r, True, load, on_gpu=gpu, key_recent=recent)
         for r, (load, gpu, recent, _, _) in zip(RING.preference(KEY), fleet, strict=True)
     ]
     resident = frozenset(r for r, (_, _, _, here, _) in zip(RING.preference(KEY), fleet, strict=True) if here)
-    holds = KeyStanding(1, holds_reservation=fleet[0][4])
+    holds = KeyStanding(in_flight, holds_reservation=fleet[0][4])
     common = {"pool": "p", "policy": "predicted_ttft", "balance_factor": 1.25, "capacity_floor": 4,
               "resident": resident, "standing": holds, "scoring": scoring}  # fmt: skip
     placed = decide(RING.preference(KEY), KEY, loads, **common)  # type: ignore[arg-type]
     explained = decide(RING.preference(KEY), KEY, loads, explain=True, **common)  # type: ignore[arg-type]
     assert placed.chosen == explained.chosen
     assert placed.reasons == explained.reasons and placed.excluded == explained.excluded
+    assert placed.warm_ahead == explained.warm_ahead
     chosen = placed.predictions[placed.chosen or ""]
     assert chosen.regime == explained.predictions[placed.chosen or ""].regime
     assert chosen.total_ms == pytest.approx(explained.predictions[placed.chosen or ""].total_ms)
