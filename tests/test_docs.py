@@ -70,7 +70,8 @@ def config_field(dotted: str) -> FieldInfo | type[BaseModel] | None:
 
 def config_keys() -> list[tuple[str, re.Match[str]]]:
     sections = "|".join(sorted(set(GatewayConfig.model_fields) | POOL_SECTIONS))
-    return doc_matches(rf"`((?:{sections})(?:\[\])?(?:\.[a-z_]+(?:\[\])?)+)`(?:\s*\(([^)]*)\))?")
+    # The default stated after a key: `residency.fill_wait_s` (30 s), or `residency.use_flush_interval_s`, 0.25 s.
+    return doc_matches(rf"`((?:{sections})(?:\[\])?(?:\.[a-z_]+(?:\[\])?)+)`(?:\s*\(([^)]*)\)|,\s*(\d[^,;)]*))?")
 
 
 def test_every_config_key_the_docs_name_exists() -> None:
@@ -93,7 +94,7 @@ def test_every_default_the_docs_state_after_a_key_is_the_configs() -> None:
     checked, wrong = 0, []
     for where, match in config_keys():
         field = config_field(match.group(1))
-        stated = stated_default(match.group(2) or "")
+        stated = stated_default(match.group(2) or (match.group(3) or "").strip() + ";")
         if stated is None or not isinstance(field, FieldInfo):
             continue
         checked += 1
