@@ -291,6 +291,21 @@ def test_every_label_and_value_the_docs_give_a_metric_is_the_codes() -> None:
     assert len(named) >= 10 and values >= 8 and not wrong, wrong
 
 
+def test_the_runbooks_metric_table_has_a_row_for_every_metric_the_gateway_exports() -> None:
+    """docs/operations.md, Every metric: the other direction of the checks above: each family the gateway's code
+    names (metrics.py's, and those its collectors build at scrape time) has a row, so a new metric is documented."""
+    source = "".join(path.read_text() for path in (REPO / "gateway").rglob("*.py"))
+    named = set(re.findall(r"[\"'](tenantgate_[a-z_]+)[\"']", source)) - {"tenantgate_session"}  # the admin cookie
+    runbook = (REPO / "docs/operations.md").read_text()
+    rows = {
+        re.sub(r"_(total|info)$", "", name)
+        for row in re.finditer(r"^\| (`tenantgate_[^|]+) \|", runbook, re.MULTILINE)
+        for name in re.findall(r"`(tenantgate_[a-z_]+)`", row.group(1))
+    }
+    missing = sorted(name for name in named if name not in rows)
+    assert len(named) > 50 and not missing, missing
+
+
 def test_every_label_value_the_runbooks_metric_table_names_is_one_the_code_writes() -> None:
     """docs/operations.md, Every metric: a row's description names the values its labels take in backticks
     (evictions' `request_path`, `scheduled` or `over_bound`; ejections' `several_tenants`); each is a string the code
