@@ -692,3 +692,24 @@ def test_nothing_in_the_repository_points_outside_it() -> None:
             continue  # a binary file
         found += [f"{name}:{text.count(chr(10), 0, m.start()) + 1}" for m in outside.finditer(text)]
     assert len(tracked.stdout) > 1000 and not found, found
+
+
+def test_every_config_key_is_named_in_the_docs() -> None:
+    """Each field of the config (the engines' own sections aside: docs/triton.md's example) is named in some doc's
+    code span: whole (`pools[].connect_timeout_s`), by its last part (`warm_ms`), or in a section's snippet
+    (`health: {interval_s, timeout_s, ...}`). A new key fails here until an operator can read what it does."""
+    spans = [span for path in DOCS for span in re.findall(r"`((?:[^`\n]|\n(?!\n))+)`", path.read_text())]
+    words = {word for span in spans for word in re.findall(r"[a-z_]+", span)}
+    keys: list[tuple[str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            section = nested_model(field.annotation)
+            if section is None:
+                keys.append((prefix + name, name))
+            elif name != "settings":  # an engine's own section (`triton: {...}`)
+                walk(section, f"{prefix}{name}{'[]' if typing.get_origin(field.annotation) is list else ''}.")
+
+    walk(GatewayConfig, "")
+    unnamed = [key for key, name in keys if key not in spans and name not in words]
+    assert len(keys) > 150 and not unnamed, unnamed
