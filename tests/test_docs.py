@@ -729,3 +729,46 @@ def test_every_section_the_docs_point_to_by_name_exists() -> None:
         if not any(named in " ".join(title.split()).lower() for title in titles):
             missing.append(f"{where} {match.group(1)}, {match.group(2)}")
     assert len(pointers) >= 15 and not missing, missing
+
+
+# snake_case names the docs quote that are other software's: OpenAI's content parts, TensorRT-LLM's and vLLM's
+# settings and metrics, prometheus-client's family.
+NOT_OUR_NAMES = {
+    "image_url",
+    "input_audio",
+    "max_input_len",
+    "lora_cache_gpu_memory_fraction",
+    "lora_cache_host_memory_bytes",
+    "enable_kv_cache_reuse",
+    "lm_head",
+    "tensorrt_llm",
+    "lora_requests_info",
+    "python_info",
+}
+
+
+def test_every_snake_case_name_the_docs_quote_is_the_codes() -> None:
+    """`flying_at`, `remote_used`, `trim_over_bound()`, `cold_loads_by_cause`: a function, attribute, variable,
+    module or string of gateway/, backends/ or loadtests/ (read with ast), a config key or a metric; a renamed one
+    fails here instead of leaving the docs' map pointing at nothing."""
+    names: set[str] = set()
+    for top in ("gateway", "backends", "loadtests"):
+        for path in (REPO / top).rglob("*.py"):
+            names.add(path.stem)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(node.name)
+                elif isinstance(node, ast.Attribute):
+                    names.add(node.attr)
+                elif isinstance(node, ast.Name):
+                    names.add(node.id)
+                elif isinstance(node, ast.arg):
+                    names.add(node.arg)
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    names.add(node.value)
+    known = names | leaf_fields().keys() | NOT_OUR_NAMES
+    quoted = doc_matches(r"`([a-z][a-z0-9]*_[a-z0-9_]+)(?:\(\))?`")
+    unknown = [f"{where} {match.group(1)}" for where, match in quoted if match.group(1) not in known]
+    # Metrics and tests have checks of their own above.
+    unknown = [entry for entry in unknown if " tenantgate_" not in entry and " test_" not in entry]
+    assert len(quoted) > 200 and not unknown, unknown
