@@ -299,6 +299,8 @@ def test_each_package_imports_only_what_docs_architecture_says_it_may(graph: Gra
     gateway module or of backends is one the row names; 'backends' allows any of its interface modules."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     rows = re.findall(r"^\| `gateway/([a-z_]+)/` \| [^|]* \| ([^|]*) \|$", text, re.MULTILINE)
+    packages = {path.parent.name for path in (ROOT / "gateway").glob("*/__init__.py")}
+    assert packages == {package for package, _ in rows}, "each gateway package has one row, no row names none"
     checked, undocumented = 0, []
     for package, may_import in rows:
         if "everything" in may_import or "anything" in may_import:
