@@ -29,6 +29,23 @@ async def test_touch_does_not_bring_back_an_evicted_adapter(store: ResidencyStor
     assert (await store.record("llama", "r0")).resident == {}
 
 
+async def test_one_touch_of_several_replicas_and_pools_moves_each_own_record(store: ResidencyStore) -> None:
+    await store.add("llama", "r0", "a", 1.0)
+    await store.add("llama", "r0", "b", 1.0)
+    await store.add("llama", "r1", "a", 1.0)
+    await store.add("mistral", "r0", "c", 1.0)
+    uses = {
+        ("llama", "r0", "a"): 5.0,
+        ("llama", "r0", "b"): 6.0,
+        ("llama", "r1", "a"): 7.0,
+        ("llama", "r1", "gone"): 8.0,
+    }
+    await store.touch({**uses, ("mistral", "r0", "c"): 0.5})  # an older use moves nothing
+    assert (await store.record("llama", "r0")).resident == {"a": 5.0, "b": 6.0}
+    assert (await store.record("llama", "r1")).resident == {"a": 7.0}  # a touch adds nothing
+    assert (await store.record("mistral", "r0")).resident == {"c": 1.0}
+
+
 async def test_pools_and_replicas_are_separate(store: ResidencyStore) -> None:
     await store.add("llama", "r0", "a", 1.0)
     await store.add("llama", "r1", "b", 1.0)
