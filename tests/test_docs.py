@@ -772,3 +772,53 @@ def test_every_snake_case_name_the_docs_quote_is_the_codes() -> None:
     # Metrics and tests have checks of their own above.
     unknown = [entry for entry in unknown if " tenantgate_" not in entry and " test_" not in entry]
     assert len(quoted) > 200 and not unknown, unknown
+
+
+def bench_overhead_rows(table: str) -> dict[str, list[float]]:
+    """A make bench-overhead table's cells 'a / b / c' at 64 clients, by setup and column (req/s, CPU per request)."""
+    cells: dict[str, list[float]] = {}
+    for row in table.splitlines()[2:]:
+        setup, clients, rate, _, cpu = (cell.strip() for cell in row.strip("|").split("|"))
+        if clients != "64":
+            continue
+        for column, text in (("req/s", rate), ("cpu", cpu)):
+            values = [float(v.replace(",", "")) for v in re.findall(r"\d[\d,]*(?:\.\d+)?", text)]
+            if values:
+                cells[f"{setup} {column}"] = values
+    return cells
+
+
+def test_the_readmes_bench_overhead_figures_are_the_latest_runs_in_the_benchmarks() -> None:
+    """README's `loadtests/bench_overhead.py` row quotes the newest make bench-overhead table of docs/benchmarks.md:
+    the default's CPU per request and req/s, vllm-router's, the bare aiohttp proxy's CPU, the default against that
+    floor, and how many runs; a new table without the README following (or a slip in the ranges) fails here."""
+    header = "| setup | clients | req/s | added p50 ms | CPU per request |"
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    table = benchmarks[benchmarks.rindex(header) :].split("\n\n")[0]
+    cells = bench_overhead_rows(table)
+    readme = (REPO / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `loadtests/bench_overhead.py` |"))
+    quoted = re.search(
+        r"costs (\d+)-(\d+) us of CPU per request at ([\d,]+)-([\d,]+) req/s, against vllm-router's (\d+)-(\d+) us"
+        r" and ([\d,]+)-([\d,]+) req/s and the bare aiohttp proxy's (\d+)-(\d+) us \(([\d.]+)-([\d.]+)x that floor\),"
+        r" in the same (\w+) runs",
+        row,
+    )
+    assert quoted is not None, "README's bench_overhead row no longer reads as this test expects: update both"
+    default, floor = cells["tenantgate (default) cpu"], cells["bare aiohttp proxy cpu"]
+    ratios = [round(d / f, 2) for d, f in zip(default, floor, strict=True)]
+    words = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+
+    def span(values: list[float], form: str = "{:,.0f}") -> tuple[str, str]:
+        return form.format(min(values)), form.format(max(values))
+
+    expected = (
+        *span(default),
+        *span(cells["tenantgate (default) req/s"]),
+        *span(cells["vllm-router cpu"]),
+        *span(cells["vllm-router req/s"]),
+        *span(floor),
+        *span(ratios, "{:.2f}"),
+        words.get(len(default), str(len(default))),
+    )
+    assert quoted.groups() == expected
