@@ -822,3 +822,6 @@ def test_the_readmes_bench_overhead_figures_are_the_latest_runs_in_the_benchmark
         words.get(len(default), str(len(default))),
     )
     assert quoted.groups() == expected
+    workers = cells["tenantgate `--workers 2` req/s"]
+    against = [round(w / v, 2) for w, v in zip(workers, cells["vllm-router req/s"], strict=True)]
+    assert "`--workers 2` reached {}-{}x vllm-router's req/s".format(*span(against, "{:.2f}")) in row
