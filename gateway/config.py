@@ -128,11 +128,12 @@ class RoutingConfig(_Frozen):
     # Leaving the key's home must be predicted faster by more than this (the affinity scorer's hysteresis).
     affinity_margin_ms: float = Field(default=10.0, ge=0, le=600_000)
     # predicted_ttft, for a hot key (its requests in flight reach capacity_floor on every replica where its adapter
-    # is warm; counted by the home reservations): a replica where its adapter is cold is chosen only when predicted
-    # faster than a warm one by more than this (the load runs on the request's path and stalls the requests already
-    # there), and one predicted within this of the warm ones gets the adapter loaded and warmed in the background,
-    # one at a time per pool, so the key's next requests spill there warm; no more once the adapter is resident on
-    # spill_warm_replicas replicas. 0 turns both off (a cold replica is taken when predicted faster).
+    # is warm and are two thirds of the load there; counted by the home reservations): a replica where its adapter
+    # is cold is chosen only when predicted faster than a warm one by more than this (the load runs on the request's
+    # path and stalls the requests already there), and one predicted within this of the warm ones gets the adapter
+    # loaded and warmed in the background, one at a time per pool, so the key's next requests spill there warm; no
+    # more once the adapter is resident on spill_warm_replicas replicas. 0 turns both off (a cold replica is taken
+    # when predicted faster).
     cold_margin_ms: float = Field(default=500.0, ge=0, le=600_000)
     spill_warm_replicas: int = Field(default=3, ge=1, le=1024)
     # The scorers summed into a candidate's predicted TTFT, by name (gateway/routing/scorers/), with weights;

@@ -149,7 +149,7 @@ def lowest_predicted(
     cold_c, cold_p, cold_o = table["cold"]
     best, best_ms = candidates[0], math.inf
     cold, cold_ms = best, math.inf  # the best candidate where the adapter is cold, kept apart
-    warm_count = 0
+    warm_count = warm_load = 0
     regime: Regime
     best_regime: Regime = "cold"
     plain, total, most = True, 1, 0
@@ -180,6 +180,7 @@ def lowest_predicted(
                 cold, cold_ms = replica, ms
             continue
         warm_count += 1
+        warm_load += load
         ms = constant + per_request * load
         if replica_id != home and replica_id not in also_home:
             ms += off_home
@@ -187,7 +188,7 @@ def lowest_predicted(
             best, best_ms, best_regime = replica, ms, regime
     if not warm_count:  # cold everywhere
         return cold, "cold", cold_ms, plain, total, most, None
-    hot = key_in_flight >= capacity_floor * warm_count
+    hot = key_in_flight >= capacity_floor * warm_count and 3 * key_in_flight >= 2 * warm_load
     take_cold, ahead = warm_or_cold(best_ms, cold.id, cold_ms, cold_margin_ms if hot else 0.0)
     if take_cold:
         return cold, "cold", cold_ms, plain, total, most, None
@@ -200,8 +201,10 @@ def warm_or_cold(warm_ms: float, cold_id: str, cold_ms: float, cold_margin_ms: f
 
     ``cold_margin_ms`` is ``routing.cold_margin_ms`` for a hot key, one whose requests in flight reach the pool's
     ``capacity_floor`` on every replica where its adapter is warm (its demand fills what they take before the bound
-    may spill it), and 0 for another. A hot key takes a cold replica only when predicted faster by more than the
-    margin (the load runs on the request's path and stalls the requests already there), and has its adapter warmed
+    may spill it) and are two thirds of the load there (moving them is what relieves those replicas; heavy keys
+    sharing one are spread by the scheduler's spills, as before), and 0 for another. A hot key takes a cold replica
+    only when predicted faster by more than the margin (the load runs on the request's path and stalls the requests
+    already there), and has its adapter warmed
     there in the background once the cold one comes within the margin: its warm replicas fill up while the load
     runs, so it starts before the cold one would win, and its requests spill there warm (issue 19). Another key
     takes the cold replica when predicted faster, as a spill always did: warming copies ahead for it would evict
@@ -218,7 +221,7 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
     lines, weighted = scoring.model.lines, scoring.weighted
     best, best_ms = allowed[0].id, math.inf
     cold, cold_ms = best, math.inf  # the best candidate where the adapter is cold, kept apart (lowest_predicted)
-    warm_count = 0
+    warm_count = warm_load = 0
     for replica in allowed:
         regime = regime_of(replica.on_gpu, replica.id in resident, replica.key_recent)
         candidate = Candidate(replica, regime, lines[regime], replica.id == home or replica.id in given.also_home)
@@ -236,11 +239,13 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
                 cold, cold_ms = replica.id, total
             continue
         warm_count += 1
+        warm_load += replica.in_flight
         if total < best_ms:
             best, best_ms = replica.id, total
     if not warm_count:
         return cold
-    hot = given.standing.in_flight >= given.capacity_floor * warm_count
+    in_flight = given.standing.in_flight
+    hot = in_flight >= given.capacity_floor * warm_count and 3 * in_flight >= 2 * warm_load
     take_cold, decision.warm_ahead = warm_or_cold(best_ms, cold, cold_ms, scoring.cold_margin_ms if hot else 0.0)
     return cold if take_cold else best
 

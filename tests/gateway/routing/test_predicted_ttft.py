@@ -199,7 +199,8 @@ MARGIN = build_scoring(
     ScorerSettings(affinity_margin_ms=10, cold_margin_ms=500),
     TtftModel(PRIORS, 0),
 )
-HOT_KEY, LIGHT_KEY = KeyStanding(in_flight=10), KeyStanding(in_flight=2)  # the floor below is 8
+LIGHT_KEY = KeyStanding(in_flight=2)  # the floor below is 8
+HOT_KEY = KeyStanding(in_flight=-1)  # ``choose``: every request at home is the key's
 
 
 def choose(
@@ -207,6 +208,8 @@ def choose(
 ) -> RoutingDecision:
     """Home warm with ``home_load`` ahead (20 + 10 x load ms), the adapter cold on the two others (510 ms + 10 x
     ``cold_load``)."""
+    if standing is HOT_KEY:
+        standing = KeyStanding(in_flight=home_load)
     fleet = [
         replica(HOME, home_load, recent=True),
         replica(SECOND, cold_load, gpu=False),
@@ -234,12 +237,19 @@ def test_a_hot_key_waits_where_its_adapter_is_warm_and_has_it_warmed_where_a_col
     assert decision.chosen == HOME and decision.warm_ahead is None
 
 
-def test_a_key_that_is_not_hot_spills_cold_when_faster_as_before() -> None:
-    """A lighter key takes the cold replica predicted faster, whatever the margin, and warms nothing ahead: a copy
-    warmed for it on a full replica would evict an adapter another tenant still wants."""
-    decision = choose(60, LIGHT_KEY)
+@pytest.mark.parametrize(
+    "standing",
+    [LIGHT_KEY, KeyStanding(in_flight=20)],
+    ids=["under_the_floor", "under_two_thirds_of_the_load"],
+)
+def test_a_key_that_is_not_hot_spills_cold_when_faster_as_before(standing: KeyStanding) -> None:
+    """A key under the floor, or one whose requests are under two thirds of the load where its adapter is warm
+    (heavy keys sharing a replica: the scheduler's spills spread them), takes the cold replica predicted faster,
+    whatever the margin, and warms nothing ahead: a copy warmed for it on a full replica would evict an adapter
+    another tenant still wants."""
+    decision = choose(60, standing)
     assert decision.chosen == SECOND and decision.warm_ahead is None
-    decision = choose(45, LIGHT_KEY)
+    decision = choose(45, standing)
     assert decision.chosen == HOME and decision.warm_ahead is None
 
 
