@@ -177,8 +177,11 @@ def _same_length_work(median_us: float, calls: int, clock: Callable[[], int]) ->
     return _timed(work, [""] * calls, clock)
 
 
-def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str, clock: str = "wall") -> FleetResult:
-    """One fleet, measured in this process (the parent runs each in a fresh one) with ``clock`` (CLOCKS)."""
+def run_fleet(
+    replicas: int, keys: int, samples: Samples, seed: int, policy: str, clock: str = "wall", prefill: int = 0
+) -> FleetResult:
+    """One fleet, measured in this process (the parent runs each in a fresh one) with ``clock`` (CLOCKS), after
+    ``prefill`` decisions for other keys, each once (untimed)."""
     timer = CLOCKS[clock]
     rng = random.Random(seed)
     tenants = [f"tenant-{i}" for i in range(keys)]
@@ -204,6 +207,8 @@ def run_fleet(replicas: int, keys: int, samples: Samples, seed: int, policy: str
     def explain(key: str) -> None:
         pool.explain(key, ADAPTER)
 
+    for index in range(prefill):  # a long-running gateway's pool has seen more keys than it remembers
+        place_release(f"prefill-{index}")
     first_sight = _timed(place_release, first_keys, timer)
     decided = set(first_keys)
     to_warm = [key for key in dict.fromkeys(drawn) if key not in decided]
@@ -257,6 +262,8 @@ def main() -> None:
     parser.add_argument("--clock", default="cpu,wall", help="the clocks, comma-separated: wall (perf_counter, "
                         "preemption included), cpu (the thread's CPU time); default both")  # fmt: skip
     parser.add_argument("--runs", type=int, default=3, help="runs per clock, each fleet in a fresh process")
+    parser.add_argument("--prefill", type=int, default=0, help="decide this many other keys first, each "
+                        "once (untimed): over the pool's memos (65,536) is a long-running gateway")  # fmt: skip
     parser.add_argument("--target-us", type=float, default=20.0, help="report the share of calls over this")
     parser.add_argument("--full", action="store_true", help=f"no smaller samples above {FULL_SAMPLES_UP_TO} replicas")
     args = parser.parse_args()
@@ -270,7 +277,8 @@ def main() -> None:
         f"one decision on a real Pool: place + release per call (explain alone in its own column); "
         f"{routing.vnodes} vnodes, {args.policy}, {args.keys} keys, adapter resident on "
         f"{RESIDENT_SHARE:.0%} of replicas; cyclic GC disabled while timing; {args.runs} runs per clock, each "
-        f"fleet in a fresh process (cells: lowest-highest over the runs); seed {args.seed}"
+        f"fleet in a fresh process (cells: lowest-highest over the runs); {args.prefill} keys decided first; "
+        f"seed {args.seed}"
     )
     context = multiprocessing.get_context("spawn")
     used: dict[int, Samples] = {}
@@ -283,7 +291,7 @@ def main() -> None:
                 samples = _samples(replicas, args.keys, args.first_sight, args.calls, args.full)
                 with ProcessPoolExecutor(max_workers=1, mp_context=context) as executor:
                     result = executor.submit(
-                        run_fleet, replicas, args.keys, samples, args.seed, args.policy, clock
+                        run_fleet, replicas, args.keys, samples, args.seed, args.policy, clock, args.prefill
                     ).result()
                 results[replicas].append(result)
                 used[replicas] = result.samples

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -130,7 +131,9 @@ class Pool:
         self.eviction_horizon_s = routing.eviction_horizon_s
         self.prefix_warm_s = routing.prefix_warm_s
         self.router = Router(self.name, config.policy, self.balance_factor, self.capacity_floor, self.scoring)
-        self._recent: dict[str, dict[str, float]] = {}
+        # An OrderedDict, not a dict: a dict whose oldest key is dropped at each new one (del d[next(iter(d))]) is
+        # read from its front past every slot deleted since it last compacted, 4.6 us per new key once full.
+        self._recent: OrderedDict[str, dict[str, float]] = OrderedDict()
         self._resident_order: dict[frozenset[str], tuple[str, ...]] = {}
         # Per key, its candidates and the rest of its replica set, with the resident set and ring version they were
         # built from (_candidates).
@@ -215,13 +218,15 @@ class Pool:
         return decision
 
     def _served(self, key: str, replica_id: str) -> None:
-        recent = self._recent.pop(key, None)  # re-inserted last: the dict's order is the keys' recency
+        keys = self._recent  # in the keys' recency, the least recently routed first
+        recent = keys.get(key)
         if recent is None:
-            recent = {}
-            if len(self._recent) >= _RECENT_KEYS:
-                del self._recent[next(iter(self._recent))]
+            if len(keys) >= _RECENT_KEYS:
+                keys.popitem(last=False)
+            recent = keys[key] = {}
+        else:
+            keys.move_to_end(key)
         recent[replica_id] = time.monotonic()
-        self._recent[key] = recent
 
     def _used(self, engine_model: str) -> None:
         now = time.monotonic()

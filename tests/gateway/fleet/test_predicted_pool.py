@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gateway.fleet.pool as pool_module
 from backends.base import AdapterRef, EngineLoad
 from gateway.config import RoutingConfig, TtftPriors
 from gateway.fleet.pool import Pool
@@ -56,6 +57,21 @@ def test_a_prefix_older_than_the_window_is_cold_again() -> None:
         pass
     time.sleep(0.01)  # not a timing assertion: the window is 0, any later decision is past it
     assert {p.regime for p in pool.explain("k", None).predictions.values()} == {"kv_cold"}
+
+
+def test_the_pool_remembers_the_most_recently_routed_keys_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its bound the pool forgets the least recently routed key's warm replicas (session keys are unbounded in
+    number); a key routed again counts as recent, whenever it was first seen."""
+    monkeypatch.setattr(pool_module, "_RECENT_KEYS", 3)
+    pool = predicting_pool()
+
+    def warm(key: str) -> bool:
+        return any(p.regime == "warm" for p in pool.explain(key, None).predictions.values())
+
+    for key in ("k0", "k1", "k2", "k0", "k3"):  # k0 routed again before k3 came: k1 is the least recent
+        with pool.lease(key, None):
+            pass
+    assert [warm(key) for key in ("k0", "k1", "k2", "k3")] == [True, False, True, True]
 
 
 async def test_an_adapter_in_use_or_among_the_most_recently_used_is_on_the_gpu_others_in_host_memory() -> None:
