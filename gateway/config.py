@@ -132,9 +132,10 @@ class RoutingConfig(_Frozen):
     # is cold is chosen only when predicted faster than a warm one by more than this (the load runs on the request's
     # path and stalls the requests already there), and one predicted within this of the warm ones gets the adapter
     # loaded and warmed in the background, one at a time per pool, so the key's next requests spill there warm; no
-    # more once the adapter is resident on spill_warm_replicas replicas. 0 turns both off (a cold replica is taken
-    # when predicted faster).
-    cold_margin_ms: float = Field(default=500.0, ge=0, le=600_000)
+    # more once the adapter is resident on spill_warm_replicas replicas. 0 (the default) turns both off: a cold
+    # replica is taken when predicted faster. 500 meets issue 19's hot-trace point but costs the collide trace about
+    # half again its cold loads (docs/benchmarks.md), so it is opt-in.
+    cold_margin_ms: float = Field(default=0.0, ge=0, le=600_000)
     spill_warm_replicas: int = Field(default=3, ge=1, le=1024)
     # The scorers summed into a candidate's predicted TTFT, by name (gateway/routing/scorers/), with weights;
     # a weight of 0 turns one off.

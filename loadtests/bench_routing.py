@@ -152,6 +152,18 @@ SETUPS = [
         sections=TRAFFIC_HOMES,
     ),
     Setup("tenantgate predicted_ttft, engine load view", "tenantgate", "predicted_ttft", load_view="engine"),
+    # A hot key's adapter warmed ahead of its spills (routing.cold_margin_ms, off by default: docs/benchmarks.md).
+    Setup(
+        "tenantgate predicted_ttft, warm ahead", "tenantgate", "predicted_ttft", routing=(("cold_margin_ms", 500.0),)
+    ),
+    Setup(
+        "tenantgate predicted_ttft, warm ahead, traffic homes",
+        "tenantgate",
+        "predicted_ttft",
+        home_placement="traffic",
+        routing=(("cold_margin_ms", 500.0),),
+        sections=TRAFFIC_HOMES,
+    ),
     Setup(
         "tenantgate predicted_ttft, no cold stall",
         "tenantgate",
