@@ -82,8 +82,8 @@ def test_every_config_key_the_docs_name_exists() -> None:
 
 
 def stated_default(text: str) -> float | None:
-    """The figure a '(...)' after a key states as its default: '10 s', '2,000', '10%', '0.25 s; ...'."""
-    match = re.match(r"(\d[\d,]*(?:\.\d+)?)\s*(%|s\b|ms\b)?(?:[;,:]|$)", text.strip())
+    """The figure a '(...)' after a key states as its default: '10 s', '2,000', '10%', '0.25 s; ...', '0 by default'."""
+    match = re.match(r"(\d[\d,]*(?:\.\d+)?)\s*(%|s\b|ms\b)?(?:[;,:]|$| by default)", text.strip())
     if match is None:
         return None
     value = float(match.group(1).replace(",", ""))
