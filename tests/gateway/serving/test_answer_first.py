@@ -95,6 +95,20 @@ async def stalled_request(server: BaseTestServer, headers: dict[str, str], body:
     return stalled
 
 
+async def statuses_until_served(url: str, headers: dict[str, str], tries: int) -> list[int]:
+    """A small request sent every 50 ms, at most ``tries`` times, until one is served: the statuses it got (503 while
+    the gateway's one place in flight is taken)."""
+    small = {"model": "lora-a", "prompt": "hello", "max_tokens": 4}
+    statuses: list[int] = []
+    async with httpx.AsyncClient(timeout=10) as client:
+        for _ in range(tries):  # bounded
+            statuses.append((await client.post(url, json=small, headers=headers)).status_code)
+            if statuses[-1] == 200:
+                break
+            await asyncio.sleep(0.05)
+    return statuses
+
+
 async def test_a_client_that_does_not_read_its_answer_holds_no_request_in_flight(tmp_path: Path) -> None:
     """The answer is handed to the connection before the request is booked, but the wait for the client to take it
     comes after: a client that stops reading holds its connection only, not the request's place in flight (here
@@ -107,15 +121,8 @@ async def test_a_client_that_does_not_read_its_answer_holds_no_request_in_flight
         headers = {"Authorization": f"Bearer {api_key('acme')}"}
         stalled = await stalled_request(server, headers, {"model": "lora-a", "prompt": "big", "max_tokens": 4})
         url = str(server.make_url("/v1/completions"))
-        small = {"model": "lora-a", "prompt": "hello", "max_tokens": 4}
         try:
-            async with httpx.AsyncClient(timeout=10) as client:
-                statuses = []
-                for _ in range(100):  # bounded: 503 (the gateway's one place in flight taken) until the big answer
-                    statuses.append((await client.post(url, json=small, headers=headers)).status_code)  # is out
-                    if statuses[-1] == 200:
-                        break
-                    await asyncio.sleep(0.05)
+            statuses = await statuses_until_served(url, headers, tries=100)  # 503 until the big answer is out
         finally:
             stalled.close()
     assert statuses[-1] == 200, statuses
@@ -155,15 +162,8 @@ async def test_a_stream_to_a_client_that_stops_reading_ends_past_the_requests_de
         headers = {"Authorization": f"Bearer {api_key('acme')}"}
         stalled = await stalled_request(server, headers, {"model": "lora-a", "prompt": "long", "stream": True})
         url = str(server.make_url("/v1/completions"))
-        small = {"model": "lora-a", "prompt": "hello", "max_tokens": 4}
         try:
-            async with httpx.AsyncClient(timeout=10) as client:
-                statuses = []
-                for _ in range(200):  # bounded: 503 (the one place in flight taken) until the stream is ended
-                    statuses.append((await client.post(url, json=small, headers=headers)).status_code)
-                    if statuses[-1] == 200:
-                        break
-                    await asyncio.sleep(0.05)
+            statuses = await statuses_until_served(url, headers, tries=200)  # 503 until the stream is ended
         finally:
             stalled.close()
     assert statuses[-1] == 200, statuses
