@@ -191,6 +191,7 @@ class GatewayMetrics:
 
         build = Info("tenantgate_build", "The running gateway's version", registry=r)
         build.info({"version": gateway_version(), "python": platform.python_version()})
+        self._restart_fields: set[str] = set()  # every setting config_restart_pending has named
         self.config_restart_pending = Gauge(
             "tenantgate_config_restart_pending", "1 for each setting the config file changes that applies only after "
             "a restart (gateway/reload.py RESTART_ONLY), as of the last reload", ["field"], registry=r,
@@ -209,9 +210,13 @@ class GatewayMetrics:
                 self._exposed.register(collector)
 
     def restart_pending(self, fields: list[str]) -> None:
-        self.config_restart_pending.clear()
+        # A setting no longer pending is set to 0, not cleared: under serve --workers its series lives in the
+        # worker's multiprocess file, which clearing the gauge in the process leaves at its last value (1 for good).
+        for name in self._restart_fields - set(fields):
+            self.config_restart_pending.labels(name).set(0)
         for name in fields:
             self.config_restart_pending.labels(name).set(1)
+        self._restart_fields |= set(fields)
 
     def watch(self, collector: Collector) -> None:
         """Export what ``collector`` reads at each scrape (the fleet's live state: gateway/fleet/collector.py)."""

@@ -42,6 +42,14 @@ if mode == "FLUSH":
     print("unchanged until the flush" if all(before[n] != after[n] for n in files) else "written before the flush")
 elif mode == "ANSWER":
     sys.stdout.write(metrics.exposition().decode())
+elif mode == "RELOADED_TWICE":
+    # A reload found a restart-only setting changed, then one that found none (the file put back), each followed by
+    # a flush (its timer's), then a scrape.
+    metrics.restart_pending(["listen.port"])
+    shared_metrics.flush()
+    metrics.restart_pending([])
+    shared_metrics.flush()
+    sys.stdout.write(metrics.exposition().decode())
 elif mode == "ANSWER_AS_A_DEAD_WORKERS_GAUGES_GO":
     # The supervisor removes a dead worker's gauge file between the collector's listing and its read of it.
     from prometheus_client import multiprocess
@@ -149,3 +157,11 @@ def test_a_workers_app_writes_its_counts_every_flush_period_without_a_scrape(tmp
     assert result.returncode == 0, result.stderr[-3000:]
     answer = result.stdout.strip().splitlines()[-1]
     assert answer.startswith("written after"), answer  # within 20 periods (a bounded poll), with no scrape
+
+
+def test_a_setting_no_longer_pending_a_restart_reads_0_not_its_last_1(tmp_path: Path) -> None:
+    """tenantgate_config_restart_pending under --workers: a gauge's series lives in the worker's file, so a reload
+    that finds nothing pending must write 0 there (clearing the series in the process left the file's 1 for good)."""
+    text = _worker(tmp_path, "RELOADED_TWICE", 0).stdout
+    pending = {s.labels["field"]: s.value for s in _samples(text, "tenantgate_config_restart_pending")}
+    assert pending == {"listen.port": 0}
