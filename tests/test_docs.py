@@ -260,6 +260,17 @@ def test_the_runbooks_metric_table_gives_each_recorded_metrics_type_and_labels()
     assert checked >= 20 and not wrong, wrong
 
 
+def code_strings() -> set[str]:
+    """Every string constant in gateway/ and backends/: the label values and names the code can write."""
+    return {
+        node.value
+        for top in ("gateway", "backends")
+        for path in (REPO / top).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
 def test_every_label_and_value_the_docs_give_a_metric_is_the_codes() -> None:
     """`tenantgate_adapter_evictions_total{trigger="over_bound"}`, `...{outcome=waited|over|refused}`,
     `...{pool, replica}`: each label is one the metric declares (for gateway/observe/metrics.py's), and each value is a
@@ -270,13 +281,7 @@ def test_every_label_and_value_the_docs_give_a_metric_is_the_codes() -> None:
         for metric in vars(metrics).values()
         if isinstance(metric, Counter | Gauge | Histogram)
     }
-    literals = {
-        node.value
-        for top in ("gateway", "backends")
-        for path in (REPO / top).rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-    }
+    literals = code_strings()
     named, wrong, values = doc_matches(r"`(tenantgate_[a-z_]+)\{([^}]*)\}`"), [], 0
     for where, match in named:
         labels = declared.get(re.sub(r"_total$", "", match.group(1)))
@@ -310,13 +315,7 @@ def test_every_label_value_the_runbooks_metric_table_names_is_one_the_code_write
     """docs/operations.md, Every metric: a row's description names the values its labels take in backticks
     (evictions' `request_path`, `scheduled` or `over_bound`; ejections' `several_tenants`); each is a string the code
     writes, unless it is one of the row's labels, a metric or a config key."""
-    literals = {
-        node.value
-        for top in ("gateway", "backends")
-        for path in (REPO / top).rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-    }
+    literals = code_strings()
     keys = leaf_fields().keys()
     runbook = (REPO / "docs/operations.md").read_text()
     checked, wrong = 0, []
