@@ -10,15 +10,12 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from backends.base import Endpoint, EngineRequest
 from backends.registry import EngineSpec, NoSettings, register
 from gateway.app import create_app
 from gateway.appkeys import METRICS
-from gateway.config import GatewayConfig
-from loadtests.fleet import api_key, gateway_config, write_adapters
-from tests.gateway.residency.fakes import FakeDriver, FakeEngine, FakeResponse
+from tests.gateway.residency.fakes import FakeEngine
+from tests.gateway.serving.stream_fakes import EVENT, StreamDriver, post_stream, stream_config
 
-EVENT = b'data: {"id":"c1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n'
 DONE = b"data: [DONE]\n\n"
 
 
@@ -43,35 +40,22 @@ class HeldStream:
         return None
 
 
-class HeldDriver(FakeDriver):
+class HeldDriver(StreamDriver):
     ended = asyncio.Event()
 
-    async def send(self, replica: Endpoint, request: EngineRequest) -> HeldStream | FakeResponse:  # type: ignore[override]
-        if not request.stream:  # the start-up fill's one-token warm-ups (residency.fill_warm_up)
-            return await super().send(replica, request)
+    def stream(self) -> HeldStream:
         return HeldStream(self.ended)
 
 
 register(EngineSpec("held-stream", NoSettings, lambda settings, pool: HeldDriver(FakeEngine())))
 
 
-def config(tmp_path: Path) -> GatewayConfig:
-    adapters = write_adapters(tmp_path, ["lora-a"])
-    raw = gateway_config({"r0": "http://127.0.0.1:9"}, {"acme": ["lora-a"]}, adapters, port=0)
-    raw["pools"][0]["backend"] = "held-stream"
-    return GatewayConfig.model_validate(raw)
-
-
 async def test_a_client_that_leaves_after_the_last_event_was_answered(tmp_path: Path) -> None:
     HeldDriver.ended = asyncio.Event()
-    app = create_app(config(tmp_path))
+    app = create_app(stream_config(tmp_path, "held-stream"))
     # As tenantgate serve runs it (gateway/server.py): a client that goes away cancels its handler.
     async with TestClient(TestServer(app, handler_cancellation=True)) as client:
-        response = await client.post(
-            "/v1/completions",
-            json={"model": "lora-a", "prompt": "hello", "max_tokens": 4, "stream": True},
-            headers={"Authorization": f"Bearer {api_key('acme')}"},
-        )
+        response = await post_stream(client)
         assert response.status == 200
         received = b""
         while DONE not in received:  # bounded: the engine sends both events at once

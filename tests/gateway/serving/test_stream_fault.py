@@ -10,14 +10,10 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from backends.base import Endpoint, EngineRequest
 from backends.registry import EngineSpec, NoSettings, register
 from gateway.app import create_app
-from gateway.config import GatewayConfig
-from loadtests.fleet import api_key, gateway_config, write_adapters
-from tests.gateway.residency.fakes import FakeDriver, FakeEngine, FakeResponse
-
-EVENT = b'data: {"id":"c1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n'
+from tests.gateway.residency.fakes import FakeEngine
+from tests.gateway.serving.stream_fakes import EVENT, StreamDriver, post_stream, stream_config
 
 
 class FaultyStream:
@@ -37,10 +33,8 @@ class FaultyStream:
         return None
 
 
-class FaultyDriver(FakeDriver):
-    async def send(self, replica: Endpoint, request: EngineRequest) -> FaultyStream | FakeResponse:  # type: ignore[override]
-        if not request.stream:  # the start-up fill's one-token warm-ups (residency.fill_warm_up)
-            return await super().send(replica, request)
+class FaultyDriver(StreamDriver):
+    def stream(self) -> FaultyStream:
         return FaultyStream()
 
 
@@ -48,16 +42,9 @@ register(EngineSpec("faulty-stream", NoSettings, lambda settings, pool: FaultyDr
 
 
 async def test_a_fault_after_the_first_byte_ends_the_stream_with_an_error_event(tmp_path: Path) -> None:
-    adapters = write_adapters(tmp_path, ["lora-a"])
-    raw = gateway_config({"r0": "http://127.0.0.1:9"}, {"acme": ["lora-a"]}, adapters, port=0)
-    raw["pools"][0]["backend"] = "faulty-stream"
-    app = create_app(GatewayConfig.model_validate(raw))
+    app = create_app(stream_config(tmp_path, "faulty-stream"))
     async with TestClient(TestServer(app, handler_cancellation=True)) as client:
-        response = await client.post(
-            "/v1/completions",
-            json={"model": "lora-a", "prompt": "hello", "max_tokens": 4, "stream": True},
-            headers={"Authorization": f"Bearer {api_key('acme')}"},
-        )
+        response = await post_stream(client)
         assert response.status == 200
         body = await asyncio.wait_for(response.read(), 5)
     assert body.startswith(EVENT) and b"HTTP/1.1" not in body
