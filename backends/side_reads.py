@@ -8,6 +8,12 @@ import aiohttp
 
 from backends.http1 import MAX_WHOLE_BODY
 
+# A metrics page is read and parsed whole on every scrape (every replica, twice a second by default), in Python: a
+# 64 MiB page of blank lines froze the gateway's event loop, every tenant's requests with it, for 57-85 s a scrape
+# (load average 6). A real engine's page is tens of KB, plus about 100 bytes for each label set vLLM's
+# ``vllm:lora_requests_info`` ever reported: 8 MiB is some 80,000 of them. A longer page is no reading.
+MAX_METRICS_PAGE = 8 * 1024 * 1024
+
 
 async def read_text(response: aiohttp.ClientResponse, limit: int = MAX_WHOLE_BODY) -> str:
     """The body as text (bytes that are not UTF-8 as replacement characters: an odd byte spoils a line at most), at

@@ -48,7 +48,7 @@ from backends.errors import (
 )
 from backends.lora_weights import AdapterFormatError, TrtLoraWeights, convert_peft, task_id
 from backends.registry import EngineSpec, PoolSettings, register
-from backends.side_reads import read_text
+from backends.side_reads import MAX_METRICS_PAGE, read_text
 from backends.triton_config import TritonConfig, TritonEndpoint, TritonReplica, adapters_convert, task_id_collisions
 from backends.triton_config import triton_endpoint as _endpoint
 from backends.triton_http import Piece, SseStream, error_status, json_body
@@ -501,9 +501,14 @@ class TritonDriver:
             async with self._http.get(replica.metrics_url) as response:
                 if response.status != 200:
                     return None
-                text = await read_text(response)
+                text = await read_text(response, MAX_METRICS_PAGE)
         except (TimeoutError, aiohttp.ClientError):
             return None
+        # Parsed on a worker thread, as vLLM's page is: the event loop goes on while it is read.
+        return await asyncio.to_thread(self._read_load, text)
+
+    def _read_load(self, text: str) -> EngineLoad | None:
+        """The load gauges of a metrics page (``load_signals``); None if it does not parse."""
         families = ("nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics", "nv_inference_pending")
         lines = [line for line in text.splitlines() if any(name in line for name in families)]
         gauges: dict[tuple[str, str], float] = {}

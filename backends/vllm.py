@@ -8,6 +8,7 @@ this driver takes as success: another gateway, or an operator, loaded it first. 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from backends.errors import (
     StreamBroken,
 )
 from backends.registry import EngineSpec, NoSettings, PoolSettings, register
-from backends.side_reads import read_text
+from backends.side_reads import MAX_METRICS_PAGE, read_text
 
 _JSON = {"Content-Type": "application/json"}
 # vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one idle 4 s is dropped here
@@ -193,10 +194,12 @@ class VllmDriver:
             async with self._session.get(replica.url + "/metrics", timeout=self._probe_timeout) as response:
                 if response.status != 200:
                     return None
-                text = await read_text(response)
+                text = await read_text(response, MAX_METRICS_PAGE)
         except (TimeoutError, aiohttp.ClientError):
             return None
-        return parse_load_signals(text)
+        # Parsed on a worker thread: however the engine makes its page, the event loop (every tenant's requests) goes
+        # on while it is read, holding the interpreter at most its switch interval (5 ms) at a time.
+        return await asyncio.to_thread(parse_load_signals, text)
 
     async def close(self) -> None:
         for origin in self._origins.values():

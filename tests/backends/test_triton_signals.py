@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -9,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from backends.base import Endpoint
-from backends.http1 import MAX_WHOLE_BODY
+from backends.side_reads import MAX_METRICS_PAGE
 from backends.triton import TritonDriver
 from backends.triton_config import TritonEndpoint
 
@@ -116,11 +117,32 @@ async def test_a_page_with_bytes_that_are_not_utf8_is_still_read(driver: TritonD
 
 
 async def test_a_page_over_the_read_bound_is_no_reading(driver: TritonDriver) -> None:
-    """A metrics page over http1.MAX_WHOLE_BODY (a broken engine, or anything else on its port) is no reading, and
-    is not read whole into the gateway's memory (aiohttp's read had no bound)."""
-    padding = "# " + "x" * (MAX_WHOLE_BODY + 1024) + "\n"
+    """A metrics page over side_reads.MAX_METRICS_PAGE (a broken engine, or anything else on its port) is no reading,
+    and is not read whole into the gateway's memory (aiohttp's read had no bound). The bound was http1's 64 MiB for
+    a whole answer, a page whose parse froze the event loop for a minute: this page, a little over 8 MiB, was read."""
+    padding = "# " + "x" * (MAX_METRICS_PAGE + 1024) + "\n"
     server = await _serve(TRT_LLM_PAGE + padding)
     try:
         assert await driver.load_signals(_replica(server)) is None
     finally:
         await server.close()
+
+
+async def test_the_page_is_parsed_off_the_event_loop(driver: TritonDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page is parsed on a worker thread: the event loop, every tenant's requests, goes on however long the
+    engine's page takes to read (on the event loop, a hostile page of blank lines froze it for a minute)."""
+    parsed_on: list[int] = []
+    read_load = TritonDriver._read_load
+
+    def recording(self: TritonDriver, text: str) -> object:
+        parsed_on.append(threading.get_ident())
+        return read_load(self, text)
+
+    monkeypatch.setattr(TritonDriver, "_read_load", recording)
+    server = await _serve(TRT_LLM_PAGE)
+    try:
+        load = await driver.load_signals(_replica(server))
+    finally:
+        await server.close()
+    assert load is not None and load.running == 5.0
+    assert parsed_on and threading.get_ident() not in parsed_on

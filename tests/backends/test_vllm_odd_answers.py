@@ -5,15 +5,17 @@ of an answer in memory than a bound."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+import backends.vllm
 from backends.base import AdapterRef, Endpoint, EngineRequest
 from backends.errors import AdapterLoadFailed, EngineRejected, EngineUnavailable
-from backends.http1 import MAX_WHOLE_BODY
+from backends.side_reads import MAX_METRICS_PAGE
 from backends.vllm import VllmDriver
 from gateway.failures import classify
 from tests.backends.test_vllm_load_signals import PAGE
@@ -105,9 +107,11 @@ async def test_a_metrics_page_with_bytes_that_are_not_utf8_is_still_read() -> No
 
 
 async def test_a_metrics_page_over_the_read_bound_is_no_reading() -> None:
-    """A metrics page over http1.MAX_WHOLE_BODY (a broken engine, or anything else on its port): no reading, and
-    no more of it read than the bound. aiohttp read any page whole into the gateway's memory."""
-    padding = b"# " + b"x" * (MAX_WHOLE_BODY + 1024) + b"\n"
+    """A metrics page over side_reads.MAX_METRICS_PAGE (a broken engine, or anything else on its port): no reading,
+    and no more of it read than the bound. aiohttp read any page whole into the gateway's memory; then the bound was
+    http1's 64 MiB for a whole answer, under which a page of blank lines froze the event loop for a minute a scrape:
+    this page, a little over 8 MiB, was read."""
+    padding = b"# " + b"x" * (MAX_METRICS_PAGE + 1024) + b"\n"
 
     async def endless(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()  # chunked: no Content-Length to refuse it by
@@ -120,6 +124,23 @@ async def test_a_metrics_page_over_the_read_bound_is_no_reading() -> None:
 
     async with engine("GET", "/metrics", endless) as (driver, replica):
         assert await driver.load_signals(replica) is None
+
+
+async def test_the_page_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page is parsed on a worker thread: the event loop, every tenant's requests, goes on however long the
+    engine's page takes to read (on the event loop, 64 MiB of blank lines froze it for 57-85 s a scrape)."""
+    parsed_on: list[int] = []
+    parse = backends.vllm.parse_load_signals
+
+    def recording(text: str) -> object:
+        parsed_on.append(threading.get_ident())
+        return parse(text)
+
+    monkeypatch.setattr(backends.vllm, "parse_load_signals", recording)
+    async with engine("GET", "/metrics", answer(PAGE.encode(), content_type="text/plain")) as (driver, replica):
+        load = await driver.load_signals(replica)
+    assert load is not None and load.running == 3.0
+    assert parsed_on and threading.get_ident() not in parsed_on
 
 
 async def redirect(_: web.Request) -> web.StreamResponse:
