@@ -58,6 +58,8 @@ class RequestRecord:
     first_byte: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # A stream's SSE events relayed whole (what it is charged if it ends without the engine's usage event).
+    events: int = 0
     error: str | None = None
     # The replica the error came from: a retry may have served the request elsewhere since (``replica``).
     error_replica: str = UNRESOLVED

@@ -18,7 +18,13 @@ from gateway.serving.json_body import RefusedInput, read_body
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
 from gateway.serving.whole_answer import VARIANT_HEADER
-from gateway.tenants.admission import clamp_usage, completion_ceiling, estimate_tokens, prompt_ceiling
+from gateway.tenants.admission import (
+    clamp_usage,
+    completion_ceiling,
+    estimate_tokens,
+    prompt_ceiling,
+    unreported_usage,
+)
 from gateway.tenants.identity import identify
 
 # nginx's code for a client that went away before the answer: counted, never sent.
@@ -91,12 +97,11 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord, teleme
         # The engine's figures, believed up to what this request could have used (a bad engine's absurd figure is
         # clamped and counted, never a debt the tenant cannot pay off).
         context = pool_config.context_tokens
-        used = clamp_usage(
-            record,
-            app[METRICS],
-            prompt_ceiling(len(body), inference.part_types <= _TEXT, context),
-            completion_ceiling(max_tokens, inference.choices, context),
-        )
+        prompt_most = prompt_ceiling(len(body), inference.part_types <= _TEXT, context)
+        completion_most = completion_ceiling(max_tokens, inference.choices, context)
+        used = clamp_usage(record, app[METRICS], prompt_most, completion_most)
+        if used is None and record.events:  # a stream cut before its usage event (the client left, the engine broke)
+            used = unreported_usage(estimate, inference.prompt_chars, record.events, prompt_most + completion_most)
         ticket.settle(used)
         # The key's traffic (gateway/placement/): what the engine reported, else what admission estimated, and
         # whether the scheduler sent it off the key's replica set for demand (what a replica set grows on).

@@ -87,6 +87,7 @@ async def stream(
                 complete, onward = events.feed(chunk)
                 if complete:
                     record.read_usage(complete)
+                    record.events += complete.count(b"\n\n")
                 if onward:
                     if record.first_byte is None:
                         telemetry.first_byte(record)

@@ -9,7 +9,9 @@ Concurrency is counted per gateway instance.
 
 Tokens are counted before a request runs (its estimate) and corrected by what the engine reports when it ends
 (streams too: ingress asks the engine for usage on every stream). A request that used more than its estimate is
-never cut short: the excess is a debt the tenant's next requests pay. With Redis the debt is taken from the shared
+never cut short: the excess is a debt the tenant's next requests pay. A stream that ends without the engine's usage
+(its client left first, the engine broke off) is charged a token for each event it relayed, where that is more than
+its estimate (``unreported_usage``). With Redis the debt is taken from the shared
 bucket at once (one call, off the request path, only for a request that overran), so every gateway sees it.
 
 What the engine reports is believed up to what the request could have used (``clamp_usage``, on the request's way
@@ -328,6 +330,16 @@ def prompt_ceiling(body_bytes: int, text_only: bool, context_tokens: int) -> int
 
 def completion_ceiling(max_tokens: int | None, choices: int, context_tokens: int) -> int:
     return choices * (context_tokens if max_tokens is None else min(max_tokens, context_tokens))
+
+
+def unreported_usage(estimate: int, prompt_chars: int, events: int, most: int) -> int | None:
+    """What a stream that ended without the engine's usage is charged, once it relayed ``events`` SSE events: its
+    prompt's estimate and a token an event (vLLM sends an event a token; a role or a finish event carries none, a
+    speculative step several), at most ``most`` (its ceilings), never less than its estimate (None: keep that).
+    Charged the estimate alone, a client that asked for no max_tokens (an estimate of DEFAULT_MAX_TOKENS_ESTIMATE),
+    read all it wanted and left before the usage event was charged a fraction of what it used."""
+    sent = min(math.ceil(prompt_chars / 4) + events, most)
+    return sent if sent > estimate else None
 
 
 def clamp_usage(record: RequestRecord, metrics: GatewayMetrics, prompt_most: int, completion_most: int) -> int | None:

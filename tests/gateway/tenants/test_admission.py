@@ -11,7 +11,7 @@ from gateway.config import GatewayConfig, TenantLimits
 from gateway.errors import InvalidRequest, RequestRateLimited, TokenRateLimited
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.store import StoreUnavailable
-from gateway.tenants.admission import Admission, Bucket, RateLimit, estimate_tokens, with_defaults
+from gateway.tenants.admission import Admission, Bucket, RateLimit, estimate_tokens, unreported_usage, with_defaults
 from gateway.tenants.rate_buckets import RedisBuckets
 from tests.clock import Clock
 from tests.redis_server import RedisServer
@@ -210,3 +210,17 @@ async def test_the_max_tokens_cap_is_the_default_and_a_default_concurrency_appli
     await limiter.admit("acme", 1)
     with pytest.raises(RequestRateLimited, match="concurrent"):
         await limiter.admit("acme", 1)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "prompt_chars", "events", "most", "charged"),
+    [
+        pytest.param(258, 5, 1024, 10_000, 2 + 1024, id="more-than-the-estimate"),
+        pytest.param(258, 5, 10, 10_000, None, id="less-keeps-the-estimate"),
+        pytest.param(258, 5, 10**9, 5_000, 5_000, id="at-most-the-ceiling"),
+    ],
+)
+def test_a_stream_cut_before_its_usage_is_charged_a_token_an_event(
+    estimate: int, prompt_chars: int, events: int, most: int, charged: int | None
+) -> None:
+    assert unreported_usage(estimate, prompt_chars, events, most) == charged
