@@ -3,8 +3,14 @@ and the GPU adapter slots (the real engine's page is checked in tests/engines/te
 
 from __future__ import annotations
 
-import pytest
+import math
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from backends.base import EngineLoad
 from backends.vllm import parse_load_signals
 
 PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -74,3 +80,83 @@ def test_a_gpu_slot_count_that_is_no_count_reads_as_unknown(slots: str) -> None:
     page = PAGE.replace('max_lora="4",running_lora_adapters="a3"', f'max_lora="{slots}",running_lora_adapters="a3"')
     load = parse_load_signals(page)
     assert load is not None and load.running_adapters == frozenset({"a3"}) and load.gpu_slots is None
+
+
+def _parser_reading(text: str) -> EngineLoad | None:
+    """The reading before the string scan: prometheus-client's exposition parser over the whole page."""
+    wanted = dict.fromkeys(("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"), 0.0)
+    newest, running, generated, slots = -math.inf, "", None, None
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name in wanted:
+                wanted[family.name] = sum(sample.value for sample in family.samples)
+            elif family.name == "vllm:generation_tokens":
+                generated = sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+            elif family.name == "vllm:lora_requests_info":
+                for sample in family.samples:
+                    if sample.value > newest:
+                        newest, running = sample.value, sample.labels.get("running_lora_adapters", "")
+                        slots = sample.labels.get("max_lora")
+    except ValueError:
+        return None
+    return EngineLoad(
+        running=wanted["vllm:num_requests_running"],
+        waiting=wanted["vllm:num_requests_waiting"],
+        kv_cache_usage=wanted["vllm:kv_cache_usage_perc"],
+        running_adapters=frozenset(name for name in running.split(",") if name),
+        generated_tokens=generated,
+        gpu_slots=int(slots) if slots is not None and slots.isascii() and slots.isdigit() else None,
+    )
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+_VALUES = st.floats(min_value=0, max_value=1e12, allow_nan=False)
+_NAMES = st.text(alphabet='ab1-_."\\\n {}=', min_size=1, max_size=8).filter(lambda name: "," not in name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    gauges=st.lists(st.tuples(st.sampled_from(("running", "waiting", "kv")), _VALUES), max_size=6),
+    generated=st.lists(_VALUES, max_size=2),
+    lora=st.lists(
+        st.tuples(st.lists(_NAMES, max_size=3), st.sampled_from(("2", "8", "16")), _VALUES), max_size=12, unique_by=str
+    ),
+    histogram=st.booleans(),
+)
+def test_the_string_scan_reads_what_the_exposition_parser_reads(
+    gauges: list[tuple[str, float]], generated: list[float], lora: list[tuple[list[str], str, float]], histogram: bool
+) -> None:
+    """Any well-formed page of these families (several label sets each, adapter names with the format's escapes,
+    a histogram family beside them) reads the same as with prometheus-client's exposition parser."""
+    family = {
+        "running": "vllm:num_requests_running",
+        "waiting": "vllm:num_requests_waiting",
+        "kv": "vllm:kv_cache_usage_perc",
+    }
+    lines: list[str] = []
+    for key in ("running", "waiting", "kv"):
+        lines.append(f"# TYPE {family[key]} gauge")
+        lines += [
+            f'{family[key]}{{engine="{i}",model_name="m"}} {value!r}' for i, (k, value) in enumerate(gauges) if k == key
+        ]
+    if generated:
+        lines.append("# TYPE vllm:generation_tokens_total counter")
+        lines += [f'vllm:generation_tokens_total{{engine="{i}"}} {value!r}' for i, value in enumerate(generated)]
+    if histogram:
+        lines += ["# TYPE vllm:e2e_request_latency_seconds histogram",
+                  'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 3.0',
+                  'vllm:e2e_request_latency_seconds_count{model_name="m"} 3.0',
+                  'vllm:e2e_request_latency_seconds_sum{model_name="m"} 0.5']  # fmt: skip
+    if lora:
+        lines.append("# TYPE vllm:lora_requests_info gauge")
+        for names, slots, value in lora:
+            running = _escaped(",".join(names))
+            lines.append(
+                f'vllm:lora_requests_info{{max_lora="{slots}",running_lora_adapters="{running}",'
+                f'waiting_lora_adapters="{running}"}} {value!r}'
+            )
+    page = "\n".join(lines) + "\n"
+    assert parse_load_signals(page) == _parser_reading(page)
