@@ -11,7 +11,8 @@ Two loads:
   ``make peers`` installed them. Every setup also runs at concurrency 1, for the latency it adds to one request.
 - light (the previous figure): 1 tenant, 1 replica, 16 concurrent clients, tenantgate with the access log off.
 
-For each setup and concurrency: requests/s, p50/p99 latency and what it adds to the direct run's, and CPU time
+For each setup and concurrency: requests/s, p50/p90/p99 latency and what it adds to the direct run's (at one client,
+to that of direct requests sent in turns with the setup's, to replicas of their own: ``PAIRED_TURNS``), and CPU time
 per request summed over every process of the router (a supervisor and its workers; Redis for --workers), from
 /proc. The client and the replicas share the machine's cores with the router, so figures compare within a run.
 With py-spy installed (make peers), tenantgate's default run (or ``--profile SETUP``'s) is profiled in an extra
@@ -119,18 +120,57 @@ class Result:
     cpu_us: float
     added_p50_ms: float = 0.0
     added_p99_ms: float = 0.0
+    p90_ms: float = 0.0
+    # At one client: the direct run's p50 and p99 from requests sent in turns with this setup's (PAIRED_TURNS), to
+    # which its added latency is measured; None where the setup is measured alone (the direct run's row then).
+    paired_p50_ms: float | None = None
+    paired_p99_ms: float | None = None
+
+
+# At one client the added latency is a fraction of a millisecond, and on a shared machine the direct run's own p50
+# moves by more than that from minute to minute: each setup's requests at one client go in turns with direct ones
+# (to replicas of their own, which no router trims), and its added latency is measured against those.
+PAIRED_TURNS = 6
 
 
 def _measure(
-    name: str, load: str, running_: Running, tenants: dict[str, list[str]], requests: int, concurrency: int
+    name: str,
+    load: str,
+    running_: Running,
+    tenants: dict[str, list[str]],
+    requests: int,
+    concurrency: int,
+    paired: Running | None = None,
 ) -> Result:
     targets = [running_.target(tenant, adapters[0]) for tenant, adapters in tenants.items()]
     asyncio.run(_phase(targets, max(200, len(targets) * 4), concurrency))  # warm: adapters loaded, connections open
-    cpu_before = tree_cpu_s(running_.pids)
-    latencies, elapsed = asyncio.run(_phase(targets, requests, concurrency))
-    cpu_us = 1e6 * (tree_cpu_s(running_.pids) - cpu_before) / requests if running_.pids else 0.0
+    if paired is None:
+        cpu_before = tree_cpu_s(running_.pids)
+        latencies, elapsed = asyncio.run(_phase(targets, requests, concurrency))
+        cpu_us = 1e6 * (tree_cpu_s(running_.pids) - cpu_before) / requests if running_.pids else 0.0
+        return _result(name, load, concurrency, requests / elapsed, latencies, cpu_us)
+    direct_targets = [paired.target(tenant, adapters[0]) for tenant, adapters in tenants.items()]
+    asyncio.run(_phase(direct_targets, max(200, len(targets) * 4), concurrency))
+    turn = max(1, requests // PAIRED_TURNS)
+    latencies, direct_latencies, elapsed, cpu_s = [], [], 0.0, 0.0
+    for _ in range(PAIRED_TURNS):
+        cpu_before = tree_cpu_s(running_.pids)
+        some, took = asyncio.run(_phase(targets, turn, concurrency))
+        cpu_s += tree_cpu_s(running_.pids) - cpu_before if running_.pids else 0.0
+        latencies, elapsed = latencies + some, elapsed + took
+        direct_latencies += asyncio.run(_phase(direct_targets, turn, concurrency))[0]
+    latencies.sort()
+    direct_ = _result("direct", load, concurrency, 0.0, sorted(direct_latencies), 0.0)
+    result = _result(name, load, concurrency, len(latencies) / elapsed, latencies, 1e6 * cpu_s / len(latencies))
+    result.paired_p50_ms, result.paired_p99_ms = direct_.p50_ms, direct_.p99_ms
+    return result
+
+
+def _result(name: str, load: str, concurrency: int, rate: float, latencies: list[float], cpu_us: float) -> Result:
+    """From sorted latencies in seconds."""
     p50, p99 = 1000 * statistics.median(latencies), 1000 * latencies[int(0.99 * (len(latencies) - 1))]
-    return Result(name, load, concurrency, requests / elapsed, p50, p99, cpu_us)
+    p90 = 1000 * latencies[int(0.9 * (len(latencies) - 1))]
+    return Result(name, load, concurrency, rate, p50, p99, cpu_us, p90_ms=p90)
 
 
 def _ready(url: str, timeout_s: float = 60) -> None:
@@ -309,11 +349,20 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     profile: list[str] = []
     sim = ("--time-scale", "0", "--max-loras", "8", "--max-cpu-loras", "64")
-    with tempfile.TemporaryDirectory() as tmp, simulated_replicas(Path(tmp), REPLICAS, *sim) as replica_urls:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        simulated_replicas(Path(tmp), REPLICAS, *sim) as replica_urls,
+        tempfile.TemporaryDirectory() as paired_tmp,
+        simulated_replicas(Path(paired_tmp), REPLICAS, *sim) as paired_urls,
+    ):
         root = Path(tmp)
         adapters = write_adapters(root, [a for names in {**TENANTS, **LIGHT_TENANTS}.values() for a in names])
         replicas = [replica_urls[f"r{i}"] for i in range(REPLICAS)]
         _preload(replicas, adapters)
+        # The direct requests sent in turns with each setup's at one client: replicas of their own (every adapter
+        # on each, and no router to unload one), idle the rest of the time.
+        paired_replicas = [paired_urls[f"r{i}"] for i in range(REPLICAS)]
+        _preload(paired_replicas, adapters)
         realistic = {name: adapters[name] for names in TENANTS.values() for name in names}
         telemetry_off = {"telemetry": {"access_log": False}}
 
@@ -338,9 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, start in setups:
             if only and name not in only and name != "direct":
                 continue
-            with start() as serving:
+            with start() as serving, direct(paired_replicas) as paired:
                 for concurrency, requests in ((64, args.requests), (1, args.requests_c1)):
-                    results.append(_measure(name, "realistic", serving, TENANTS, requests, concurrency))
+                    in_turns = paired if concurrency == 1 and name != "direct" else None
+                    results.append(_measure(name, "realistic", serving, TENANTS, requests, concurrency, in_turns))
                     print(_row(results[-1]), flush=True)
                 if name == args.profile and PY_SPY.exists():
                     profile = _profile(serving, TENANTS, args.requests, args.out)
@@ -359,8 +409,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(_row(results[-1]), flush=True)
     _added(results)
     print()
-    print(f"{'setup':18} {'load':9} {'conc':>4} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'+p50 ms':>7} "
-          f"{'+p99 ms':>7} {'CPU us/req':>10}")  # fmt: skip
+    print(f"{'setup':18} {'load':9} {'conc':>4} {'req/s':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'+p50 ms':>7} "
+          f"{'+p99 ms':>7} {'CPU us/req':>10} {'direct p50':>9}")  # fmt: skip
+    print(
+        "(+p50/+p99 at 1 client: against direct requests sent in turns with the setup's, whose p50 is the last column)"
+    )
     for result in results:
         print(_row(result))
     if profile:
@@ -382,18 +435,22 @@ def _with_redis(root: Path, config: Callable[[dict[str, Any] | None], dict[str, 
 
 
 def _added(results: list[Result]) -> None:
+    """Against the direct requests sent in turns with the setup's where there are some, else the direct run's."""
     base = {(r.load, r.concurrency): r for r in results if r.setup == "direct"}
     for result in results:
-        direct_ = base.get((result.load, result.concurrency))
-        if direct_ is not None:
+        if result.paired_p50_ms is not None and result.paired_p99_ms is not None:
+            result.added_p50_ms = result.p50_ms - result.paired_p50_ms
+            result.added_p99_ms = result.p99_ms - result.paired_p99_ms
+        elif (direct_ := base.get((result.load, result.concurrency))) is not None:
             result.added_p50_ms = result.p50_ms - direct_.p50_ms
             result.added_p99_ms = result.p99_ms - direct_.p99_ms
 
 
 def _row(r: Result) -> str:
+    paired = f"{r.paired_p50_ms:9.2f}" if r.paired_p50_ms is not None else f"{'':9}"
     return (
-        f"{r.setup:18} {r.load:9} {r.concurrency:4d} {r.requests_per_s:7.0f} {r.p50_ms:7.2f} {r.p99_ms:7.2f} "
-        f"{r.added_p50_ms:7.2f} {r.added_p99_ms:7.2f} {r.cpu_us:10.0f}"
+        f"{r.setup:18} {r.load:9} {r.concurrency:4d} {r.requests_per_s:7.0f} {r.p50_ms:7.2f} {r.p90_ms:7.2f} "
+        f"{r.p99_ms:7.2f} {r.added_p50_ms:7.2f} {r.added_p99_ms:7.2f} {r.cpu_us:10.0f} {paired}"
     )
 
 

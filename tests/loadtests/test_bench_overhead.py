@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,7 +16,17 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from loadtests.bare_proxy import make_app
-from loadtests.bench_overhead import _preload, _top_functions, peer, tenantgate, tree_cpu_s
+from loadtests.bench_overhead import (
+    Result,
+    Running,
+    _added,
+    _measure,
+    _preload,
+    _top_functions,
+    peer,
+    tenantgate,
+    tree_cpu_s,
+)
 from loadtests.bench_routing import PEERS
 from loadtests.fleet import gateway_config, process_cpu_s, simulated_replicas, write_adapters
 from loadtests.processes import free_port
@@ -32,6 +43,37 @@ async def test_the_bare_proxy_relays_a_completion(sim_engine: EngineProcess, ups
     ):
         answer = await client.post("/v1/completions", json=body, headers={"x-tenant-id": "acme"}, timeout=30)
     assert answer.status_code == 200 and answer.json()["choices"]
+
+
+def test_added_latency_at_one_client_is_measured_against_the_direct_requests_sent_in_turns() -> None:
+    """Where a setup's requests at one client went in turns with direct ones, its added latency is measured against
+    those; elsewhere against the direct run's row."""
+    results = [
+        Result("direct", "realistic", 1, 500.0, 2.0, 9.0, 0.0),
+        Result("tenantgate", "realistic", 1, 400.0, 1.5, 4.0, 500.0, paired_p50_ms=1.0, paired_p99_ms=3.0),
+        Result("direct", "realistic", 64, 5000.0, 10.0, 20.0, 0.0),
+        Result("tenantgate", "realistic", 64, 2000.0, 25.0, 60.0, 250.0),
+    ]
+    _added(results)
+    assert (results[1].added_p50_ms, results[1].added_p99_ms) == (0.5, 1.0)
+    assert (results[3].added_p50_ms, results[3].added_p99_ms) == (15.0, 40.0)
+
+
+def test_a_setup_at_one_client_is_measured_in_turns_with_direct_requests(sim_engine: EngineProcess) -> None:
+    sent: list[str] = []
+
+    def target(who: str) -> Callable[[str, str], tuple[str, dict[str, str], bytes]]:
+        def one(tenant: str, adapter: str) -> tuple[str, dict[str, str], bytes]:
+            sent.append(who)
+            body = json.dumps({"model": adapter, "prompt": "x", "max_tokens": 1}).encode()
+            return sim_engine.url + "/v1/completions", {"Content-Type": "application/json"}, body
+
+        return one
+
+    result = _measure("setup", "realistic", Running(target("setup")), {"t": ["a1"]}, 12, 1, Running(target("direct")))
+    assert result.paired_p50_ms is not None and result.paired_p50_ms > 0 and result.requests_per_s > 0
+    assert 0 < result.p50_ms <= result.p90_ms <= result.p99_ms
+    assert sent == ["setup", "direct"]  # a target per tenant, asked once each: the turns reuse them
 
 
 def test_cpu_is_summed_over_the_process_and_its_children() -> None:
