@@ -53,7 +53,9 @@ class SseStream:
     def __init__(self, response: http1.Response, replica_id: str) -> None:
         self._response, self._replica_id = response, replica_id
         self._chunks: AsyncIterator[bytes] = response.chunks()
-        self._buffer = b""
+        # Appended to in place: joined anew for each read (bytes), an event sent in small pieces cost the event
+        # loop time growing with the square of its length.
+        self._buffer = bytearray()
 
     async def next(self) -> Piece | None:
         """The next model response, None at the answer's end; an engine error mid-answer is EngineRejected."""
@@ -96,7 +98,8 @@ class SseStream:
                     raise StreamBroken(f"{self._replica_id} ended the stream inside an event")
                 return None
             self._buffer += chunk
-        event, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
+        event = bytes(self._buffer[:end])
+        del self._buffer[: end + 2]
         return _decode(event, self._replica_id)
 
 

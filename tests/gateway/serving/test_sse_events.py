@@ -62,3 +62,14 @@ def test_blank_lines_after_an_event_pass_on_as_they_are(blank: bytes) -> None:
     events = StreamEvents(strip_usage=True)
     assert events.feed(TOKEN + USAGE + blank) == (TOKEN + USAGE + blank, TOKEN + blank)
     assert events.feed(DONE) == (DONE, DONE)
+
+
+@pytest.mark.timeout(10)  # on the previous code, a minute or more of the event loop's CPU
+def test_an_event_sent_in_small_pieces_costs_its_length_not_its_square() -> None:
+    """A broken or hostile engine that sends an event a few bytes at a time (a 1 MiB event in 16-byte pieces): the
+    held bytes are appended to in place and only the new ones searched for the event's end. Joined anew and searched
+    again for each piece, 1 MiB in 10-byte pieces cost the event loop, every tenant's requests, 85 s of CPU."""
+    event = b"data: " + b"x" * ((1 << 20) - 100) + b"\n\n"
+    events = StreamEvents(strip_usage=True)
+    seen = [events.feed(event[start : start + 16]) for start in range(0, len(event), 16)]
+    assert [complete for complete, _ in seen if complete] == [event]
