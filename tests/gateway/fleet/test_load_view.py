@@ -3,6 +3,7 @@ requests, plus this gateway's change since the scrape; this gateway's own count 
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Literal
 
@@ -116,3 +117,66 @@ async def test_one_replica_whose_scrape_raises_leaves_the_others_read(caplog: py
     assert loads["r1"] is None and loads["r0"] is not None and loads["r2"] is not None
     assert pool.replicas["r0"].engine_load is not None and pool.replicas["r1"].engine_load is None
     assert caplog.text.count("reading the load signals of llama/r1 failed") == 1
+
+
+class OneSlowPage(FakeDriver):
+    """r1's metrics page answers only once ``answer`` is set (an engine slow to answer, up to the probe timeout)."""
+
+    def __init__(self, engine: FakeEngine, load: EngineLoad) -> None:
+        super().__init__(engine, load=load)
+        self.answer = asyncio.Event()
+        self.slow_reads = 0
+
+    async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
+        if replica.id == "r1":
+            self.slow_reads += 1
+            await self.answer.wait()
+        return await super().load_signals(replica)
+
+
+def pool_with_a_slow_page(interval_s: float = 0.5) -> tuple[Pool, OneSlowPage]:
+    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(3)]
+    config = PoolConfig.model_validate({"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas})
+    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
+    driver = OneSlowPage(FakeEngine(), load=EngineLoad(running=4, waiting=2, kv_cache_usage=0.5))
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    routing = RoutingConfig(load_view="engine", load_scrape_interval_s=interval_s)
+    return Pool(config, routing, driver, residency), driver
+
+
+async def test_a_replica_slow_to_answer_does_not_hold_back_the_others_readings() -> None:
+    """Each replica's reading is taken as it answers. Taken when the slowest answered, an engine whose page took
+    the probe timeout (2 s) left the others' readings older than the engine view's 1.5 s 40% of the time: the
+    pool routed on this gateway's own count, and lost the adapters running on each GPU."""
+    pool, driver = pool_with_a_slow_page()
+    scrape = asyncio.create_task(pool.scrape_engines())
+    for _ in range(100):  # a bounded wait for the two fast replicas' answers (no clock: a few loop turns)
+        await asyncio.sleep(0)
+    try:
+        assert scrape.done() is False  # r1 has not answered
+        assert pool.replicas["r0"].engine_load is not None and pool.replicas["r2"].engine_load is not None
+        assert pool.replicas["r1"].engine_load is None
+    finally:
+        driver.answer.set()
+        await scrape
+    assert pool.replicas["r1"].engine_load is not None
+
+
+async def test_the_next_round_neither_waits_for_a_slow_read_nor_starts_another() -> None:
+    """A round waits for the replicas' answers a scrape interval at most: one still reading goes on in the
+    background, taken when it answers, and is not read a second time meanwhile."""
+    pool, driver = pool_with_a_slow_page(interval_s=0.05)
+    for _ in range(3):
+        _, loads = await pool.scrape_engines()
+        assert set(loads) == {"r0", "r2"}
+    assert driver.slow_reads == 1
+    driver.answer.set()
+    for _ in range(100):  # a bounded wait for the background read's answer (a few loop turns)
+        if pool.replicas["r1"].engine_load is not None:
+            break
+        await asyncio.sleep(0)
+    assert pool.replicas["r1"].engine_load is not None
+    _, loads = await pool.scrape_engines()
+    assert set(loads) == {"r0", "r1", "r2"}
