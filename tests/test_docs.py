@@ -821,6 +821,10 @@ def test_the_readmes_bench_overhead_figures_are_the_latest_runs_in_the_benchmark
         words.get(len(default), str(len(default))),
     )
     assert quoted.groups() == expected
+    # The machine's load while those runs were measured, as the section that holds the table gives it.
+    section = benchmarks[benchmarks.rindex("\n#", 0, benchmarks.rindex(header)) :].split(header)[0]
+    load = re.search(r"runs on a machine at load ([\d.]+-[\d.]+)", row)
+    assert load is not None and re.search(rf"load average (?:at )?{re.escape(load.group(1))}\b", section), row
     workers = cells["tenantgate `--workers 2` req/s"]
     against = [round(w / v, 2) for w, v in zip(workers, cells["vllm-router req/s"], strict=True)]
     assert "`--workers 2` reached {}-{}x vllm-router's req/s".format(*span(against, "{:.2f}")) in row
