@@ -214,6 +214,7 @@ class Placer:
                 frozen_keys=fixed,
                 below_since=before.below_since,
                 now=now,
+                slots=pool.residency.max_adapters,
             ),
             planning,
         )

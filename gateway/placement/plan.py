@@ -6,10 +6,12 @@ set's replicas. One interval changes at most ``max_moves`` keys, in this order:
 1. pins: a pinned key's set is its pinned replica alone;
 2. evacuations: a replica that left the plan (drained, or gone from discovery) is replaced in every set that holds
    it, by the replica with the least expected load, heaviest key first;
-3. replica sets: a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica, or
-   more than ``spill_share`` of whose requests the scheduler sent off its set for demand (its homes over the
-   bound, or another replica predicted faster), each by more than the noise (and with at least
-   ``replicate_min_rps``), gains the least loaded replica it lacks, up to ``max_replicas_per_key``; one that would
+3. replica sets: a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica gains the
+   least loaded replica it lacks; one more than ``spill_share`` of whose requests the scheduler sent off its set for
+   demand (its homes over the bound, or another replica predicted faster) gains the least loaded one with a free
+   slot (``slots``: a copy where the planned adapters fill the slots pushes another key's adapter out, and that
+   key's requests then pay cold loads), or none; each by more than the noise (and with at least
+   ``replicate_min_rps``), up to ``max_replicas_per_key``; one that would
    stay below ``shrink_below`` x that mean with one replica fewer, and spills less than half that share, loses its
    last after ``shrink_after_s`` (hysteresis: the thresholds differ and shrinking waits);
 4. balance: the most loaded replica gives a key away, to the replica whose pair then has the lowest peak (a plain
@@ -81,6 +83,9 @@ class PlanInput:
     frozen_keys: Collection[str] = ()  # keys not to move this interval (being warmed)
     below_since: Mapping[str, float] = field(default_factory=dict)  # when a key's set first could shrink
     now: float = 0.0
+    # Adapters each replica holds at most (the pool's max_adapters; 0: not bounded): a copy where the planned
+    # adapters already fill a replica's slots pushes another key's adapter out.
+    slots: int = 0
 
 
 @dataclass
@@ -147,9 +152,10 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         spilled = given.spills.get(key, 0.0)
         hot = rate / size > settings.grow_above * mean + settings.noise(rate) / size
         spilling = spilled > settings.spill_share * rate + settings.noise(spilled)
+        extra = None
         if rate >= settings.replicate_min_rps and size < limit and (hot or spilling):
-            load, _ = _tally(homes, loads, replicas)
-            extra = min((r for r in replicas if r not in members), key=lambda r: (load[r], r))
+            extra = _extra_replica(homes, loads, replicas, members, given.slots, hot)
+        if extra is not None:
             below_since.pop(key, None)
             why = (
                 f"hot: {rate:.3g} req/s over {size} replica(s), mean {mean:.3g}"
@@ -180,6 +186,20 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             fixed.add(key)  # one move per key per interval
     load, adapters = _tally(homes, loads, replicas)
     return Plan(_kept(homes, given), changes, below_since, load, adapters)
+
+
+def _extra_replica(
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], members: Homes, slots: int,
+    hot: bool,
+) -> str | None:  # fmt: skip
+    """The replica a growing set gains: the least loaded one it lacks. A copy takes a slot: where the planned
+    adapters fill a replica's ``slots`` it pushes out another key's adapter, whose requests then pay cold loads and
+    push out others in turn (collide: 16 adapters in 16 slots). A key hot by load (more than its share of a
+    replica) needs the copy all the same; one that only spills gets a replica with a free slot, or none (its spills
+    still go wherever the scheduler predicts them faster)."""
+    load, adapters = _tally(homes, loads, replicas)
+    room = [r for r in replicas if r not in members and (hot or not slots or adapters[r] < slots)]
+    return min(room, key=lambda r: (load[r], r), default=None)
 
 
 @dataclass(frozen=True)

@@ -214,3 +214,20 @@ def test_the_hot_traces_tenant_gains_a_second_replica_after_it_turns_hot_and_not
 def test_zipf_traffic_without_a_collision_moves_nothing(trace: str) -> None:
     for seed in (17, 18, 19):
         assert replayed(trace, seed)[0] == []
+
+
+def test_a_key_that_only_spills_grows_into_a_free_slot_or_not_at_all_a_hot_one_grows_anyway() -> None:
+    """16 keys fill 4 replicas of 4 adapter slots exactly: a copy would push another key's adapter out, and that
+    key's requests would pay cold loads (collide). A key that spills but is not hot by load gains no replica; with a
+    slot free somewhere it gains that replica; a key hot by load gains the least loaded replica regardless."""
+    loads = {key: 0.5 for key in RING} | {"t5": 3.0}
+    settings_ = PlanSettings(grow_above=100.0)
+    full = plan(given_input(loads, spills={"t5": 1.0}, slots=4), settings_)
+    assert full.changes == []
+    one_free = {key: homes for key, homes in RING.items() if key != "t14"}  # r3 holds 3 adapters
+    loads_free = {key: rate for key, rate in loads.items() if key != "t14"}
+    given_free = PlanInput(REPLICAS, loads_free, {}, ring_home, known=list(one_free), spills={"t5": 1.0}, slots=4)
+    grown = plan(given_free, settings_)
+    assert [(c.key, c.after) for c in grown.changes] == [("t5", ("r1", "r3"))]
+    hot = {key: 0.5 for key in RING} | {"t5": 30.0}
+    assert [c.key for c in plan(given_input(hot, slots=4), PlanSettings()).changes] == ["t5"]
