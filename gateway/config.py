@@ -133,10 +133,16 @@ class RoutingConfig(_Frozen):
     # path and stalls the requests already there), and one predicted within this of the warm ones gets the adapter
     # loaded and warmed in the background, one at a time per pool, so the key's next requests spill there warm; no
     # more once the adapter is resident on spill_warm_replicas replicas. 0 (the default) turns both off: a cold
-    # replica is taken when predicted faster. 500 meets issue 19's hot-trace point but costs the collide trace about
-    # half again its cold loads (docs/benchmarks.md), so it is opt-in.
+    # replica is taken when predicted faster. 500 meets issue 19's hot-trace point; on the collide trace it now costs
+    # no cold loads beyond the seeds' spread, but its TTFT p99 rose 12-17% (6 of 6 seeds; docs/benchmarks.md), so
+    # it is opt-in.
     cold_margin_ms: float = Field(default=0.0, ge=0, le=600_000)
     spill_warm_replicas: int = Field(default=3, ge=1, le=1024)
+    # A warm-up ahead takes a free slot, or pushes out only an adapter no request has used for this long, until the
+    # cold replica is predicted faster outright (then the key would take it without the margin, pushing out the same
+    # adapter): one still in use pushed out for a copy costs its tenant a cold load on the request path (collide: 16
+    # adapters in 16 slots, where that tenant then pushes out another).
+    spill_warm_idle_s: float = Field(default=5.0, ge=0, le=86_400)
     # The scorers summed into a candidate's predicted TTFT, by name (gateway/routing/scorers/), with weights;
     # a weight of 0 turns one off.
     scorers: dict[str, float] = Field(

@@ -145,6 +145,7 @@ class Pool:
         # Per replica, its engine scrape under way: a round starts no second one there, and does not wait for it.
         self._scraping: dict[str, asyncio.Task[EngineLoad | None]] = {}
         self.spill_warm_replicas = routing.spill_warm_replicas
+        self.spill_warm_idle_s = routing.spill_warm_idle_s
         self.warm_aheads = 0
         self._unscraped: set[str] = set()  # replicas whose last scrape raised in the driver (logged once)
         self.in_flight = 0
@@ -172,24 +173,31 @@ class Pool:
             self.retry_budget.request()
         lease = Lease(self, decision, adapter)
         if decision.warm_ahead is not None and adapter is not None:
-            self.warm_ahead(decision.warm_ahead, adapter)
+            self.warm_ahead(decision.warm_ahead, adapter, due=decision.warm_ahead_due)
         return lease
 
-    def warm_ahead(self, replica_id: str, adapter: AdapterRef) -> None:
+    def warm_ahead(self, replica_id: str, adapter: AdapterRef, *, due: bool = False) -> None:
         """predicted_ttft found ``replica_id``, where the adapter is cold, within the cold margin of a hot key's warm
         replicas (pickers.warm_or_cold): load and warm the adapter there in the background (a load and a one-token
         request), so the key's next requests spill there warm rather than one of them paying the load (issue 19: a
         hot adapter is warmed on a replica before requests spill there). One warm-up ahead at a time in the pool
         (each is a cold load that stalls its replica and may evict an adapter; on the collide trace two heavy keys
-        warmed at once both spread where one moving was enough), and none once the adapter is resident on
-        ``routing.spill_warm_replicas`` replicas; the copies go as any adapter does, by the engine's LRU and the
-        eviction timer, once the key's demand falls."""
+        warmed at once both spread where one moving was enough), none once the adapter is resident on
+        ``routing.spill_warm_replicas`` replicas, and none that would push out an adapter a request used within
+        ``routing.spill_warm_idle_s`` (a free slot, or an idle adapter's: ``PoolResidency.room_to_spare``) until
+        it is ``due``: the cold replica predicted faster outright, where the key would take it without the margin
+        and its load push out the same adapter. Where the adapters fill every slot exactly, a copy pushing out a
+        tenant still in use costs that tenant a cold load, and its load pushes out another (collide: warm-ups
+        ahead of spills that never came raised its cold loads by half, in some runs).
+        The copies go as any adapter does, by the engine's LRU and the eviction timer, once the key's demand falls."""
         name = adapter.engine_name
         slot = (replica_id, name)
         if self._warming_ahead or self.residency.is_resident(replica_id, name):
             return
         if len(self.residency.resident_on(name)) >= self.spill_warm_replicas:
             return
+        if not due and not self.residency.room_to_spare(replica_id, self.spill_warm_idle_s):
+            return  # it would push out an adapter still in use, for a spill that may never come
         task = asyncio.create_task(self._warm_ahead(replica_id, adapter), name=f"warm ahead {self.name}/{slot}")
         self._warming_ahead[slot] = task
         task.add_done_callback(lambda _: self._warming_ahead.pop(slot, None))

@@ -180,6 +180,18 @@ class PoolResidency:
                 victim, oldest = name, used
         return victim
 
+    def room_to_spare(self, replica_id: str, idle_s: float) -> bool:
+        """Whether a load on the replica now would take a free slot, or push out only an adapter (``next_victim``)
+        that no request has used for ``idle_s`` (use times are every gateway's when they share a store). For loads
+        no request waits for (warming ahead of a hot key's spills): one that pushes out an adapter still in use costs
+        its tenant a cold load on the request path, and where the adapters fill every slot exactly that tenant then
+        pushes out another."""
+        resident = self.views[replica_id].resident
+        if len(resident) < self.max_adapters:
+            return True
+        victim = self.next_victim(replica_id)
+        return victim is not None and resident[victim] <= self._now() - idle_s
+
     def begin_use(self, replica_id: str, engine_name: str) -> None:
         in_flight = self.views[replica_id].in_flight
         in_use = in_flight.get(engine_name, 0)

@@ -97,6 +97,9 @@ class RoutingDecision:
     # (pickers.warm_or_cold): the pool warms the adapter there in the background, so the key's next requests find
     # it warm (issue 19).
     warm_ahead: str | None = None
+    # The cold replica is predicted faster outright: without the margin the key would take it now (its load pushing
+    # out the same adapter), so the warm-up need not wait for an idle one to push out (Pool.warm_ahead).
+    warm_ahead_due: bool = False
 
     @property
     def candidates(self) -> list[str]:

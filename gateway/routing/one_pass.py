@@ -50,7 +50,7 @@ def decide_plain(
     if table is None:  # bounded_consistent_hash
         plain, total, most = _plain_bounded(replicas, count_reserved)
     else:  # predicted_ttft: scored in the same pass
-        best, regime, best_ms, plain, total, most, ahead = lowest_predicted(
+        best, regime, best_ms, plain, total, most, ahead, due = lowest_predicted(
             replicas,
             table,
             home,
@@ -88,7 +88,7 @@ def decide_plain(
         False,
     )
     decision.predictions[chosen] = _new(Prediction, (regime, best.in_flight, NO_PARTS, best_ms))
-    decision.warm_ahead = ahead
+    decision.warm_ahead, decision.warm_ahead_due = ahead, due
     return decision
 
 

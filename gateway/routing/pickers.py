@@ -102,7 +102,7 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     # not linear, each scorer is asked per candidate; explaining keeps every candidate's prediction and parts.
     table = None if given.explain else scoring.table()
     if table is not None:
-        chosen, regime, best_ms, _, _, _, ahead = lowest_predicted(
+        chosen, regime, best_ms, _, _, _, ahead, due = lowest_predicted(
             allowed,
             table,
             home,
@@ -115,7 +115,7 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
         )
         best = chosen.id
         decision.predictions[best] = Prediction(regime, chosen.in_flight, NO_PARTS, best_ms)
-        decision.warm_ahead = ahead
+        decision.warm_ahead, decision.warm_ahead_due = ahead, due
     else:
         best = _score_each(decision, allowed, given, scoring)
     decision.chosen = best
@@ -134,14 +134,15 @@ def lowest_predicted(
     cold_margin_ms: float = 0.0,
     key_in_flight: int = 0,
     capacity_floor: int = 1,
-) -> tuple[ReplicaLoad, Regime, float, bool, int, int, str | None]:
+) -> tuple[ReplicaLoad, Regime, float, bool, int, int, str | None, bool]:
     """The candidate with the lowest predicted TTFT by the scorers' summed table (scorers/base.py), its regime and
     its prediction: one lookup and two multiplications per candidate (a tie keeps the earlier one in ring order;
     the best candidate where the adapter is cold against the best where it is warm as ``warm_or_cold`` says, for
     a key with ``key_in_flight`` requests in flight). In the same pass, what one_pass.py needs to know the case is
     plain: whether every candidate is up, at full weight and under its cap, the load total the bound is taken over
     (this request included) and the highest load the bound judges (reserved slots count when ``count_reserved``).
-    Last, the replica to warm the adapter on ahead of the key's next requests, or None."""
+    Last, the replica to warm the adapter on ahead of the key's next requests, or None, and whether it is due there
+    (``warm_or_cold``)."""
     # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
     warm_c, warm_p, warm_o = table["warm"]
     kv_cold_c, kv_cold_p, kv_cold_o = table["kv_cold"]
@@ -187,12 +188,12 @@ def lowest_predicted(
         if ms < best_ms:
             best, best_ms, best_regime = replica, ms, regime
     if not warm_count:  # cold everywhere
-        return cold, "cold", cold_ms, plain, total, most, None
+        return cold, "cold", cold_ms, plain, total, most, None, False
     hot = key_in_flight >= capacity_floor * warm_count and 3 * key_in_flight >= 2 * warm_load
     take_cold, ahead = warm_or_cold(best_ms, cold.id, cold_ms, cold_margin_ms if hot else 0.0)
     if take_cold:
-        return cold, "cold", cold_ms, plain, total, most, None
-    return best, best_regime, best_ms, plain, total, most, ahead
+        return cold, "cold", cold_ms, plain, total, most, None, False
+    return best, best_regime, best_ms, plain, total, most, ahead, cold_ms < best_ms
 
 
 def warm_or_cold(warm_ms: float, cold_id: str, cold_ms: float, cold_margin_ms: float) -> tuple[bool, str | None]:
@@ -206,7 +207,10 @@ def warm_or_cold(warm_ms: float, cold_id: str, cold_ms: float, cold_margin_ms: f
     only when predicted faster by more than the margin (the load runs on the request's path and stalls the requests
     already there), and has its adapter warmed
     there in the background once the cold one comes within the margin: its warm replicas fill up while the load
-    runs, so it starts before the cold one would win, and its requests spill there warm (issue 19). Another key
+    runs, so it starts before the cold one would win, and its requests spill there warm (issue 19). The warm-up
+    is *due* once the cold replica is predicted faster outright (without the margin the key would take it now, and
+    its load would push out the same adapter): the pool then warms it whatever that adapter's last use, and before
+    that only where it pushes out nothing in use (``Pool.warm_ahead``). Another key
     takes the cold replica when predicted faster, as a spill always did: warming copies ahead for it would evict
     adapters other tenants still want (docs/benchmarks.md, hot and collide)."""
     if cold_ms + cold_margin_ms < warm_ms:
@@ -247,6 +251,7 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
     in_flight = given.standing.in_flight
     hot = in_flight >= given.capacity_floor * warm_count and 3 * in_flight >= 2 * warm_load
     take_cold, decision.warm_ahead = warm_or_cold(best_ms, cold, cold_ms, scoring.cold_margin_ms if hot else 0.0)
+    decision.warm_ahead_due = decision.warm_ahead is not None and cold_ms < best_ms
     return cold if take_cold else best
 
 

@@ -339,3 +339,32 @@ async def test_warm_ups_ahead_run_one_at_a_time_in_a_pool() -> None:
     pool.warm_ahead("r1", ADAPTER)  # resident already
     assert not pool._warming_ahead
     assert engine.loads[("r1", "a")] == 1 and engine.duplicate_loads == 0 and len(engine.warm_requests) == 1
+
+
+async def test_a_warm_up_ahead_takes_a_free_slot_or_pushes_out_only_an_adapter_idle_long_enough() -> None:
+    """Where the replica's set is full, warming ahead would push out its least recently used adapter: only one no
+    request has used for routing.spill_warm_idle_s is pushed out (its tenant is not back soon); one used more
+    recently stays, and nothing is warmed ahead there (collide: 16 adapters in 16 slots, where a copy pushing out a
+    tenant in use made it push out another), until the warm-up is due: the cold replica predicted faster outright,
+    where the key would take it without the margin and push out the same adapter."""
+    pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, spill_warm_idle_s=5))
+    residency = pool.residency
+    engine = residency.driver.engine  # type: ignore[attr-defined]
+    now = [1_000.0]
+    residency._now = lambda: now[0]
+    for name in ("b", "c"):  # r1 full (max_adapters 2), both used at 1,000 s
+        await residency.ensure("r1", ref(name))
+    now[0] = 1_004.0  # b and c idle 4 s: in use, by the rule
+    pool.warm_ahead("r1", ADAPTER)
+    assert not pool._warming_ahead and not residency.is_resident("r1", "a")
+    await residency.ensure("r0", ref("b"))
+    await residency.ensure("r0", ref("c"))  # r0 full too, both used just now
+    pool.warm_ahead("r0", ref("e"), due=True)  # the cold replica predicted faster outright: warmed all the same
+    await until_resident_on(pool, "r0", "e")
+    await residency.ensure("r2", ref("b"))  # a free slot is taken whatever the others' use
+    pool.warm_ahead("r2", ADAPTER)
+    await until_resident_on(pool, "r2", "a")
+    now[0] = 1_005.0  # r1's least recently used adapter idle 5 s: pushed out for the copy
+    pool.warm_ahead("r1", ref("d"))
+    await until_resident_on(pool, "r1", "d")
+    assert engine.loads[("r1", "d")] == 1 and len(residency.views["r1"].resident) == 2

@@ -229,8 +229,9 @@ def test_a_hot_key_waits_where_its_adapter_is_warm_and_has_it_warmed_where_a_col
     replica to warm the adapter on in the background (before the key's requests spill there)."""
     decision = choose(60, HOT_KEY, explain=explain)  # home 620 ms, second 510 ms: faster, by less than 500 ms
     assert decision.chosen == HOME and decision.warm_ahead == SECOND
+    assert decision.warm_ahead_due  # faster outright: without the margin the key would take it now
     decision = choose(10, HOT_KEY, explain=explain)  # home 120 ms: the cold one within the margin of it (620 ms)
-    assert decision.chosen == HOME and decision.warm_ahead == SECOND
+    assert decision.chosen == HOME and decision.warm_ahead == SECOND and not decision.warm_ahead_due
     decision = choose(110, HOT_KEY, explain=explain)  # home 1,120 ms: the cold one wins by more than the margin
     assert decision.chosen == SECOND and decision.predictions[SECOND].regime == "cold" and decision.warm_ahead is None
     decision = choose(10, HOT_KEY, explain=explain, cold_load=20)  # the cold ones 710 ms: beyond it, nothing warmed
@@ -332,7 +333,7 @@ def test_the_summed_linear_table_decides_as_asking_each_scorer_would(
     explained = decide(RING.preference(KEY), KEY, loads, explain=True, **common)  # type: ignore[arg-type]
     assert placed.chosen == explained.chosen
     assert placed.reasons == explained.reasons and placed.excluded == explained.excluded
-    assert placed.warm_ahead == explained.warm_ahead
+    assert placed.warm_ahead == explained.warm_ahead and placed.warm_ahead_due == explained.warm_ahead_due
     chosen = placed.predictions[placed.chosen or ""]
     assert chosen.regime == explained.predictions[placed.chosen or ""].regime
     assert chosen.total_ms == pytest.approx(explained.predictions[placed.chosen or ""].total_ms)
