@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 
 from backends import registry
 from gateway.app import create_app
-from gateway.config import GatewayConfig, PoolConfig
+from gateway.config import GatewayConfig, PoolConfig, TelemetryConfig
 from gateway.observe.metrics import GatewayMetrics
 from loadtests.fleet import gateway_config
 
@@ -821,6 +821,11 @@ def test_the_readmes_bench_overhead_figures_are_the_latest_runs_in_the_benchmark
         words.get(len(default), str(len(default))),
     )
     assert quoted.groups() == expected
+    # The realistic load the row describes is the benchmark's.
+    from loadtests.bench_overhead import REPLICAS, TENANTS
+
+    assert f"({len(TENANTS)} tenants over {REPLICAS} replicas, 64 clients, access log on)" in row
+    assert TelemetryConfig().access_log  # the default config's, which the row's setup runs
     # The machine's load while those runs were measured, as the section that holds the table gives it.
     section = benchmarks[benchmarks.rindex("\n#", 0, benchmarks.rindex(header)) :].split(header)[0]
     load = re.search(r"runs on a machine at load ([\d.]+-[\d.]+)", row)
