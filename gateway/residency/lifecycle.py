@@ -3,7 +3,8 @@ and keep the record true to the engines.
 
 The request path touches only the local view (a dict per replica): a resident adapter costs a dict lookup and a
 use mark; the store is written behind in batches. Only a cold load talks to the store, under the replica's lock,
-so two gateways never load on one replica at once, nor push it past ``max_adapters`` but as said below.
+so two gateways never load on one replica at once, nor push it past ``max_adapters`` but as said below; a load of an
+adapter another gateway loads there meanwhile stops waiting for the lock once it is resident (``_poll_pause``).
 
 An adapter counts as in use, and is never evicted, while this gateway has requests in flight for it or, when
 gateways share the store, any gateway marked a use within ``in_use_window_s`` (gateways re-mark adapters with
@@ -41,6 +42,10 @@ from gateway.residency.signal import FLYING_GRACE_S, NO_SIGNAL, Signal
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+
+class _LoadedMeanwhile(Exception):
+    """A load waiting for the replica's lock found its adapter resident: another gateway's load brought it."""
 
 
 @dataclass
@@ -120,6 +125,10 @@ class PoolResidency:
         self.signal = signal
         # Replicas whose record is being read again after another gateway's news (``remote_set_changed``).
         self._rereads: dict[str, asyncio.Task[None]] = {}
+        # Per replica, set (and replaced) once this gateway's view has read another gateway's change to its set: a
+        # load waiting for the replica's lock looks whether its adapter came (``_poll_pause``). A waiter takes the
+        # event before it looks, so news between its look and its wait is not missed, and never clears one.
+        self._news = {replica_id: asyncio.Event() for replica_id in self.endpoints}
         self._detach_signal = signal.attach(pool, self)
 
     # --- the request path -------------------------------------------------------------------------------------
@@ -143,6 +152,12 @@ class PoolResidency:
     def _sets_changed(self) -> None:
         """Some replica's resident set changed (not only a use time): the per-adapter answers are stale."""
         self._resident_on.clear()
+
+    def _heard_news(self, replica_id: str) -> None:
+        """Wake whatever waits for another gateway's news about the replica (``_news``)."""
+        event = self._news[replica_id]
+        self._news[replica_id] = asyncio.Event()
+        event.set()
 
     def likely_on_gpu(self, replica_id: str, engine_name: str, gpu_slots: int) -> bool:
         """Whether the adapter is likely in one of the replica's ``gpu_slots`` GPU slots: a gateway has requests in
@@ -252,16 +267,19 @@ class PoolResidency:
             while True:
                 # Counted before looking: a release heard while this load looks under the lock is not missed.
                 news = self._remote_news[replica_id]
-                async with self._locked(replica_id, name) as record:
-                    if name in record.resident:
-                        await self._load_locked(replica_id, adapter, pinned, record)
-                        return
-                    # Loads waiting for a slot take one in arrival order: a newcomer finding room while others
-                    # wait does not take it (the first in line is woken for it) and queues behind them.
-                    first = not in_line or in_line[0] == name
-                    if first and await self._made_room(replica_id, record):
-                        await self._load_locked(replica_id, adapter, pinned, record)
-                        return
+                try:
+                    async with self._locked(replica_id, name, None if pinned else name) as record:
+                        if name in record.resident:
+                            await self._load_locked(replica_id, adapter, pinned, record)
+                            return
+                        # Loads waiting for a slot take one in arrival order: a newcomer finding room while others
+                        # wait does not take it (the first in line is woken for it) and queues behind them.
+                        first = not in_line or in_line[0] == name
+                        if first and await self._made_room(replica_id, record):
+                            await self._load_locked(replica_id, adapter, pinned, record)
+                            return
+                except _LoadedMeanwhile:
+                    return
                 if name not in in_line:
                     in_line.append(name)
                 if not first:
@@ -403,6 +421,7 @@ class PoolResidency:
             if self.store_up:
                 self._adopt(replica_id, await self.store.record(self.pool, replica_id))
                 self._store_answered()
+                self._heard_news(replica_id)  # the view holds the change now
         except StoreUnavailable as exc:
             self._store_failed(exc)
 
@@ -458,11 +477,13 @@ class PoolResidency:
         return timeout
 
     @contextlib.asynccontextmanager
-    async def _locked(self, replica_id: str, purpose: str) -> AsyncIterator[ReplicaRecord]:
-        """Hold the replica's lock (this gateway's, and the store's across gateways) and yield its fresh record."""
+    async def _locked(self, replica_id: str, purpose: str, wanted: str | None = None) -> AsyncIterator[ReplicaRecord]:
+        """Hold the replica's lock (this gateway's, and the store's across gateways) and yield its fresh record.
+        ``wanted``: the adapter a load takes the lock for; if another gateway's load brings it while this one waits
+        for the store's lock, raise ``_LoadedMeanwhile`` instead (``_poll_pause``)."""
         holder = f"{self._owner} {purpose}"
         async with self._replica_locks[replica_id]:
-            shared = await self._acquire_shared(replica_id, holder)
+            shared = await self._acquire_shared(replica_id, holder, wanted)
             try:
                 record = await self._fresh_record(replica_id)
                 yield record
@@ -471,8 +492,9 @@ class PoolResidency:
                     with contextlib.suppress(StoreUnavailable):
                         await self.store.release(self.pool, replica_id, holder)
 
-    async def _acquire_shared(self, replica_id: str, holder: str) -> bool:
-        """Take the store's lock, waiting for another gateway's load to end; False when the store is down."""
+    async def _acquire_shared(self, replica_id: str, holder: str, wanted: str | None = None) -> bool:
+        """Take the store's lock, waiting for another gateway's load to end; False when the store is down. Raises
+        ``_LoadedMeanwhile`` once ``wanted`` is resident (``_poll_pause``)."""
         deadline = time.monotonic() + self.load_timeout_s
         pause = 0.01
         while True:
@@ -486,8 +508,30 @@ class PoolResidency:
             if time.monotonic() >= deadline:
                 log.warning("%s/%s: another gateway's load did not end in time", self.pool, replica_id)
                 raise AdapterCacheFull(503, f"{self.pool}/{replica_id} is busy loading adapters")
-            await asyncio.sleep(pause)
+            await self._poll_pause(replica_id, pause, wanted)
             pause = min(pause * 2, 0.2)
+
+    async def _poll_pause(self, replica_id: str, pause: float, wanted: str | None) -> None:
+        """Wait ``pause`` before polling the store's lock again; for a load (``wanted``: its adapter), raise
+        ``_LoadedMeanwhile`` as soon as this gateway's view holds the adapter: another gateway's load brought it
+        (its ``set`` news makes the view read the record, gateway/residency/signal.py). A second request of one
+        gateway for an adapter joins the load its first began (``ensure``); across gateways, a request routed to
+        where another gateway was loading its adapter queued for the lock behind every load there and found the
+        adapter loaded once it got in (churn trace, 3 gateways: 12-17 requests a run, up to 1.25 s each). The polls
+        keep their pace: waking every wait at the holder's news, loads ran back to back and the tail grew
+        (docs/benchmarks.md, "Three gateways: the churn tail")."""
+        if wanted is None:
+            await asyncio.sleep(pause)
+            return
+        view, wake_at = self.views[replica_id], time.monotonic() + pause
+        while wanted not in view.resident:
+            left = wake_at - time.monotonic()
+            if left <= 0:
+                return
+            news = self._news[replica_id]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(news.wait(), left)
+        raise _LoadedMeanwhile
 
     async def _fresh_record(self, replica_id: str) -> ReplicaRecord:
         """The store's record merged into the local view (whose use times may be newer than the last flush)."""

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from backends.errors import AdapterCacheFull
+from backends.base import AdapterRef, Endpoint
+from backends.errors import AdapterCacheFull, AdapterLoadFailed
 from gateway.config import ResidencyConfig
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency import signal as signal_module
@@ -26,7 +27,7 @@ from gateway.residency.memory import MemoryStore
 from gateway.residency.signal import FLYING_GRACE_S, REMOTE_TTL_S, RENEW_S, SETTLE_S, SlotSignal
 from gateway.residency.store import ReplicaRecord, ResidencyStore
 from tests.clock import Clock
-from tests.gateway.residency.fakes import FakeEngine, ref
+from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
 from tests.gateway.residency.test_lifecycle import START, lifecycle, until_a_load_waits
 
 LONG_WINDOW = ResidencyConfig(use_flush_interval_s=2.5, slot_wait_timeout_s=3.0)
@@ -740,3 +741,91 @@ async def test_after_its_subscription_comes_back_a_gateway_evicts_nothing_anothe
     clock.advance(5 * FLYING_GRACE_S)  # within the window (1 s), past the grace
     await a.ensure("r0", ref("z"))
     assert "x" in engine.loaded["r0"] and ("r0", "x") not in engine.unloads
+
+
+# --- a replica's lock and loads across gateways (the churn trace's three-gateway tail) -------------------------------
+
+
+class Gate:
+    """Holds a gateway's loads of some adapters in its engine (under the replica's lock) until the test opens
+    them; ``entered``: the loads that reached the engine. ``refuse``: the engine refuses them once opened."""
+
+    def __init__(self, life: PoolResidency, *names: str, refuse: bool = False) -> None:
+        self.opened = {name: asyncio.Event() for name in names}
+        self.entered: set[str] = set()
+        self.refuse = refuse
+        driver = life.driver
+        assert isinstance(driver, FakeDriver)
+        driver.before_load = self._before_load
+
+    async def _before_load(self, replica: Endpoint, adapter: AdapterRef) -> None:
+        name = adapter.engine_name
+        if name in self.opened:
+            self.entered.add(name)
+            await self.opened[name].wait()
+            if self.refuse:
+                raise AdapterLoadFailed(name, 400, "the engine refused the adapter")
+
+    async def until_entered(self, name: str) -> None:
+        await until(lambda: name in self.entered, lambda: f"no load of {name} reached the engine")
+
+
+async def until_loading(life: PoolResidency, name: str) -> None:
+    await until(lambda: ("r0", name) in life.loading, lambda: f"no load of {name} on r0 began: {life.loading}")
+
+
+async def test_a_load_of_an_adapter_another_gateway_is_loading_there_waits_for_that_load_not_for_the_lock(
+    store: ResidencyStore,
+) -> None:
+    """docs/benchmarks.md, "Three gateways: the churn tail": A loads x on r0 (it holds r0's lock for x) and has
+    another load, of z, queued behind it there. B's load of x, waiting for the lock, ends once A's load of x brought
+    it (A's news), as a second request of one gateway joins its first's load, though r0's lock stays taken by the
+    load of z. Before, it waited for the lock behind every load there and found x loaded once it got in (churn trace,
+    3 gateways: 12-17 requests a run, up to 1.25 s each). No second load of x."""
+    engine, bus = FakeEngine(), Bus()
+    a, b = gateway(store, engine, bus, max_adapters=4), gateway(store, engine, bus, max_adapters=4)
+    held = Gate(a, "x", "z")
+    first = asyncio.create_task(a.ensure("r0", ref("x")))
+    await held.until_entered("x")
+    second = asyncio.create_task(a.ensure("r0", ref("z")))
+    joined = asyncio.create_task(b.ensure("r0", ref("x")))
+    await until_loading(b, "x")
+    await asyncio.sleep(0.05)  # B's load waits meanwhile (for the lock, without the join)
+    held.opened["x"].set()
+    await first
+    await asyncio.wait_for(joined, 5)  # until z's load ends without the join: never, here
+    assert not second.done() and b.is_resident("r0", "x")
+    assert engine.loads[("r0", "x")] == 1 and engine.duplicate_loads == 0
+    held.opened["z"].set()
+    await second
+
+
+async def test_a_load_another_gateway_failed_is_made_by_this_gateway(store: ResidencyStore) -> None:
+    """A's load of x on r0 fails (the engine refused it): B's request, waiting for that load, loads x itself."""
+    engine, bus = FakeEngine(), Bus()
+    a, b = gateway(store, engine, bus, max_adapters=4), gateway(store, engine, bus, max_adapters=4)
+    refused = Gate(a, "x", refuse=True)
+    failing = asyncio.create_task(a.ensure("r0", ref("x")))
+    await refused.until_entered("x")
+    joined = asyncio.create_task(b.ensure("r0", ref("x")))
+    await until_loading(b, "x")
+    refused.opened["x"].set()
+    with pytest.raises(AdapterLoadFailed):
+        await failing
+    await asyncio.wait_for(joined, 5)
+    assert engine.loads[("r0", "x")] == 1 and b.is_resident("r0", "x")
+
+
+async def test_gateways_whose_requests_for_an_adapter_arrive_together_do_not_wait_for_each_other(
+    store: ResidencyStore,
+) -> None:
+    """A and B each have a request for x in flight on r0 and each heard the other's: neither waits for a load the
+    other has not begun. One loads x under the replica's lock, the other finds it loaded."""
+    engine, bus = FakeEngine(), Bus()
+    a, b = gateway(store, engine, bus, max_adapters=4), gateway(store, engine, bus, max_adapters=4)
+    a.begin_use("r0", "x")
+    b.begin_use("r0", "x")
+    await shared(a, lambda: b.signal.flying_elsewhere("llama", "r0", "x"))
+    await shared(b, lambda: a.signal.flying_elsewhere("llama", "r0", "x"))
+    await asyncio.wait_for(asyncio.gather(a.ensure("r0", ref("x")), b.ensure("r0", ref("x"))), 5)
+    assert engine.loads[("r0", "x")] == 1 and engine.duplicate_loads == 0
