@@ -14,6 +14,7 @@ from gateway.config import ResidencyConfig
 from gateway.failures import classify
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.memory import MemoryStore
 from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable, Uses
 from tests.clock import Clock
@@ -449,3 +450,25 @@ async def test_a_set_within_its_bound_or_on_an_engine_that_refuses_is_never_trim
     for life in (vllm, trt):
         await life.trim_over_bound(in_service)
     assert engine.unloads == [] and engine.loaded["r0"] == {"a", "b"}
+
+
+async def test_a_load_polls_another_gateways_lock_from_10_ms_doubling_to_200_ms() -> None:
+    """docs/architecture.md (Slot waits across gateways): a load waiting for the replica's lock that another gateway
+    holds polls the store 10 ms after its first try, then twice as far apart, up to 0.2 s between polls."""
+    store = MemoryStore()
+    life = lifecycle(store, FakeEngine(), Clock(START), shared=True)
+    assert await store.acquire("llama", "r0", "other-gateway a", 30.0)
+    pauses: list[float] = []
+
+    async def pause(replica_id: str, seconds: float, wanted: str | None) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 8:  # the other gateway lets go
+            await store.release("llama", "r0", "other-gateway a")
+
+    life._poll_pause = pause  # type: ignore[method-assign,assignment]
+    try:
+        await life.ensure("r0", ref("b"))
+    finally:
+        await store.close()
+    assert pauses == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.16, 0.2, 0.2, 0.2])
+    assert life.is_resident("r0", "b")
