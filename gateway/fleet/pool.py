@@ -144,6 +144,9 @@ class Pool:
         self._warming_ahead: dict[tuple[str, str], asyncio.Task[None]] = {}
         # Per replica, its engine scrape under way: a round starts no second one there, and does not wait for it.
         self._scraping: dict[str, asyncio.Task[EngineLoad | None]] = {}
+        # The readings taken since the last round returned, a slow replica's among them: the next round returns
+        # them (serve --workers shares what a round returns with the other workers).
+        self._taken: dict[str, EngineLoad | None] = {}
         self.spill_warm_replicas = routing.spill_warm_replicas
         self.spill_warm_idle_s = routing.spill_warm_idle_s
         self.warm_aheads = 0
@@ -434,7 +437,7 @@ class Pool:
 
     async def scrape_engines(self) -> tuple[float, dict[str, EngineLoad | None]]:
         """Read every replica's own load signals, each taken as soon as it answers; returns when
-        (``time.monotonic``) and what answered within the scrape interval. A replica slower than that (up to the
+        (``time.monotonic``) and what answered since the last round returned. A replica slower than that (up to the
         probe timeout, 2 s by default) is read on in the background, no second read started there meanwhile, and
         holds back neither the others' readings nor the next round. The rounds waited for it: with one replica
         answering at 2 s, every other replica's reading was older than the engine view's 1.5 s (3 intervals) 40%
@@ -444,14 +447,9 @@ class Pool:
             if replica_id not in scraping:
                 task = scraping[replica_id] = asyncio.create_task(self._scrape(replica.endpoint))
                 task.add_done_callback(partial(self._scraped, replica_id))
-        round_ = dict(scraping)
-        await asyncio.wait(round_.values(), timeout=self.scrape_interval_s)
-        at = time.monotonic()
-        return at, {
-            replica_id: task.result()
-            for replica_id, task in round_.items()
-            if task.done() and not task.cancelled() and task.exception() is None
-        }
+        await asyncio.wait(list(scraping.values()), timeout=self.scrape_interval_s)
+        taken, self._taken = self._taken, {}
+        return time.monotonic(), taken
 
     def _scraped(self, replica_id: str, _: asyncio.Task[EngineLoad | None]) -> None:
         self._scraping.pop(replica_id, None)
@@ -460,6 +458,7 @@ class Pool:
         """One replica's signals, taken as they come."""
         load = await self._load_signals(endpoint)
         self.took_scrape(time.monotonic(), {endpoint.id: load})
+        self._taken[endpoint.id] = load
         return load
 
     async def _load_signals(self, endpoint: Endpoint) -> EngineLoad | None:

@@ -166,7 +166,8 @@ async def test_a_replica_slow_to_answer_does_not_hold_back_the_others_readings()
 
 async def test_the_next_round_neither_waits_for_a_slow_read_nor_starts_another() -> None:
     """A round waits for the replicas' answers a scrape interval at most: one still reading goes on in the
-    background, taken when it answers, and is not read a second time meanwhile."""
+    background, taken when it answers, not read a second time meanwhile, and returned by the next round (what
+    serve --workers shares with the other workers)."""
     pool, driver = pool_with_a_slow_page(interval_s=0.05)
     for _ in range(3):
         _, loads = await pool.scrape_engines()
@@ -178,5 +179,9 @@ async def test_the_next_round_neither_waits_for_a_slow_read_nor_starts_another()
             break
         await asyncio.sleep(0)
     assert pool.replicas["r1"].engine_load is not None
+    driver.answer.clear()  # its next read is slow again: the next round returns the reading taken since the last
+    for _ in range(10):  # the background read ends (a few loop turns)
+        await asyncio.sleep(0)
     _, loads = await pool.scrape_engines()
-    assert set(loads) == {"r0", "r1", "r2"}
+    assert set(loads) == {"r0", "r1", "r2"} and driver.slow_reads == 2
+    driver.answer.set()
