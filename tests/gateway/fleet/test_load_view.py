@@ -91,6 +91,17 @@ async def test_a_load_that_is_no_number_is_no_reading(bad: float) -> None:
     assert all(replica.engine_load is None for replica in pool.replicas.values())
 
 
+def three_replica_pool(driver: FakeDriver, routing: RoutingConfig) -> Pool:
+    """A vLLM pool of three replicas, r0-r2, on the driver, one gateway on the in-process store."""
+    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(3)]
+    config = PoolConfig.model_validate({"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas})
+    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    return Pool(config, routing, driver, residency)
+
+
 class OneBrokenPage(FakeDriver):
     """r1's metrics page makes the driver raise what it does not expect (a bug of the driver's, on that page)."""
 
@@ -104,14 +115,8 @@ async def test_one_replica_whose_scrape_raises_leaves_the_others_read(caplog: py
     """A driver that raises on one engine's page: that replica has no reading (logged once, not at every scrape),
     the others' readings are taken. The pool's scrape was one gather: one replica's page blinded the whole pool's
     load view and running adapters at every interval."""
-    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(3)]
-    config = PoolConfig.model_validate({"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas})
-    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
     driver = OneBrokenPage(FakeEngine(), load=EngineLoad(running=4, waiting=2, kv_cache_usage=0.5))
-    residency = PoolResidency(
-        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
-    )
-    pool = Pool(config, RoutingConfig(load_view="engine"), driver, residency)
+    pool = three_replica_pool(driver, RoutingConfig(load_view="engine"))
     for _ in range(3):
         _, loads = await pool.scrape_engines()
     assert loads["r1"] is None and loads["r0"] is not None and loads["r2"] is not None
@@ -135,15 +140,9 @@ class OneSlowPage(FakeDriver):
 
 
 def pool_with_a_slow_page(interval_s: float = 0.5) -> tuple[Pool, OneSlowPage]:
-    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(3)]
-    config = PoolConfig.model_validate({"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas})
-    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
     driver = OneSlowPage(FakeEngine(), load=EngineLoad(running=4, waiting=2, kv_cache_usage=0.5))
-    residency = PoolResidency(
-        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
-    )
     routing = RoutingConfig(load_view="engine", load_scrape_interval_s=interval_s)
-    return Pool(config, routing, driver, residency), driver
+    return three_replica_pool(driver, routing), driver
 
 
 async def test_a_replica_slow_to_answer_does_not_hold_back_the_others_readings() -> None:
