@@ -129,6 +129,12 @@ class PoolResidency:
         # load waiting for the replica's lock looks whether its adapter came (``_poll_pause``). A waiter takes the
         # event before it looks, so news between its look and its wait is not missed, and never clears one.
         self._news = {replica_id: asyncio.Event() for replica_id in self.endpoints}
+        # This gateway's forgets of an adapter on a replica (the engine lost it, or this gateway unloaded it),
+        # numbered: per replica, each adapter's last. A record read that began before a forget may still list the
+        # adapter (the store's removal lands after the forget) and must not bring it back into the view: the next
+        # request would find it "resident", skip the load, and get the engine's 404 again (``_adopt``).
+        self._forgets = 0
+        self._forgotten: dict[str, dict[str, int]] = {replica_id: {} for replica_id in self.endpoints}
         self._detach_signal = signal.attach(pool, self)
 
     # --- the request path -------------------------------------------------------------------------------------
@@ -251,9 +257,7 @@ class PoolResidency:
 
     async def lost(self, replica_id: str, engine_name: str) -> None:
         """The engine answered that it does not know the adapter: forget it, so the next ``ensure`` loads it."""
-        self.views[replica_id].resident.pop(engine_name, None)
-        self.views[replica_id].pinned.discard(engine_name)
-        self._sets_changed()
+        self._forget(replica_id, engine_name)
         await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
         self.signal.set_changed(self.pool, replica_id)
 
@@ -343,10 +347,7 @@ class PoolResidency:
 
     async def _unload(self, replica_id: str, engine_name: str) -> None:
         """Forget it locally first (so new requests stop choosing it), then in the engine, then in the store."""
-        view = self.views[replica_id]
-        view.resident.pop(engine_name, None)
-        view.pinned.discard(engine_name)
-        self._sets_changed()
+        self._forget(replica_id, engine_name)
         await self.driver.unload_adapter(self.endpoints[replica_id], engine_name)
         await self._store_call(self.store.remove(self.pool, replica_id, [engine_name]))
         self.signal.changed(self.pool, replica_id, freed=True)
@@ -419,7 +420,7 @@ class PoolResidency:
             await asyncio.sleep(0)  # news that arrive in the same turn share this read
             self._rereads.pop(replica_id, None)  # news from here on start another read: this one may miss them
             if self.store_up:
-                self._adopt(replica_id, await self.store.record(self.pool, replica_id))
+                await self._read_record(replica_id)
                 self._store_answered()
                 self._heard_news(replica_id)  # the view holds the change now
         except StoreUnavailable as exc:
@@ -538,19 +539,43 @@ class PoolResidency:
         view = self.views[replica_id]
         if self.store_up:
             try:
-                record = await self.store.record(self.pool, replica_id)
-                self._adopt(replica_id, record)
+                await self._read_record(replica_id)
             except StoreUnavailable as exc:
                 self._store_failed(exc)
         return ReplicaRecord(dict(view.resident), frozenset(view.pinned))
 
-    def _adopt(self, replica_id: str, record: ReplicaRecord) -> None:
-        """Take the store's record as this gateway's view, keeping newer local use times."""
+    def _forget(self, replica_id: str, engine_name: str) -> None:
+        """Drop the adapter from this gateway's view of the replica, and remember when (``_forgotten``)."""
         view = self.views[replica_id]
-        if view.resident.keys() != record.resident.keys():
+        view.resident.pop(engine_name, None)
+        view.pinned.discard(engine_name)
+        self._sets_changed()
+        self._forgets += 1
+        self._forgotten[replica_id][engine_name] = self._forgets
+
+    async def _read_record(self, replica_id: str) -> ReplicaRecord:
+        """Read the replica's record from the store, take it as this gateway's view (``_adopt``) and return it as
+        the store answered."""
+        before = self._forgets  # counted before the read: a forget while it is under way is not undone
+        record = await self.store.record(self.pool, replica_id)
+        self._adopt(replica_id, record, before)
+        return record
+
+    def _adopt(self, replica_id: str, record: ReplicaRecord, read_after: int) -> None:
+        """Take the store's record, read after this gateway's ``read_after``-th forget, as its view, keeping newer
+        local use times, and leaving out adapters this gateway forgot since the read began: the store may have
+        answered before their removal reached it (measured: bench-overhead's two workers, a request's reload after
+        the engine's 404 skipped as the adapter was back in the view, and its second try answered 502)."""
+        view, forgotten = self.views[replica_id], self._forgotten[replica_id]
+        resident = {
+            name: max(used, view.resident.get(name, 0.0))
+            for name, used in record.resident.items()
+            if forgotten.get(name, 0) <= read_after
+        }
+        if view.resident.keys() != resident.keys():
             self._sets_changed()
-        view.resident = {name: max(used, view.resident.get(name, 0.0)) for name, used in record.resident.items()}
-        view.pinned = set(record.pinned)
+        view.resident = resident
+        view.pinned = {name for name in record.pinned if name in resident}
 
     # --- background work -----------------------------------------------------------------------------------------
 
@@ -570,7 +595,7 @@ class PoolResidency:
         was_up = self.store_up
         for replica_id in self.endpoints:
             try:
-                self._adopt(replica_id, await self.store.record(self.pool, replica_id))
+                await self._read_record(replica_id)
                 self._store_answered()
             except StoreUnavailable as exc:
                 self._store_failed(exc)

@@ -210,6 +210,40 @@ async def test_unload_everywhere(store: ResidencyStore) -> None:
     assert (await store.record("llama", "r0")) == ReplicaRecord()
 
 
+async def test_a_record_read_before_the_engine_lost_an_adapter_does_not_bring_it_back(store: ResidencyStore) -> None:
+    """bench-overhead, `--workers 2`: worker A unloaded x from r0 (its trim) while worker B sent a request for it. B
+    had begun reading r0's record (another change's news) before A's removal reached the store, and that answer
+    came in after the engine's 404: B forgot x, the answer put it back, B's reload found x "resident" and loaded
+    nothing, and the request's second try got the 404 again (502). A read that began before a forget must not undo
+    it: B loads x again."""
+    engine, clock = FakeEngine(), Clock(START)
+    a, b = lifecycle(store, engine, clock, shared=True), lifecycle(store, engine, clock, shared=True)
+    await a.ensure("r0", ref("x"))
+    await b.sync()
+    real_record = b.store.record
+    answered, let_go = asyncio.Event(), asyncio.Event()
+
+    async def answer_held(pool: str, replica: str) -> ReplicaRecord:
+        """The store answers at once; the gateway reads the answer later (its event loop is busy)."""
+        record = await real_record(pool, replica)
+        answered.set()
+        await let_go.wait()
+        return record
+
+    b.store.record = answer_held  # type: ignore[method-assign]
+    b.remote_set_changed("r0")  # another gateway's news: B reads r0's record again
+    reread = b._rereads["r0"]
+    await answered.wait()
+    b.store.record = real_record  # type: ignore[method-assign]
+    await a.unload_everywhere("x")  # A's eviction: the engine, then the store, drop x
+    await b.lost("r0", "x")  # B's request for x: the engine answered 404
+    let_go.set()
+    await reread
+    assert not b.is_resident("r0", "x")
+    await b.ensure("r0", ref("x"))  # the request's reload
+    assert "x" in engine.loaded["r0"] and engine.loads[("r0", "x")] == 2
+
+
 class FlakyStore:
     """A store that can be switched off, as Redis going away: every call then raises ``StoreUnavailable``."""
 
