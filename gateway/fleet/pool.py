@@ -8,7 +8,6 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Collection
-from dataclasses import dataclass
 from functools import partial
 
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
@@ -16,7 +15,9 @@ from backends.errors import BackendError
 from gateway.config import PoolConfig, RoutingConfig
 from gateway.errors import GatewayError
 from gateway.fleet.health import ReplicaHealth
+from gateway.fleet.one_pass import decide_plain
 from gateway.fleet.outlier import Failure
+from gateway.fleet.replica import Replica
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.signal import NO_SIGNAL
@@ -41,33 +42,6 @@ _RECENT_KEYS = 65_536
 _NOWHERE: frozenset[str] = frozenset()
 # Resident sets whose sorted order is kept (one per adapter with a distinct set; cleared when full).
 _RESIDENT_ORDERS = 4_096
-
-
-@dataclass
-class Replica:
-    endpoint: Endpoint
-    health: ReplicaHealth
-    in_flight: int = 0
-    # The engine's own load signals, as last scraped (None until the first scrape answers, or if the last failed).
-    engine_load: EngineLoad | None = None
-    # When that scrape answered (monotonic seconds) and this gateway's requests in flight there at that moment.
-    scraped_at: float = -math.inf
-    in_flight_at_scrape: int = 0
-
-    def load_view(self, now: float, max_age_s: float | None) -> int:
-        """The load routing counts here. With the engine's view (``max_age_s`` set): the replica's load as the
-        engine last reported it (every gateway's requests) plus this gateway's change since, never below this
-        gateway's own count. This gateway's own count without it, or when the scrape is stale or missing."""
-        own = self.in_flight
-        load = self.engine_load
-        if max_age_s is None or load is None or now - self.scraped_at > max_age_s:
-            return own
-        return max(own, round(load.running + load.waiting) + own - self.in_flight_at_scrape)
-
-    @property
-    def healthy(self) -> bool:
-        """Takes traffic now: up by its probes, not being re-warmed, not ejected."""
-        return self.health.available()
 
 
 class Pool:
@@ -110,8 +84,7 @@ class Pool:
         # Per replica, what fills its free slots after that, most important first (gateway/fleet/fill.py).
         self.fill: dict[str, list[AdapterRef]] = {replica_id: [] for replica_id in self.replicas}
         self._ticks = 0
-        # predicted_ttft: the pool's learned TTFT lines and scorers, and per key the replicas that served it last
-        # (when), oldest key first: what "its prefix is warm there" reads.
+        # predicted_ttft: the pool's learned TTFT lines and scorers.
         self.scoring: Scoring | None = None
         if config.policy == "predicted_ttft":
             priors = routing.ttft_priors
@@ -132,13 +105,18 @@ class Pool:
         self.eviction_horizon_s = routing.eviction_horizon_s
         self.prefix_warm_s = routing.prefix_warm_s
         self.router = Router(self.name, config.policy, self.balance_factor, self.capacity_floor, self.scoring)
-        # An OrderedDict, not a dict: a dict whose oldest key is dropped at each new one (del d[next(iter(d))]) is
-        # read from its front past every slot deleted since it last compacted, 4.6 us per new key once full.
-        self._recent: OrderedDict[str, dict[str, float]] = OrderedDict()
+        # Per key, the replicas that served it last (when, monotonic), least recently routed key first: what "its
+        # prefix is warm there" reads. An OrderedDict, not a dict: a dict whose oldest key is dropped at each new one
+        # (del d[next(iter(d))]) is read from its front past every slot deleted since it last compacted, 4.6 us per
+        # new key once full.
+        self.recent_served: OrderedDict[str, dict[str, float]] = OrderedDict()
         self._resident_order: dict[frozenset[str], tuple[str, ...]] = {}
         # Per key, its candidates and the rest of its replica set, with the resident set and ring version they were
         # built from (_candidates).
         self._orders: dict[str, tuple[frozenset[str], int, tuple[str, ...], frozenset[str]]] = {}
+        # The plain case is decided in one pass over the records (one_pass.py); False: the general pipeline only
+        # (tests compare the two).
+        self.one_pass = config.policy in _RESERVING
         self._welcomes: set[asyncio.Task[None]] = set()
         # The adapter being warmed ahead of a key's spills (warm_ahead), by (replica, adapter), and how many were.
         self._warming_ahead: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -232,7 +210,7 @@ class Pool:
         return decision
 
     def _served(self, key: str, replica_id: str) -> None:
-        keys = self._recent  # in the keys' recency, the least recently routed first
+        keys = self.recent_served  # in the keys' recency, the least recently routed first
         recent = keys.get(key)
         if recent is None:
             if len(keys) >= _RECENT_KEYS:
@@ -275,7 +253,34 @@ class Pool:
         # whatever prefer_resident says.
         wants_resident = self.prefer_resident or self.scoring is not None
         resident = self.residency.resident_on(engine_model) if engine_model and wants_resident else _NOWHERE
-        order, also_home = self._candidates(key, resident)
+        # The key's candidates as last built, while the ring and the resident set are the ones they were built from
+        # (_candidates, inline: one lookup for a key seen before).
+        known = self._orders.get(key)
+        if known is not None and known[0] is resident and known[1] == self.ring.version:
+            order, also_home = known[2], known[3]
+        else:
+            order, also_home = self._candidates(key, resident)
+        if self.one_pass and not explain and not avoid:
+            plain = decide_plain(self, key, engine_model, order, also_home, resident)
+            if plain is not None:
+                return plain
+        loads = self.snapshot(key, engine_model, order, resident)
+        return self.router.decide(
+            order,
+            key,
+            loads,
+            self._ticks,
+            reservations.standing(key),
+            resident,
+            avoid,
+            explain,
+            also_home,
+        )
+
+    def snapshot(
+        self, key: str, engine_model: str | None, order: tuple[str, ...], resident: frozenset[str]
+    ) -> list[ReplicaLoad]:
+        """Each of ``order`` as the router sees it now, for the general pipeline (routing/pipeline.py)."""
         replicas, max_age, scoring = self.replicas, self.engine_view_max_age_s, self.scoring
         # One clock read for the whole snapshot: health's clock and the scrapes' are both time.monotonic here.
         now = time.monotonic()
@@ -284,12 +289,12 @@ class Pool:
         warm_since = now - self.prefix_warm_s
         # Where the key was served within prefix_warm_s (its prefix likely still in the KV cache there): one or two
         # replicas, found once per decision rather than looked up per candidate.
-        recent = self._recent.get(key) if predicting else None
+        recent = self.recent_served.get(key) if predicting else None
         warm_here = [replica_id for replica_id, at in recent.items() if at >= warm_since] if recent else ()
         # Where other gateways have requests in flight with the adapter (their loads under way included).
         flying = self.residency.signal.flying_on(self.name, engine_model) if predicting and engine_model else ()
         elsewhere = self.residency.signal.load_elsewhere(self.name) if self.shared_load_view else None
-        reserved = reservations.by_replica
+        reserved = self.reservations.by_replica
         likely_on_gpu = self.residency.likely_on_gpu
         listed_after = now - self.scrape_fresh_s  # a scrape since then still lists the adapters running
         evicting = self._evicting and engine_model is not None
@@ -342,17 +347,7 @@ class Pool:
                     ),
                 )
             )
-        return self.router.decide(
-            order,
-            key,
-            loads,
-            self._ticks,
-            reservations.standing(key),
-            resident,
-            avoid,
-            explain,
-            also_home,
-        )
+        return loads
 
     def _candidates(self, key: str, resident: frozenset[str]) -> tuple[tuple[str, ...], frozenset[str]]:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at

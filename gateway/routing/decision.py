@@ -100,11 +100,14 @@ class RoutingDecision:
     # The cold replica is predicted faster outright: without the margin the key would take it now (its load pushing
     # out the same adapter), so the warm-up need not wait for an idle one to push out (Pool.warm_ahead).
     warm_ahead_due: bool = False
+    # A decision in one pass over the pool's records (fleet/one_pass.py) keeps no snapshot: every candidate was
+    # kept, and this names them in the key's ring order.
+    order: Sequence[str] = field(default=(), repr=False)
 
     @property
     def candidates(self) -> list[str]:
         """The replicas the filters kept, in the key's ring order."""
-        return [replica.id for replica in self.kept]
+        return [replica.id for replica in self.kept] if self.kept else list(self.order)
 
     @property
     def loads(self) -> dict[str, int]:
@@ -123,7 +126,9 @@ class RoutingDecision:
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("snapshot", "resident_on", "kept")
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("snapshot", "resident_on", "kept", "order")
         }
         data["reasons"], data["excluded"], data["candidates"] = list(self.reasons), dict(self.excluded), self.candidates
         data["predictions"] = {replica: p.as_json() for replica, p in self.predictions.items()}

@@ -102,13 +102,12 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
     # not linear, each scorer is asked per candidate; explaining keeps every candidate's prediction and parts.
     table = None if given.explain else scoring.table()
     if table is not None:
-        chosen, regime, best_ms, _, _, _, ahead, due = lowest_predicted(
+        chosen, regime, best_ms, ahead, due = lowest_predicted(
             allowed,
             table,
             home,
             resident,
             given.also_home,
-            False,
             scoring.cold_margin_ms,
             given.standing.in_flight,
             given.capacity_floor,
@@ -130,19 +129,16 @@ def lowest_predicted(
     home: str,
     resident: frozenset[str],
     also_home: frozenset[str],
-    count_reserved: bool = False,
     cold_margin_ms: float = 0.0,
     key_in_flight: int = 0,
     capacity_floor: int = 1,
-) -> tuple[ReplicaLoad, Regime, float, bool, int, int, str | None, bool]:
+) -> tuple[ReplicaLoad, Regime, float, str | None, bool]:
     """The candidate with the lowest predicted TTFT by the scorers' summed table (scorers/base.py), its regime and
     its prediction: one lookup and two multiplications per candidate (a tie keeps the earlier one in ring order;
     the best candidate where the adapter is cold against the best where it is warm as ``warm_or_cold`` says, for
-    a key with ``key_in_flight`` requests in flight). In the same pass, what one_pass.py needs to know the case is
-    plain: whether every candidate is up, at full weight and under its cap, the load total the bound is taken over
-    (this request included) and the highest load the bound judges (reserved slots count when ``count_reserved``).
-    Last, the replica to warm the adapter on ahead of the key's next requests, or None, and whether it is due there
-    (``warm_or_cold``)."""
+    a key with ``key_in_flight`` requests in flight). Last, the replica to warm the adapter on ahead of the key's
+    next requests, or None, and whether it is due there (``warm_or_cold``). (fleet/one_pass.py scores a plain
+    decision the same way, in its own loop.)"""
     # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
     warm_c, warm_p, warm_o = table["warm"]
     kv_cold_c, kv_cold_p, kv_cold_o = table["kv_cold"]
@@ -153,15 +149,8 @@ def lowest_predicted(
     warm_count = warm_load = 0
     regime: Regime
     best_regime: Regime = "cold"
-    plain, total, most = True, 1, 0
     for replica in candidates:
-        replica_id, healthy, load, reserved, weight, at_cap, on_gpu, key_recent, _ = replica  # cheaper than 8 reads
-        if not healthy or at_cap or weight < 1.0:
-            plain = False
-        total += load + reserved
-        judged = load + reserved if count_reserved else load
-        if judged > most:
-            most = judged
+        replica_id, _, load, _, _, _, on_gpu, key_recent, _ = replica  # cheaper than 4 reads
         # regime_of (costs.py), inline: this runs per candidate per decision.
         if on_gpu:
             if key_recent:
@@ -188,12 +177,12 @@ def lowest_predicted(
         if ms < best_ms:
             best, best_ms, best_regime = replica, ms, regime
     if not warm_count:  # cold everywhere
-        return cold, "cold", cold_ms, plain, total, most, None, False
+        return cold, "cold", cold_ms, None, False
     hot = key_in_flight >= capacity_floor * warm_count and 3 * key_in_flight >= 2 * warm_load
     take_cold, ahead = warm_or_cold(best_ms, cold.id, cold_ms, cold_margin_ms if hot else 0.0)
     if take_cold:
-        return cold, "cold", cold_ms, plain, total, most, None, False
-    return best, best_regime, best_ms, plain, total, most, ahead, cold_ms < best_ms
+        return cold, "cold", cold_ms, None, False
+    return best, best_regime, best_ms, ahead, cold_ms < best_ms
 
 
 def warm_or_cold(warm_ms: float, cold_id: str, cold_ms: float, cold_margin_ms: float) -> tuple[bool, str | None]:

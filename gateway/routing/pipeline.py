@@ -21,12 +21,8 @@ from collections.abc import Collection, Sequence
 
 from gateway.routing.decision import NEW_KEY, KeyStanding, ReplicaLoad, RoutingDecision
 from gateway.routing.filters import filter_replicas
-from gateway.routing.one_pass import decide_plain
 from gateway.routing.pickers import PICKERS, PickInput
 from gateway.routing.scorers import Scoring
-
-# The policies whose plain case one_pass.py decides in one pass.
-_ONE_PASS = frozenset({"bounded_consistent_hash", "predicted_ttft"})
 
 
 class Router:
@@ -56,32 +52,9 @@ class Router:
         explain: bool = False,
         also_home: frozenset[str] = frozenset(),
         aligned: bool = True,
-        one_pass: bool = True,
     ) -> RoutingDecision:
         """See ``decide``."""
         policy, scoring = self.policy, self.scoring
-        if one_pass and aligned and not explain and not avoid and policy in _ONE_PASS:
-            table = None
-            if policy == "predicted_ttft":
-                assert scoring is not None, "predicted_ttft needs the pool's scoring"
-                table = scoring.table()
-            if table is not None or policy == "bounded_consistent_hash":
-                plain = decide_plain(
-                    order,
-                    key,
-                    replicas,
-                    self.pool,
-                    policy,
-                    self.balance_factor,
-                    self.capacity_floor,
-                    standing,
-                    resident,
-                    table,
-                    also_home,
-                    scoring.cold_margin_ms if scoring is not None else 0.0,
-                )
-                if plain is not None:
-                    return plain
         assert policy != "predicted_ttft" or scoring is not None, "predicted_ttft needs the pool's scoring"
         if not aligned:
             by_id = {replica.id: replica for replica in replicas}
@@ -129,7 +102,6 @@ def decide(
     explain: bool = False,
     aligned: bool = False,
     also_home: frozenset[str] = frozenset(),
-    one_pass: bool = True,
 ) -> RoutingDecision:
     """Choose a replica for ``key`` among ``order`` (the candidates in the key's preference order, home first;
     ``replicas`` describes each of them); ``decision.chosen`` is None only when the filters left none, and then
@@ -137,7 +109,7 @@ def decide(
     predicted_ttft's scorers and model; ``explain``: keep each scorer's term per candidate, not only the sum.
     ``aligned``: ``replicas[i]`` describes ``order[i]`` (the pool's snapshot), so no lookup by id is needed.
     ``also_home``: the rest of the key's replica set from placement, where predicted_ttft charges no affinity
-    margin either. ``one_pass``: try the plain case's one pass first (one_pass.py; False: the general steps only,
-    which tests compare it with). A pool binds its settings once in a ``Router`` and calls its ``decide``."""
+    margin either. A pool binds its settings once in a ``Router`` and calls its ``decide`` (and decides the plain
+    case in one pass over its own records first: fleet/one_pass.py)."""
     router = Router(pool, policy, balance_factor, capacity_floor, scoring)
-    return router.decide(order, key, replicas, tick, standing, resident, avoid, explain, also_home, aligned, one_pass)
+    return router.decide(order, key, replicas, tick, standing, resident, avoid, explain, also_home, aligned)

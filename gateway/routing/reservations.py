@@ -16,6 +16,7 @@ OrderedDict by last activity, and lapsed ones are dropped from its front on each
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
@@ -39,6 +40,10 @@ class HomeReservations:
         self.window_s = window_s
         self._clock = clock
         self._keys: OrderedDict[str, _KeyState] = OrderedDict()
+        # No key lapses before this (clock time): the front key's last activity plus the window, when ``expire`` last
+        # looked. Keys only move to the back with a later activity, so the front's (the oldest) only grows and this
+        # stays a lower bound: ``expire`` is one comparison until then (it runs at every decision).
+        self._quiet_until = -math.inf
         # Slots held per replica, read per candidate per decision: a defaultdict, so the reader indexes it (a
         # replica never reserved reads 0) rather than calling get; see ``reserved``.
         self.by_replica: defaultdict[str, int] = defaultdict(int)
@@ -62,10 +67,14 @@ class HomeReservations:
 
     def expire(self) -> None:
         """Drop the reservations of keys idle for longer than the window."""
-        deadline = self._clock() - self.window_s
+        now = self._clock()
+        if now < self._quiet_until:
+            return
+        deadline = now - self.window_s
         while self._keys:
             key, state = next(iter(self._keys.items()))
             if state.last_active >= deadline:
+                self._quiet_until = state.last_active + self.window_s
                 return
             if state.in_flight:  # a long request is activity: keep tracking it, re-check later
                 state.last_active = self._clock()
@@ -73,6 +82,8 @@ class HomeReservations:
                 continue
             del self._keys[key]
             self.by_replica[state.home] -= 1
+        # None left: a key that comes later is active from then on.
+        self._quiet_until = now + self.window_s
 
     def arrived(self, key: str, home: str, chosen: str) -> None:
         if self.window_s <= 0:  # not ``enabled``: a property call per request

@@ -12,7 +12,8 @@ import pytest
 from backends.base import Endpoint, EngineLoad
 from gateway.config import HealthConfig, OutlierConfig, PoolConfig, ResidencyConfig, RoutingConfig
 from gateway.fleet.health import ReplicaHealth
-from gateway.fleet.pool import Pool, Replica
+from gateway.fleet.pool import Pool
+from gateway.fleet.replica import Replica
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine
@@ -69,9 +70,11 @@ async def test_other_gateways_queue_at_the_home_pushes_a_request_off_it_only_wit
     busy = EngineLoad(running=4, waiting=2, kv_cache_usage=0.5)
     own_view = await pool_seeing("gateway", busy)
     engine_view = await pool_seeing("engine", busy)
-    assert own_view.lease("acme", None).decision.loads == dict.fromkeys(own_view.ring.head("acme", 3), 0)
+    # The loads each candidate was weighed at (explain: a request's own plain decision keeps only its pick's).
+    assert own_view.explain("acme", None).loads == dict.fromkeys(own_view.ring.head("acme", 3), 0)
+    assert engine_view.explain("acme", None).loads == dict.fromkeys(engine_view.ring.head("acme", 3), 6)
     with engine_view.lease("acme", None) as lease:
-        assert lease.decision.loads == dict.fromkeys(engine_view.ring.head("acme", 3), 6)
+        assert lease.decision.chosen == engine_view.ring.home("acme")
     home = engine_view.ring.home("acme")
     engine_view.replicas[home].engine_load = EngineLoad(running=20, waiting=10, kv_cache_usage=0.9)
     with engine_view.lease("acme", None) as lease:

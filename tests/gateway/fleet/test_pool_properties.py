@@ -112,7 +112,8 @@ def test_the_bounded_walk_is_the_head_of_the_rings_own_order(size: int, count: i
 def test_a_decision_weighs_only_its_candidates_at_any_fleet_size() -> None:
     pool = pool_of(200, RoutingConfig(candidates=8, capacity_floor=1, home_reservation_s=0), cap=100)
     decision = pool.lease("acme", None).decision
-    assert len(decision.loads) == 8 and decision.chosen == pool.ring.home("acme")
+    assert len(decision.candidates) == 8 and decision.chosen == pool.ring.home("acme")
+    assert len(pool.explain("acme", None).loads) == 8
     assert pool.ring.head("acme", 8) == pool.ring.preference("acme")[:8]
 
 
