@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import multiprocessing
 import os
 import random
@@ -51,8 +52,10 @@ from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest, Engin
 from backends.errors import EngineUnavailable
 from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
 from gateway.fleet.pool import Pool
+from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
+from gateway.residency.signal import NO_SIGNAL, Signal, SlotSignal
 
 ADAPTER = "bench-lora"
 RESIDENT_SHARE = 0.10
@@ -112,18 +115,34 @@ class FleetResult:
     samples: Samples
 
 
-def build_pool(replicas: int, policy: str = "bounded_consistent_hash") -> Pool:
-    """A pool of ``replicas`` replicas built as the gateway builds one (and as tests/gateway/fleet's make_pool)."""
+async def _no_publish(body: str) -> None:
+    return None
+
+
+def build_pool(replicas: int, policy: str = "bounded_consistent_hash", shared: bool = False) -> Pool:
+    """A pool of ``replicas`` replicas built as the gateway builds one (and as tests/gateway/fleet's make_pool).
+    ``shared``: with a slot signal as a gateway sharing Redis has (messages are handed to it here, nothing is sent),
+    having heard another gateway's requests in flight on every replica and the bench's adapter in flight on a tenth
+    of them: the default load view (``shared``) then reads them at every decision."""
     entries = [{"id": f"r{i}", "url": f"http://10.{i // 250}.{i % 250}.1:8000"} for i in range(replicas)]
     config = PoolConfig.model_validate(
         {"name": "bench", "backend": "vllm", "base_model": "tiny-llama", "replicas": entries, "policy": policy}
     )
     endpoints = [Endpoint(entry["id"], entry["url"]) for entry in entries]
     driver = NullDriver()
+    signal: Signal = SlotSignal(_no_publish, GatewayMetrics()) if shared else NO_SIGNAL
     residency = PoolResidency(
-        "bench", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=4, load_timeout_s=5, shared=False
-    )
-    return Pool(config, RoutingConfig(), driver, residency)
+        "bench", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=4, load_timeout_s=5, shared=False,
+        signal=signal,
+    )  # fmt: skip
+    pool = Pool(config, RoutingConfig(), driver, residency)
+    if isinstance(signal, SlotSignal):
+        ids = [entry["id"] for entry in entries]
+        flying = {"bench": {replica_id: [ADAPTER] for replica_id in ids[:: round(1 / RESIDENT_SHARE)]}}
+        counts = {"bench": dict.fromkeys(ids, 1)}
+        signal.heard(json.dumps({"t": "flying", "g": "another-gateway", "n": 1, "h": flying, "c": counts}))
+        assert pool.shared_load_view
+    return pool
 
 
 def _rss_mb() -> float:
@@ -178,7 +197,14 @@ def _same_length_work(median_us: float, calls: int, clock: Callable[[], int]) ->
 
 
 def run_fleet(
-    replicas: int, keys: int, samples: Samples, seed: int, policy: str, clock: str = "wall", prefill: int = 0
+    replicas: int,
+    keys: int,
+    samples: Samples,
+    seed: int,
+    policy: str,
+    clock: str = "wall",
+    prefill: int = 0,
+    shared: bool = False,
 ) -> FleetResult:
     """One fleet, measured in this process (the parent runs each in a fresh one) with ``clock`` (CLOCKS), after
     ``prefill`` decisions for other keys, each once (untimed)."""
@@ -188,12 +214,14 @@ def run_fleet(
     first_keys = rng.sample(tenants, samples.first_sight)
     drawn = [tenants[rng.randrange(keys)] for _ in range(samples.calls)]
     explained = drawn[: samples.explain]
-    build_pool(1)  # imports and first-use set-up (metrics, validators) outside the build time and RSS growth
+    build_pool(
+        1, shared=shared
+    )  # imports and first-use set-up (metrics, validators) outside the build time and RSS growth
     gc.collect()
     rss_before = _rss_mb()
 
     started = time.perf_counter()
-    pool = build_pool(replicas, policy)
+    pool = build_pool(replicas, policy, shared)
     build_s = time.perf_counter() - started
     asyncio.run(pool.probe())  # the start-up probe: every replica up
     asyncio.run(pool.scrape_engines())  # and one scrape of each engine's own signals
@@ -262,6 +290,8 @@ def main() -> None:
     parser.add_argument("--clock", default="cpu,wall", help="the clocks, comma-separated: wall (perf_counter, "
                         "preemption included), cpu (the thread's CPU time); default both")  # fmt: skip
     parser.add_argument("--runs", type=int, default=3, help="runs per clock, each fleet in a fresh process")
+    parser.add_argument("--shared", action="store_true", help="a slot signal that heard another gateway's "
+                        "requests (as with Redis): the shared load view's lookups run")  # fmt: skip
     parser.add_argument("--prefill", type=int, default=0, help="decide this many other keys first, each "
                         "once (untimed): over the pool's memos (65,536) is a long-running gateway")  # fmt: skip
     parser.add_argument("--target-us", type=float, default=20.0, help="report the share of calls over this")
@@ -278,6 +308,7 @@ def main() -> None:
         f"{routing.vnodes} vnodes, {args.policy}, {args.keys} keys, adapter resident on "
         f"{RESIDENT_SHARE:.0%} of replicas; cyclic GC disabled while timing; {args.runs} runs per clock, each "
         f"fleet in a fresh process (cells: lowest-highest over the runs); {args.prefill} keys decided first; "
+        f"{'shared load view heard from another gateway' if args.shared else 'no Redis'}; "
         f"seed {args.seed}"
     )
     context = multiprocessing.get_context("spawn")
@@ -291,7 +322,15 @@ def main() -> None:
                 samples = _samples(replicas, args.keys, args.first_sight, args.calls, args.full)
                 with ProcessPoolExecutor(max_workers=1, mp_context=context) as executor:
                     result = executor.submit(
-                        run_fleet, replicas, args.keys, samples, args.seed, args.policy, clock, args.prefill
+                        run_fleet,
+                        replicas,
+                        args.keys,
+                        samples,
+                        args.seed,
+                        args.policy,
+                        clock,
+                        args.prefill,
+                        args.shared,
                     ).result()
                 results[replicas].append(result)
                 used[replicas] = result.samples
