@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from backends.errors import (
     AdapterCacheFull,
     AdapterLoadFailed,
+    AdapterNotLoaded,
     BackendError,
     DeadlineExceeded,
     EngineRejected,
@@ -43,6 +44,9 @@ class _Rule:
 
 
 _NO_ROOM = "The model replica has no room for this adapter now; retry shortly."
+_LOST_AGAIN = (
+    "The model's adapter was pushed out of its replica again as it was loaded for this request; retry shortly."
+)
 # Error types an engine's body uses for the client's mistakes (vLLM, OpenAI): never the replica's fault, whatever
 # the status says.
 _CLIENT_KINDS = frozenset({"BadRequestError", "invalid_request_error", "NotFoundError", "Bad Request"})
@@ -96,6 +100,11 @@ def _failed(exc: BackendError) -> GatewayError:
 _RULES: tuple[tuple[type[BackendError], _Rule], ...] = (
     # Busy with other adapters, not broken; another replica may have room.
     (AdapterCacheFull, _Rule(_always, _nobody, lambda exc: WorkingSetFull(_NO_ROOM, headers={"Retry-After": "1"}))),
+    # Raised only when the adapter was gone again after the gateway loaded it once more for this request (dispatch's
+    # ``_adapter_missing``): another gateway sharing the replica's slots pushed it out meanwhile. The engine would
+    # serve the request once its adapter stays: slot contention, not a broken replica. Tried once elsewhere, then
+    # answered as a full working set is (503, Retry-After), not 502.
+    (AdapterNotLoaded, _Rule(_always, _nobody, lambda exc: WorkingSetFull(_LOST_AGAIN, headers={"Retry-After": "1"}))),
     # The request's own deadline passed while it waited (for a load, or before it was sent).
     (DeadlineExceeded, _Rule(_never, _nobody, _timed_out)),
     (EngineTimeout, _Rule(_never, _timeout, _timed_out)),

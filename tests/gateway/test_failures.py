@@ -36,7 +36,8 @@ from gateway.failures import classify
         pytest.param(EngineRejected(404, "no such model"), False, "none", 502, id="engine-404"),
         # A full PEFT cache is load from other adapters, not a broken replica: no ejection, but try elsewhere.
         pytest.param(AdapterCacheFull(503, "Cache is full"), True, "none", 503, id="cache-full"),
-        pytest.param(AdapterNotLoaded(404, "unknown adapter"), False, "none", 502, id="adapter-gone-twice"),
+        # Gone again after the gateway loaded it once more (another gateway took its slot): contention, as above.
+        pytest.param(AdapterNotLoaded(404, "unknown adapter"), True, "none", 503, id="adapter-gone-twice"),
         pytest.param(AdapterLoadFailed("a1", 400, "bad weights"), False, "none", 502, id="load-failed"),
         pytest.param(BackendError("anything else"), False, "none", 502, id="other"),
     ],
