@@ -518,7 +518,7 @@ class PoolResidency:
         (its ``set`` news makes the view read the record, gateway/residency/signal.py). A second request of one
         gateway for an adapter joins the load its first began (``ensure``); across gateways, a request routed to
         where another gateway was loading its adapter queued for the lock behind every load there and found the
-        adapter loaded once it got in (churn trace, 3 gateways: 12-17 requests a run, up to 1.25 s each). The polls
+        adapter loaded once it got in (churn trace, 3 gateways: 12-17 requests a run, up to 1.26 s each). The polls
         keep their pace: waking every wait at the holder's news, loads ran back to back and the tail grew
         (docs/benchmarks.md, "Three gateways: the churn tail")."""
         if wanted is None:
