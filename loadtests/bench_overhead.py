@@ -6,8 +6,9 @@ Two loads:
   (8 adapters each), 64 concurrent clients; tenantgate with its default config (access log on, predicted_ttft),
   again with the access log off, and with ``--workers 2`` (a redis-server of its own, counted with it); a bare
   aiohttp proxy of a few lines (loadtests/bare_proxy.py: the floor this stack can reach), and the same proxy with
-  the engine client tenantgate sends with (``bare-http1``: backends/http1.py); vllm-router
-  (``consistent_hash`` on ``x-tenant-id``) and sglang-router (``round_robin``: it has no header hash) when
+  the engine client tenantgate sends with (``bare-http1``: backends/http1.py) and with an asyncio protocol and
+  httptools' parser in place of aiohttp's server too (``bare-fast``: the floor a server of that kind reaches);
+  vllm-router (``consistent_hash`` on ``x-tenant-id``) and sglang-router (``round_robin``: it has no header hash) when
   ``make peers`` installed them. Every setup also runs at concurrency 1, for the latency it adds to one request.
 - light (the previous figure): 1 tenant, 1 replica, 16 concurrent clients, tenantgate with the access log off.
 
@@ -217,11 +218,11 @@ def _header_target(url: str) -> Callable[[str, str], Target]:
 
 
 @contextlib.contextmanager
-def bare_proxy(replicas: list[str], root: Path, client: str = "aiohttp") -> Iterator[Running]:
+def bare_proxy(replicas: list[str], root: Path, client: str = "aiohttp", server: str = "aiohttp") -> Iterator[Running]:
     port = free_port()
-    cmd = [sys.executable, "-m", "loadtests.bare_proxy", "--port", str(port), "--client", client, *replicas]
+    cmd = [sys.executable, "-m", "loadtests.bare_proxy", "--port", str(port), "--client", client, "--server", server]
     url = f"http://127.0.0.1:{port}"
-    with running(cmd, url, root / f"bare-proxy-{client}.log", start_timeout_s=30) as process:
+    with running([*cmd, *replicas], url, root / f"bare-proxy-{client}-{server}.log", start_timeout_s=30) as process:
         yield Running(_header_target(url), [process.pid])
 
 
@@ -375,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             ("direct", lambda: direct(replicas)),
             ("bare-aiohttp", lambda: bare_proxy(replicas, root)),
             ("bare-http1", lambda: bare_proxy(replicas, root, "http1")),
+            ("bare-fast", lambda: bare_proxy(replicas, root, "http1", "fast")),
             ("tenantgate", lambda: tenantgate(root, "tenantgate", config())),
             ("tenantgate-nolog", lambda: tenantgate(root, "tenantgate-nolog", config(telemetry_off))),
             ("tenantgate-w2", lambda: _with_redis(root, config)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -29,7 +30,7 @@ from loadtests.bench_overhead import (
 )
 from loadtests.bench_routing import PEERS
 from loadtests.fleet import gateway_config, process_cpu_s, simulated_replicas, write_adapters
-from loadtests.processes import free_port
+from loadtests.processes import free_port, running
 from tests.redis_server import RedisServer
 from tests.servers import EngineProcess
 
@@ -43,6 +44,29 @@ async def test_the_bare_proxy_relays_a_completion(sim_engine: EngineProcess, ups
     ):
         answer = await client.post("/v1/completions", json=body, headers={"x-tenant-id": "acme"}, timeout=30)
     assert answer.status_code == 200 and answer.json()["choices"]
+
+
+def test_the_fast_bare_proxy_relays_completions_in_order_on_one_connection(sim_engine: EngineProcess) -> None:
+    """``bare-fast``'s server: two requests pipelined on one connection, each relayed, answered in order; the last
+    asks to close and the connection ends after its answer."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "loadtests.bare_proxy", "--port", str(port), "--client", "http1", "--server", "fast"]
+    with running([*cmd, sim_engine.url], url, Path(os.devnull), start_timeout_s=30):
+        one, two = (json.dumps({"model": "a1", "prompt": "x", "max_tokens": n}).encode() for n in (1, 3))
+        heads = [
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + b"x-tenant-id: acme\r\n%sContent-Length: %d\r\n\r\n" % (close, len(body))
+            for close, body in ((b"", one), (b"Connection: close\r\n", two))
+        ]
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(heads[0] + one + heads[1] + two)
+            received = b""
+            while chunk := conn.recv(65536):
+                received += chunk
+    answers = [json.loads(part.split(b"\r\n\r\n", 1)[1]) for part in received.split(b"HTTP/1.1 ")[1:]]
+    assert received.startswith(b"HTTP/1.1 200") and received.count(b"HTTP/1.1 200") == 2
+    assert [a["usage"]["completion_tokens"] for a in answers] == [1, 3]
 
 
 def test_added_latency_at_one_client_is_measured_against_the_direct_requests_sent_in_turns() -> None:
