@@ -24,7 +24,7 @@ from gateway.appkeys import METRICS, PLACER, STATE, TELEMETRY
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.errors import InvalidRequest
 from gateway.fleet.discovery import Discovered, discover
-from gateway.fleet.fleet import Fleet
+from gateway.fleet.fleet import Fleet, prepare_rings
 from gateway.reload_fanout import FANOUT, GATEWAY_ID
 from gateway.residency.store import StoreUnavailable
 from gateway.state import Serving
@@ -134,6 +134,8 @@ async def rediscover(app: web.Application) -> None:
 async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayConfig, discovered: Discovered) -> None:
     """Build and warm a fleet for ``config`` beside the serving one, swap it in, retire the old one."""
     state = app[STATE]
+    # The rings' points (an md5 each) on a worker thread, not the event loop every tenant's requests run on.
+    await asyncio.to_thread(prepare_rings, config)
     fleet = Fleet(
         config, app[METRICS], store=state.residency_store, homes_from=base, scrapes=state.scrapes,
         signal=state.slot_signal,

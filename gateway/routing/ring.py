@@ -10,6 +10,12 @@ ring's arcs give one replica twice another's share, and its working set churns (
 cold loads). ``balance`` places every known key, in the order of its ring position, on the first replica of its
 ring preference that has fewer than ``ceil(keys / replicas)`` keys: the same keys and replicas give the same homes
 in every gateway, with no coordination. Other keys (sessions, tenants added at run time) keep their ring home.
+
+Placing the points is the costly part of a ring (an md5 per point: 160,000 points and about a second of CPU at
+1,000 replicas), and a pool is built again at every reload and discovery change while the gateway serves. So a
+ring's points and their index (``Geometry``) are memoized by (replicas, vnodes), and ``prepare`` computes them on
+a worker thread before a rebuild: the pool built on the event loop then takes them from the memo, and a reload that
+does not change a pool's replicas computes nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import itertools
 import math
 from array import array
 from bisect import bisect
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from hashlib import md5
 
 from uhashring import HashRing
@@ -30,15 +38,47 @@ _NONE: frozenset[str] = frozenset()
 _VERSIONS = itertools.count()
 
 
+@dataclass(frozen=True)
+class Geometry:
+    """A ring's points, sorted, with their owners and the bucket index over them: what uhashring places, kept
+    immutable so that every pool built on the same replicas and vnodes shares one (``geometry``)."""
+
+    positions: tuple[int, ...]
+    # A tuple: a slice of it is the head a large ring's walk returns, with no copy.
+    owners: tuple[str, ...]
+    shift: int
+    buckets: array[int]  # never written after it is made
+
+
+# Rings in use at once: one per pool, and a reload's new one beside it. A pool beyond it is computed again.
+_GEOMETRIES = 64
+
+
+@lru_cache(maxsize=_GEOMETRIES)
+def geometry(replica_ids: tuple[str, ...], vnodes: int) -> Geometry:
+    """The points uhashring places for ``replica_ids`` at ``vnodes`` each (O(points): call ``prepare`` first where
+    an event loop is serving)."""
+    points = HashRing(nodes={replica_id: {"vnodes": vnodes} for replica_id in replica_ids}).get_points()
+    positions = tuple(position for position, _ in points)  # sorted, as uhashring keeps them
+    shift, buckets = _bucket_index(positions)
+    return Geometry(positions, tuple(owner for _, owner in points), shift, buckets)
+
+
+def prepare(pools: Iterable[tuple[Sequence[str], int]]) -> None:
+    """Compute (or find in the memo) the geometry of each (replicas, vnodes): run it on a worker thread before
+    building pools while requests are served, so the event loop only reads the memo."""
+    for replica_ids, vnodes in pools:
+        if replica_ids:
+            geometry(tuple(replica_ids), vnodes)
+
+
 class Ring:
     def __init__(self, replica_ids: Sequence[str], vnodes: int) -> None:
         self.replica_ids = tuple(replica_ids)
-        self._ring = HashRing(nodes={replica_id: {"vnodes": vnodes} for replica_id in replica_ids})
-        points = self._ring.get_points() if replica_ids else []
-        self._positions: list[int] = [position for position, _ in points]  # sorted, as uhashring keeps them
-        # A tuple: a slice of it is the head a large ring's walk returns, with no copy.
-        self._owners: tuple[str, ...] = tuple(owner for _, owner in points)
-        self._shift, self._buckets = _bucket_index(self._positions)
+        shape = geometry(self.replica_ids, vnodes) if replica_ids else None
+        self._positions: tuple[int, ...] = shape.positions if shape else ()
+        self._owners: tuple[str, ...] = shape.owners if shape else ()
+        self._shift, self._buckets = (shape.shift, shape.buckets) if shape else _bucket_index(())
         self._ahead, self._width = _table_ahead(self._owners)
         self._heads: dict[tuple[str, int], tuple[str, ...]] = {}
         # Renewed whenever a key's order may change (balanced homes, the placement table): what callers derived
@@ -113,7 +153,7 @@ class Ring:
 
     def arcs(self) -> list[tuple[float, float, str]]:
         """The ring as (start, end, replica) arcs in [0, 1): each point owns the keys up to it (for drawing)."""
-        points = sorted(self._ring.get_points()) if self.replica_ids else []
+        points = list(zip(self._positions, self._owners, strict=True))  # sorted by position
         arcs, previous = [], 0.0
         for position, replica_id in points:
             end = position / _SPACE
@@ -230,7 +270,7 @@ def _table_ahead(owners: Sequence[str]) -> tuple[list[tuple[str, ...] | None], i
 _MIN_INDEX_BITS = 4
 
 
-def _bucket_index(positions: list[int]) -> tuple[int, array[int]]:
+def _bucket_index(positions: Sequence[int]) -> tuple[int, array[int]]:
     """An index of the sorted ``positions``: ``buckets[b]`` is the first index whose position's top bits are
     ``b`` or more (the last entry is ``len(positions)``); returns the shift that gives a position's bucket. An
     array of 32-bit indexes: 0.5 MB at 1,000 replicas, where a list would hold an int object per bucket."""
