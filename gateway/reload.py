@@ -134,12 +134,14 @@ async def rediscover(app: web.Application) -> None:
 async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayConfig, discovered: Discovered) -> None:
     """Build and warm a fleet for ``config`` beside the serving one, swap it in, retire the old one."""
     state = app[STATE]
-    # The rings' points (an md5 each) on a worker thread, not the event loop every tenant's requests run on.
-    await asyncio.to_thread(prepare_rings, config)
+    # The rings' points (an md5 each) on a worker thread, not the event loop every tenant's requests run on; held
+    # here until the fleet's rings hold them.
+    placed = await asyncio.to_thread(prepare_rings, config)
     fleet = Fleet(
         config, app[METRICS], store=state.residency_store, homes_from=base, scrapes=state.scrapes,
         signal=state.slot_signal,
     )  # fmt: skip
+    del placed
     try:
         await fleet.start()
         await fleet.started_up()
