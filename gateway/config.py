@@ -504,8 +504,10 @@ class ResidencyConfig(_Frozen):
     # Loads waiting for a slot at once, per replica; past it a newcomer does not wait (over, or 503, as above).
     slot_wait_queue: int = Field(default=64, ge=1, le=100_000)
 
-    # A load or eviction holds the replica's lock at most this long if its gateway dies mid-way.
-    lock_ttl_s: float = Field(default=120.0, gt=0)
+    # A load or eviction holds the replica's lock at most this long if its gateway dies mid-way: every load,
+    # eviction and reconciliation on the replica (another gateway's, or its own once restarted) waits that long.
+    # A live holder renews it every third of the ttl, however long its load takes.
+    lock_ttl_s: float = Field(default=10.0, gt=0)
 
 
 # The module each exporter needs beyond the SDK, and the extra that installs it (pip install 'tenantgate[otlp]').

@@ -485,13 +485,33 @@ class PoolResidency:
         holder = f"{self._owner} {purpose}"
         async with self._replica_locks[replica_id]:
             shared = await self._acquire_shared(replica_id, holder, wanted)
+            keeping = asyncio.create_task(self._keep_lock(replica_id, holder), name="lock renewal") if shared else None
             try:
                 record = await self._fresh_record(replica_id)
                 yield record
             finally:
+                if keeping is not None:
+                    keeping.cancel()
                 if shared:
                     with contextlib.suppress(StoreUnavailable):
                         await self.store.release(self.pool, replica_id, holder)
+
+    async def _keep_lock(self, replica_id: str, holder: str) -> None:
+        """Renew the store's lock every third of ``residency.lock_ttl_s`` while this gateway holds it. The ttl is
+        what a gateway killed mid-load costs the others (and itself, restarted): every load, eviction and
+        reconciliation on the replica waits for the lock to lapse. Unrenewed, the ttl had to outlast the longest
+        load (``adapter_load_timeout_s``, 60 s): it was 120 s, and a survivor's load there waited 60 s, then gave up;
+        a restarted gateway's start-up reconciliation waited 60 s per such replica before it turned ready."""
+        ttl_s = self.config.lock_ttl_s
+        while True:
+            await asyncio.sleep(ttl_s / 3)
+            try:
+                kept = await self.store.renew(self.pool, replica_id, holder, ttl_s)
+            except StoreUnavailable:
+                continue  # the store is down: its lock lapses, and this gateway goes on from its local view
+            if not kept:
+                log.warning("%s/%s: the replica's lock lapsed under this gateway's %s", self.pool, replica_id, holder)
+                return
 
     async def _acquire_shared(self, replica_id: str, holder: str, wanted: str | None = None) -> bool:
         """Take the store's lock, waiting for another gateway's load to end; False when the store is down. Raises

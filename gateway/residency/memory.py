@@ -38,6 +38,14 @@ class MemoryStore:
         state.holder, state.held_until = holder, now + ttl_s
         return True
 
+    async def renew(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
+        state = self._replica(pool, replica)
+        now = self._clock()
+        if state.holder != holder or state.held_until <= now:
+            return False
+        state.held_until = now + ttl_s
+        return True
+
     async def release(self, pool: str, replica: str, holder: str) -> None:
         state = self._replica(pool, replica)
         if state.holder == holder:

@@ -9,7 +9,8 @@ a transaction or script may touch them together (``{prefix}:{{pool:replica}}`` i
 - ``{prefix}:{{pool:replica}}:lock``     STRING: the lock's holder ("gateway-id adapter"), with a PX expiry.
 
 Last-use times only move forward (``ZADD GT``); ``touch`` never re-adds an evicted adapter (``ZADD XX GT``); the
-lock is ``SET NX PX`` (re-taken by its holder, which refreshes the ttl) and given back by compare-and-delete; every
+lock is ``SET NX PX`` (re-taken by its holder, which refreshes the ttl), renewed by compare-and-``PEXPIRE`` while
+its holder works, and given back by compare-and-delete; every
 change to more than one key is a MULTI/EXEC or one Lua script. The client does not retry: each operation is
 bounded by ``operation_timeout_s``, and any Redis error or timeout becomes ``StoreUnavailable``.
 """
@@ -32,6 +33,14 @@ end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
+end
+return 0
+"""
+
+# KEYS: lock; ARGV: holder, ttl in ms. Pushes the expiry out only while the holder holds the lock: 1, else 0.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
@@ -89,6 +98,7 @@ class RedisStore:
         self._client = make_client(url, operation_timeout_s, cluster=cluster, access=access)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._release = self._client.register_script(_RELEASE)
+        self._renew = self._client.register_script(_RENEW)
         self._reconcile = self._client.register_script(_RECONCILE)
         self._record = self._client.register_script(_RECORD)
 
@@ -112,6 +122,13 @@ class RedisStore:
         async with self._call("acquire"):
             taken = await cast(Awaitable[Any], self._acquire(keys=[lock_key], args=[holder, ttl_ms]))
         return bool(taken)
+
+    async def renew(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
+        lock_key = self._keys(pool, replica)[2]
+        ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        async with self._call("renew"):
+            kept = await cast(Awaitable[Any], self._renew(keys=[lock_key], args=[holder, ttl_ms]))
+        return bool(kept)
 
     async def release(self, pool: str, replica: str, holder: str) -> None:
         lock_key = self._keys(pool, replica)[2]

@@ -8,7 +8,7 @@ reconciliation compares the record with what the engine lists, and an adapter lo
 Contract (both implementations pass one test suite, tests/gateway/residency/test_store.py):
 - every method that changes more than one key does so atomically;
 - ``touch`` only moves an existing adapter's last-use time forward, never re-adds an evicted one;
-- the replica lock is held by one owner at a time and lapses after ``ttl_s`` if its owner dies;
+- the replica lock is held by one owner at a time and lapses after ``ttl_s`` unless its owner renews it;
 - a failure to reach the store raises ``StoreUnavailable`` and nothing else.
 """
 
@@ -41,6 +41,11 @@ class ResidencyStore(Protocol):
 
     async def acquire(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
         """Take the replica's lock for ``holder`` ("gateway-id adapter"); False when someone else holds it."""
+        ...
+
+    async def renew(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
+        """Push the lock's expiry ``ttl_s`` out, only while ``holder`` holds it (never re-take a lapsed or released
+        one: a renewal that lands after its holder's release must not lock the replica again); False otherwise."""
         ...
 
     async def release(self, pool: str, replica: str, holder: str) -> None:

@@ -32,6 +32,9 @@ class TimedStore:
     async def acquire(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
         return await self._timed("acquire", self._inner.acquire(pool, replica, holder, ttl_s))
 
+    async def renew(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
+        return await self._timed("renew", self._inner.renew(pool, replica, holder, ttl_s))
+
     async def release(self, pool: str, replica: str, holder: str) -> None:
         await self._timed("release", self._inner.release(pool, replica, holder))
 

@@ -244,6 +244,32 @@ async def test_a_record_read_before_the_engine_lost_an_adapter_does_not_bring_it
     assert "x" in engine.loaded["r0"] and engine.loads[("r0", "x")] == 2
 
 
+async def test_a_load_longer_than_the_lock_ttl_keeps_the_replicas_lock(store: ResidencyStore) -> None:
+    """The ttl bounds what a killed holder costs (tests/gateway/test_gateway_restart.py), so a live holder renews it:
+    a load that takes several ttls keeps the lock to the end, then gives it back."""
+    engine = FakeEngine()
+    life = lifecycle(store, engine, time.time, shared=True, config=ResidencyConfig(lock_ttl_s=1.2))
+    loading, let_go = asyncio.Event(), asyncio.Event()
+
+    async def hold(replica: Endpoint, adapter: AdapterRef) -> None:
+        loading.set()
+        await let_go.wait()
+
+    driver = life.driver
+    assert isinstance(driver, FakeDriver)
+    driver.before_load = hold
+    load = asyncio.create_task(life.ensure("r0", ref("a")))
+    await asyncio.wait_for(loading.wait(), 10)
+    holders = set()
+    for _ in range(40):  # 4 s: over three ttls
+        holders.add((await store.record("llama", "r0")).lock_holder)
+        await asyncio.sleep(0.1)
+    let_go.set()
+    await load
+    assert len(holders) == 1 and None not in holders, holders
+    assert (await store.record("llama", "r0")).lock_holder is None
+
+
 class FlakyStore:
     """A store that can be switched off, as Redis going away: every call then raises ``StoreUnavailable``."""
 
@@ -261,6 +287,9 @@ class FlakyStore:
 
     async def acquire(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
         return await self._up().acquire(pool, replica, holder, ttl_s)
+
+    async def renew(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
+        return await self._up().renew(pool, replica, holder, ttl_s)
 
     async def release(self, pool: str, replica: str, holder: str) -> None:
         await self._up().release(pool, replica, holder)

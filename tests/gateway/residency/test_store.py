@@ -73,6 +73,18 @@ async def test_the_lock_has_one_holder_and_lapses(store: ResidencyStore) -> None
     assert (await store.record("llama", "r0")).lock_holder is None
 
 
+async def test_only_the_holder_renews_the_lock_and_never_after_its_release(store: ResidencyStore) -> None:
+    assert await store.acquire("llama", "r0", "gw1 a", ttl_s=5)
+    assert await store.renew("llama", "r0", "gw1 a", ttl_s=5)
+    assert not await store.renew("llama", "r0", "gw2 b", ttl_s=5)  # not the holder
+    assert (await store.record("llama", "r0")).lock_holder == "gw1 a"
+    await store.release("llama", "r0", "gw1 a")
+    # A renewal that lands after its holder let go (it was on its way) does not lock the replica again.
+    assert not await store.renew("llama", "r0", "gw1 a", ttl_s=5)
+    assert (await store.record("llama", "r0")).lock_holder is None
+    assert await store.acquire("llama", "r0", "gw2 b", ttl_s=5)
+
+
 async def test_reconcile_makes_the_record_say_what_the_engine_has(store: ResidencyStore) -> None:
     await store.add("llama", "r0", "kept", 10.0, pinned=True)
     await store.add("llama", "r0", "gone", 20.0, pinned=True)
