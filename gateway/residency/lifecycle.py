@@ -110,7 +110,9 @@ class PoolResidency:
         self.metrics = metrics or GatewayMetrics()
         self._hits = adder(self.metrics.residency_lookups.labels(pool, "hit"))  # once per request: no checks
         self._misses = self.metrics.residency_lookups.labels(pool, "miss")
-        self._now = wall_clock
+        self._wall_clock = wall_clock
+        # The store's clock minus this gateway's (``_learn_clock``): use times are stamped on the store's clock.
+        self._clock_offset = 0.0
         self._owner = uuid.uuid4().hex[:12]
         self._pending_uses: dict[tuple[str, str], float] = {}
         self._loads: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -138,6 +140,21 @@ class PoolResidency:
         self._detach_signal = signal.attach(pool, self)
 
     # --- the request path -------------------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        """Unix seconds on the store's clock (this gateway's own clock when the store keeps none)."""
+        return self._wall_clock() + self._clock_offset
+
+    async def _learn_clock(self) -> None:
+        """Learn how far the store's clock is from this gateway's. Use marks in a shared record are compared by every
+        gateway with its own now: a gateway whose clock ran 5 minutes ahead wrote marks the others took for uses
+        still to come, so its adapters were never idle to them (never evicted, a full working set refused loads the
+        engine would take: 503) until the real time caught up, and last uses only move forward, so the marks stayed
+        after its clock was fixed (tests/gateway/residency/test_clock_skew.py). Raises ``StoreUnavailable``."""
+        before = self._wall_clock()
+        store_now = await self.store.clock()
+        if store_now is not None:
+            self._clock_offset = store_now - (before + self._wall_clock()) / 2
 
     def is_resident(self, replica_id: str, engine_name: str) -> bool:
         return engine_name in self.views[replica_id].resident
@@ -613,6 +630,11 @@ class PoolResidency:
     async def sync(self) -> None:
         """Refresh the local view from the store (other gateways' loads and evictions)."""
         was_up = self.store_up
+        try:
+            await self._learn_clock()
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+            return
         for replica_id in self.endpoints:
             try:
                 await self._read_record(replica_id)

@@ -77,6 +77,9 @@ class MemoryStore:
         state.pinned &= present
         return before
 
+    async def clock(self) -> float | None:
+        return None  # one gateway: its own clock is the only one
+
     async def ping(self) -> None:
         return None
 

@@ -4,7 +4,7 @@ Key layout, per pool and replica; the braces are a Redis Cluster hash tag, so on
 a transaction or script may touch them together (``{prefix}:{{pool:replica}}`` is the f-string
 ``f"{prefix}:{{{pool}:{replica}}}"``, e.g. ``tg:{llama:r0}:resident``):
 
-- ``{prefix}:{{pool:replica}}:resident`` ZSET: engine adapter name -> last use, unix seconds;
+- ``{prefix}:{{pool:replica}}:resident`` ZSET: engine adapter name -> last use, unix seconds on Redis' clock;
 - ``{prefix}:{{pool:replica}}:pinned``   SET: engine adapter names pinned on the replica;
 - ``{prefix}:{{pool:replica}}:lock``     STRING: the lock's holder ("gateway-id adapter"), with a PX expiry.
 
@@ -81,6 +81,11 @@ return {resident, pinned, holder}
 """
 
 
+# KEYS: any key (every gateway names the same one, so on a Redis Cluster all read one node's clock). Redis' TIME.
+_CLOCK = """
+return redis.call('TIME')
+"""
+
 # KEYS: resident, pinned, lock. The record in one atomic read ({member, score, ...}, {pinned...}, holder or nil).
 _RECORD = """
 return {redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('SMEMBERS', KEYS[2]), redis.call('GET', KEYS[3])}
@@ -101,6 +106,7 @@ class RedisStore:
         self._renew = self._client.register_script(_RENEW)
         self._reconcile = self._client.register_script(_RECONCILE)
         self._record = self._client.register_script(_RECORD)
+        self._clock = self._client.register_script(_CLOCK)
 
     def _keys(self, pool: str, replica: str) -> tuple[str, str, str]:
         """The replica's resident, pinned and lock keys."""
@@ -172,6 +178,11 @@ class RedisStore:
                 Awaitable[list[Any]], self._reconcile(keys=list(keys), args=[now, *dict.fromkeys(on_engine)])
             )
         return _record_from(reply)
+
+    async def clock(self) -> float | None:
+        async with self._call("clock"):
+            seconds, micros = await cast(Awaitable[list[Any]], self._clock(keys=[f"{self._prefix}:{{clock}}"]))
+        return int(seconds) + int(micros) / 1e6
 
     async def ping(self) -> None:
         async with self._call("ping"):

@@ -50,6 +50,9 @@ class TimedStore:
     async def reconcile(self, pool: str, replica: str, on_engine: Collection[str], now: float) -> ReplicaRecord:
         return await self._timed("reconcile", self._inner.reconcile(pool, replica, on_engine, now))
 
+    async def clock(self) -> float | None:
+        return await self._timed("clock", self._inner.clock())
+
     async def ping(self) -> None:
         await self._timed("ping", self._inner.ping())
 

@@ -351,7 +351,7 @@ async def test_a_warm_up_ahead_takes_a_free_slot_or_pushes_out_only_an_adapter_i
     residency = pool.residency
     engine = residency.driver.engine  # type: ignore[attr-defined]
     now = [1_000.0]
-    residency._now = lambda: now[0]
+    residency._wall_clock = lambda: now[0]
     for name in ("b", "c"):  # r1 full (max_adapters 2), both used at 1,000 s
         await residency.ensure("r1", ref(name))
     now[0] = 1_004.0  # b and c idle 4 s: in use, by the rule

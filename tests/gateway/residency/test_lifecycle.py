@@ -306,6 +306,9 @@ class FlakyStore:
     async def reconcile(self, pool: str, replica: str, on_engine: Collection[str], now: float) -> ReplicaRecord:
         return await self._up().reconcile(pool, replica, on_engine, now)
 
+    async def clock(self) -> float | None:
+        return await self._up().clock()
+
     async def ping(self) -> None:
         await self._up().ping()
 
