@@ -269,6 +269,13 @@ def create_app(
         if state.started and state.config.routing.home_placement == "traffic":
             await placer.tick(state.config, state.serving.fleet, traffic.fleet)
 
+    async def placement_first_look(app: web.Application) -> AsyncIterator[None]:
+        """The stored homes table, read before the gateway listens (its ticks begin an interval later)."""
+        if state.started and config.routing.home_placement == "traffic":
+            await placer.first_look(state.serving.fleet)
+        yield
+
+    app.cleanup_ctx.append(placement_first_look)
     app.cleanup_ctx.append(_every(config.placement.interval_s, placement_tick, "placement", placer.close))
     if config.state.redis_url is not None and config_path is not None:  # reload every gateway sharing the Redis
         fanout = app[FANOUT] = Fanout(

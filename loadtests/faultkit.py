@@ -119,8 +119,9 @@ class GatewayUnderTest(Restartable):
     def write_config(self, config: dict[str, Any]) -> None:
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
-    def admin(self, method: str, path: str) -> httpx.Response:
-        return httpx.request(method, self.url + path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
+    def admin(self, method: str, path: str, json: Any = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        return httpx.request(method, self.url + path, headers=headers, json=json, timeout=60)
 
     def home_of(self, tenant: str) -> str:
         home: str = self.admin("GET", f"/admin/route?tenant={tenant}").json()["home"]

@@ -75,6 +75,24 @@ class Placer:
             self._last = (config, fleet, traffic)
             await self._tick(config, fleet, traffic, plan_moves=True)
 
+    async def first_look(self, fleet: Fleet) -> None:
+        """Read the stored table once and route ``fleet`` by it, before this gateway serves; lead (plan, publish)
+        only from the first interval on, as before. A gateway (re)started beside a leader routed by count-balanced
+        homes until its first interval had passed (10 s by default) while the others routed by the table: its
+        requests for moved keys went where their adapters were not planned, cold loads pushing out planned ones
+        (tests/gateway/test_gateway_restart.py)."""
+        async with self._lock:
+            try:
+                polled = await self.store.poll(self.gateway_id, self.table.version)
+            except StoreUnavailable as exc:
+                log.warning("placement table unreachable at start, routing by version %d: %s", self.table.version, exc)
+                self.store_up = False
+                return
+            self.bytes_read, self.operator = polled.bytes_read, polled.operator
+            if polled.table is not None:
+                self.table = polled.table
+            self.install(fleet)
+
     async def _switch_warm(self) -> None:
         """A warm-up finished: publish the moves that are warm now rather than an interval later (no new moves:
         those stay once per interval)."""

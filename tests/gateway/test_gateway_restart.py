@@ -23,6 +23,7 @@ from gateway.config import ResidencyConfig
 from gateway.residency.redis import RedisStore
 from loadtests.faultkit import GatewayUnderTest, sim_replicas
 from loadtests.fleet import api_key
+from loadtests.processes import free_port
 from tests.gateway.test_faults import MODELS, SIM, config_for, gateway
 from tests.redis_server import RedisServer
 
@@ -81,3 +82,34 @@ def test_a_restarted_gateway_comes_up_past_the_lock_it_held_when_killed(tmp_path
             gw.stop()
     assert answer.choices, answer
     assert ready_after < BOUND_S
+
+
+def test_a_restarted_gateway_routes_by_the_shared_homes_table_as_soon_as_it_is_ready(tmp_path: Path) -> None:
+    """Homes from traffic: the table lives in Redis. A gateway (re)started beside a leader that moved a key routed
+    by count-balanced homes until its first placement interval (10 s by default) had passed, while the others
+    routed by the table: for that long its requests for moved keys went where their adapters were not planned (cold
+    loads that push out planned adapters). It reads the table once before it serves now."""
+    with RedisServer(log_path=tmp_path / "redis.log") as redis, sim_replicas(tmp_path, 2, *SIM) as replicas:
+        leader_config = config_for(tmp_path, replicas)
+        leader_config["state"] = {"redis_url": redis.url}
+        leader_config["routing"]["home_placement"] = "traffic"
+        leader_config["placement"] = {"interval_s": 0.3}
+        with gateway(tmp_path, leader_config) as leader:
+            tenant = "t0"
+            balanced = leader.home_of(tenant)
+            elsewhere = next(r for r in replicas if r != balanced)
+            pinned = leader.admin("PUT", f"/admin/placement/pins/llama/{tenant}", json={"replica": elsewhere})
+            assert pinned.status_code == 200, pinned.text
+            for _ in range(300):  # bounded: the leader publishes at its next 0.3 s interval
+                if leader.home_of(tenant) == elsewhere:
+                    break
+                time.sleep(0.05)
+            assert leader.home_of(tenant) == elsewhere
+            config = {**leader_config, "listen": {"host": "127.0.0.1", "port": free_port()}}
+            config["placement"] = {"interval_s": 10.0}  # the default: the first interval is 10 s away
+            restarted = GatewayUnderTest(tmp_path, config, name="restarted")
+            try:
+                restarted.start()
+                assert restarted.home_of(tenant) == elsewhere
+            finally:
+                restarted.stop()
