@@ -157,6 +157,41 @@ async def test_concurrent_admissions_cannot_pass_the_concurrency_limit_while_a_l
     assert SlowShared.calls == 1  # one lease for everyone who waited on it
 
 
+async def test_a_hung_shared_bucket_is_waited_for_once_per_gateway_not_once_per_limit_and_request() -> None:
+    """Redis that accepts connections and never answers: each lease waits out the operation timeout. The first
+    one to find it so sends every limit of the gateway (each tenant's requests and tokens, and the requests that
+    queued behind that lease) to its local bucket at once, instead of each paying the timeout in turn."""
+
+    class Hung:
+        calls = 0
+
+        async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
+            Hung.calls += 1
+            await asyncio.sleep(0.05)  # the operation timeout, shortened
+            raise StoreUnavailable("timed out")
+
+        async def debit(self, key: str, amount: float, capacity: float, per_s: float) -> None:
+            raise StoreUnavailable("timed out")
+
+    limits = {"requests_per_minute": 600, "tokens_per_minute": 60_000}
+    config = GatewayConfig.model_validate(
+        {
+            "pools": [{"name": "p", "backend": "vllm", "base_model": "m", "replicas": [{"id": "r0", "url": "http://h"}]}],
+            "tenants": [{"id": f"t{i}", "api_keys": ["sha256:" + f"{i}" * 64], "base_models": ["m"], "limits": limits}
+                        for i in range(4)],
+        }
+    )  # fmt: skip
+    limiter = Admission(GatewayMetrics(), Hung())
+    limiter.configure(config)
+    tickets = await asyncio.gather(*(limiter.admit(f"t{i % 4}", 10) for i in range(20)))
+    assert len(tickets) == 20  # all admitted, by the local buckets
+    # The four tenants' first leases went out together (each request waited once, side by side); none after them:
+    # not the requests queued behind a tenant's lease, nor any tenant's tokens limit.
+    assert Hung.calls == 4
+    await asyncio.gather(*(limiter.admit(f"t{i % 4}", 10) for i in range(20)))
+    assert Hung.calls == 4
+
+
 async def test_a_debt_larger_than_the_limit_is_waited_out_not_a_lock_out(redis_server: RedisServer) -> None:
     """A request that used 750 tokens more than counted, against 600 a minute (10/s): every gateway sharing the
     bucket waits the debt out, then admits again; nobody is locked out for good. The bucket: 600, less the first
