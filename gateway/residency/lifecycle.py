@@ -532,7 +532,12 @@ class PoolResidency:
 
     async def _acquire_shared(self, replica_id: str, holder: str, wanted: str | None = None) -> bool:
         """Take the store's lock, waiting for another gateway's load to end; False when the store is down. Raises
-        ``_LoadedMeanwhile`` once ``wanted`` is resident (``_poll_pause``)."""
+        ``_LoadedMeanwhile`` once ``wanted`` is resident (``_poll_pause``). A store known to be down is not asked
+        (the sync asks again every ``residency.sync_interval_s``): a Redis that accepts connections and never answers
+        costs each call ``state.operation_timeout_s``, and this is asked under the replica's own lock, so loads onto
+        one replica paid it one after another."""
+        if not self.store_up:
+            return False
         deadline = time.monotonic() + self.load_timeout_s
         pause = 0.01
         while True:
