@@ -23,8 +23,9 @@ from gateway.admin.drains import DRAINS
 from gateway.appkeys import METRICS, PLACER, STATE, TELEMETRY
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.errors import InvalidRequest
+from gateway.fleet import rings
 from gateway.fleet.discovery import Discovered, discover
-from gateway.fleet.fleet import Fleet, prepare_rings
+from gateway.fleet.fleet import Fleet
 from gateway.reload_fanout import FANOUT, GATEWAY_ID
 from gateway.residency.store import StoreUnavailable
 from gateway.state import Serving
@@ -136,7 +137,7 @@ async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayCon
     state = app[STATE]
     # The rings' points (an md5 each) on a worker thread, not the event loop every tenant's requests run on; held
     # here until the fleet's rings hold them.
-    placed = await asyncio.to_thread(prepare_rings, config)
+    placed = await asyncio.to_thread(rings.prepare, config)
     fleet = Fleet(
         config, app[METRICS], store=state.residency_store, homes_from=base, scrapes=state.scrapes,
         signal=state.slot_signal,

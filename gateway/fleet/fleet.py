@@ -25,7 +25,6 @@ from gateway.residency.redis import RedisStore
 from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.residency.store import ResidencyStore
 from gateway.residency.timed import TimedStore
-from gateway.routing import ring
 from gateway.tenants.directory import keyed_targets
 
 log = logging.getLogger(__name__)
@@ -72,13 +71,6 @@ class InstalledHomes:
     routed: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     planned: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     why: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-
-
-def prepare_rings(config: GatewayConfig) -> list[ring.Geometry]:
-    """Place the ring points of every pool ``config`` builds (gateway/routing/ring.py): call it on a worker thread
-    before building a ``Fleet`` while the event loop serves, and hold what it returns until the Fleet is built, which
-    then finds them placed (about a second of CPU for a 1,000-replica pool)."""
-    return ring.prepare(([replica.id for replica in pool.replicas], config.routing.vnodes) for pool in config.pools)
 
 
 class Fleet:

@@ -14,6 +14,7 @@ from backends.base import AdapterRef, Endpoint, EngineDriver, EngineLoad
 from backends.errors import BackendError
 from gateway.config import PoolConfig, RoutingConfig
 from gateway.errors import GatewayError
+from gateway.fleet import rings
 from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.one_pass import decide_plain
 from gateway.fleet.outlier import Failure
@@ -76,7 +77,8 @@ class Pool:
             for replica_id, endpoint in residency.endpoints.items()
         }
         self.retry_budget = RetryBudget(config.retry.budget_ratio, config.retry.min_per_s)
-        self.ring = Ring(list(self.replicas), routing.vnodes)
+        # Placed in advance where a rebuild prepared it on a worker thread (gateway/fleet/rings.py).
+        self.ring = Ring(list(self.replicas), routing.vnodes, rings.geometry(list(self.replicas), routing.vnodes))
         reserve = config.policy in _RESERVING
         self.reservations = HomeReservations(routing.home_reservation_s if reserve else 0.0)
         # Per replica, what to load and warm when it comes (back) up: (adapter, pinned).

@@ -13,20 +13,17 @@ in every gateway, with no coordination. Other keys (sessions, tenants added at r
 
 Placing the points is the costly part of a ring (an md5 per point: 160,000 points and about a second of CPU at
 1,000 replicas), and a pool is built again at every reload and discovery change while the gateway serves. So a
-ring's points and their index (``Geometry``) are shared by (replicas, vnodes) while a ring uses them, and
-``prepare`` places them on a worker thread before a rebuild: the pool built on the event loop then finds them, and a
-reload that does not change a pool's replicas places nothing.
+ring's points and their index are a ``Geometry`` of their own, which a pool takes placed in advance on a worker
+thread (gateway/fleet/rings.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import threading
-import weakref
 from array import array
 from bisect import bisect
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import md5
 
@@ -39,10 +36,10 @@ _NONE: frozenset[str] = frozenset()
 _VERSIONS = itertools.count()
 
 
-@dataclass(frozen=True)  # weakly referenced by the memo: no slots
+@dataclass(frozen=True)  # weakly referenced by gateway/fleet/rings.py's memo: no slots
 class Geometry:
     """A ring's points, sorted, with their owners and the bucket index over them: what uhashring places, kept
-    immutable so that every ring built on the same replicas and vnodes shares one (``geometry``)."""
+    immutable so that every ring built on the same replicas and vnodes can share one."""
 
     positions: tuple[int, ...]
     # A tuple: a slice of it is the head a large ring's walk returns, with no copy.
@@ -51,39 +48,21 @@ class Geometry:
     buckets: array[int]  # never written after it is made
 
 
-# Each geometry in use, by (replicas, vnodes): held weakly, so one lives as long as a ring (or a rebuild about to make
-# one) holds it. About 10 MB at 1,000 replicas: a memo of past rings would grow with every discovery change.
-_GEOMETRIES: weakref.WeakValueDictionary[tuple[tuple[str, ...], int], Geometry] = weakref.WeakValueDictionary()
-_GEOMETRIES_LOCK = threading.Lock()  # ``prepare`` fills it from a worker thread
-
-
-def geometry(replica_ids: tuple[str, ...], vnodes: int) -> Geometry:
-    """The points uhashring places for ``replica_ids`` at ``vnodes`` each: one in use already, else placed now
-    (O(points): where an event loop is serving, ``prepare`` them on a worker thread first)."""
-    key = (replica_ids, vnodes)
-    with _GEOMETRIES_LOCK:
-        found = _GEOMETRIES.get(key)
-    if found is not None:
-        return found
+def place(replica_ids: Sequence[str], vnodes: int) -> Geometry:
+    """The points uhashring places for ``replica_ids`` at ``vnodes`` each: O(points), an md5 each (where an event
+    loop serves, on a worker thread: gateway/fleet/rings.py)."""
     points = HashRing(nodes={replica_id: {"vnodes": vnodes} for replica_id in replica_ids}).get_points()
     positions = tuple(position for position, _ in points)  # sorted, as uhashring keeps them
     shift, buckets = _bucket_index(positions)
-    placed = Geometry(positions, tuple(owner for _, owner in points), shift, buckets)
-    with _GEOMETRIES_LOCK:
-        return _GEOMETRIES.setdefault(key, placed)
-
-
-def prepare(pools: Iterable[tuple[Sequence[str], int]]) -> list[Geometry]:
-    """The geometry of each (replicas, vnodes), placed where none is in use: run it on a worker thread before
-    building pools while requests are served, and hold what it returns until they are built (the memo is weak)."""
-    return [geometry(tuple(replica_ids), vnodes) for replica_ids, vnodes in pools if replica_ids]
+    return Geometry(positions, tuple(owner for _, owner in points), shift, buckets)
 
 
 class Ring:
-    def __init__(self, replica_ids: Sequence[str], vnodes: int) -> None:
+    def __init__(self, replica_ids: Sequence[str], vnodes: int, geometry: Geometry | None = None) -> None:
+        """``geometry``: the points already placed for these replicas and vnodes (else placed here)."""
         self.replica_ids = tuple(replica_ids)
-        shape = geometry(self.replica_ids, vnodes) if replica_ids else None
-        self._geometry = shape  # holds it in the memo while this ring lives
+        shape = (geometry or place(replica_ids, vnodes)) if replica_ids else None
+        self._geometry = shape  # what gateway/fleet/rings.py's memo holds weakly: kept while this ring lives
         self._positions: tuple[int, ...] = shape.positions if shape else ()
         self._owners: tuple[str, ...] = shape.owners if shape else ()
         self._shift, self._buckets = (shape.shift, shape.buckets) if shape else _bucket_index(())
