@@ -833,3 +833,33 @@ def test_the_readmes_bench_overhead_figures_are_the_latest_runs_in_the_benchmark
     workers = cells["tenantgate `--workers 2` req/s"]
     against = [round(w / v, 2) for w, v in zip(workers, cells["vllm-router req/s"], strict=True)]
     assert "`--workers 2` reached {}-{}x vllm-router's req/s".format(*span(against, "{:.2f}")) in row
+
+
+def test_every_overhead_setup_the_docs_name_is_one_the_benchmarks_run() -> None:
+    """`bare-fast`, `tenantgate-nolog`, `--only bare-http1,bare-fast`: an --only naming a setup bench_overhead does
+    not have runs nothing but `direct` without a word, so a renamed setup would leave the docs' commands measuring
+    nothing. Each such name the docs give is one of bench_overhead's or bench_instructions' setups, and the docs'
+    table of bench_instructions' counts has a row for each of its setups."""
+    from loadtests.bench_instructions import SETUPS as INSTRUCTION_SETUPS
+
+    overhead_source = (REPO / "loadtests" / "bench_overhead.py").read_text()
+    overhead = set(re.findall(r'^\s+\("([a-z0-9-]+)", lambda', overhead_source, re.MULTILINE))
+    known = overhead | set(INSTRUCTION_SETUPS) | {"vllm-router", "sglang-router"}
+    # The benchmarks' pages only: docs/operations.md's `tenantgate-redis` is a Kubernetes object.
+    named = [
+        (where, match)
+        for where, match in doc_matches(r"`((?:bare|tenantgate)-[a-z0-9]+)`")
+        if where.startswith(("README.md", "docs/benchmarks.md"))
+    ]
+    only = doc_matches(r"--only ((?:bare|tenantgate|direct|vllm|sglang)[a-z0-9,-]*)")
+    unknown = [f"{where} {match.group(1)}" for where, match in named if match.group(1) not in known]
+    unknown += [
+        f"{where} --only {name}" for where, match in only for name in match.group(1).split(",") if name not in known
+    ]
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    section = benchmarks[benchmarks.index("`python -m loadtests.bench_instructions` measures") :]
+    rows = re.findall(r"^\| `([a-z0-9-]+)`", section[: section.index("\n\n", section.index("| setup |"))], re.MULTILINE)
+    unknown += [
+        f"docs/benchmarks.md: no row for bench_instructions' {name}" for name in INSTRUCTION_SETUPS if name not in rows
+    ]
+    assert {"tenantgate-w2", "bare-fast"} <= overhead and len(named) >= 5 and len(only) >= 2 and not unknown, unknown
