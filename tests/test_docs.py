@@ -676,10 +676,19 @@ def test_every_test_the_docs_cite_exists() -> None:
 
 
 def test_nothing_in_the_repository_points_outside_it() -> None:
-    """No tracked file names a path of the machine it was written on (under /work) or the design notes kept beside
-    the repository: a fresh clone has neither, so such a pointer leads nowhere."""
+    """No tracked file names a path of the machine it was written on (under /work), the design notes kept beside
+    the repository, or a package registry's host (the locks are written without index URLs): a fresh clone has
+    none of the first two, so such a pointer leads nowhere, and where packages come from is the installer's
+    configuration, not the repository's."""
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60)
-    outside = re.compile(r"(?<![\w.-])/wor" + r"k/|\bDESIGN" + r"\.md\b")  # split so this file names neither
+    registries = (
+        r"\b(?:(?:files\.)?py"
+        + r"pi\.org|python"
+        + r"hosted\.org|registry\.npm"
+        + r"js\.org|proxy\.go"
+        + r"lang\.org|crates\.io)\b"
+    )
+    outside = re.compile(r"(?<![\w.-])/wor" + r"k/|\bDESIGN" + r"\.md\b|" + registries)  # split: this file names none
     found = []
     for name in tracked.stdout.decode().split("\0"):
         path = REPO / name
