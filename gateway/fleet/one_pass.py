@@ -29,8 +29,9 @@ from collections.abc import Collection
 from typing import Protocol
 
 from gateway.config import PoolConfig
+from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.replica import Replica
-from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.lifecycle import PoolResidency, ReplicaView, among_newest
 from gateway.routing.costs import Regime
 from gateway.routing.decision import NO_PARTS, Prediction, RoutingDecision
 from gateway.routing.reservations import HomeReservations
@@ -61,24 +62,30 @@ _NEVER = -math.inf
 _new = tuple.__new__
 
 
+# What the loop reads of one replica, built once with the pool (Pool.records) and kept with each key's candidates
+# (Pool._candidates): its id, its record, health and residency view, the objects themselves, so a decision looks
+# none of them up by id.
+Entry = tuple[str, Replica, ReplicaHealth, ReplicaView]
+
+
 def decide_plain(
     pool: Pool,
     key: str,
     engine_model: str | None,
     order: tuple[str, ...],
-    also_home: frozenset[str],
+    candidates: tuple[Entry, ...],
+    homes: frozenset[str],
     resident: frozenset[str],
 ) -> RoutingDecision | None:
     """The decision when the case is plain (see the module docstring), else None. ``order``: the key's candidates,
-    home first; ``also_home``: the rest of its replica set (no affinity margin there); ``resident``: where the
-    request's adapter is resident."""
+    home first; ``candidates``: their entries (``Entry``); ``homes``: the key's replica set (its home and the
+    rest: no affinity margin there); ``resident``: where the request's adapter is resident."""
     if not order:
         return None
     scoring = pool.scoring
     table = scoring.table() if scoring is not None else None
     if scoring is not None and table is None:  # a scorer that is not linear: asked per candidate, generally
         return None
-    replicas = pool.replicas
     standing = pool.reservations.standing(key)
     count_reserved = standing.in_flight > 0
     reserved = pool.reservations.by_replica
@@ -86,24 +93,24 @@ def decide_plain(
     # One clock read for the whole decision: health's clock and the scrapes' are both time.monotonic here.
     now = time.monotonic()
     # The load routing counts (routing.load_view): this gateway's own, plus the other gateways' as they last shared
-    # them, or the engine's last scrape plus this gateway's change since.
+    # them, or the engine's last scrape plus this gateway's change since. ``own``: this gateway's count alone.
     elsewhere = pool.residency.signal.load_elsewhere(pool.name) if pool.shared_load_view else None
     max_age = pool.engine_view_max_age_s
+    own = elsewhere is None and max_age is None
     total, most = 1, 0
     if table is None:  # bounded_consistent_hash: check and sum, no score
-        for replica_id in order:
-            replica = replicas[replica_id]
-            if now < replica.health.full_weight_at:
-                healthy, weight = replica.health.routing_state(now)
+        for replica_id, replica, health, _ in candidates:
+            if now < health.full_weight_at:
+                healthy, weight = health.routing_state(now)
                 if not healthy or weight < 1.0:
                     return None
-            in_flight = replica.in_flight
-            if in_flight >= cap:
+            load = replica.in_flight
+            if load >= cap:
                 return None
-            if elsewhere is not None:
-                load = in_flight + elsewhere.get(replica_id, 0)
-            elif max_age is None:
-                load = in_flight
+            if own:
+                pass
+            elif elsewhere is not None:
+                load += elsewhere.get(replica_id, 0)
             else:
                 load = replica.load_view(now, max_age)
             held = reserved[replica_id]
@@ -120,15 +127,14 @@ def decide_plain(
         return _decision(pool, key, order, order[0], "home", capacity, standing.holds_reservation, resident)
     assert scoring is not None
     home = order[0]
-    # Where the key was served within prefix_warm_s (its prefix likely still in the KV cache there): read only where
-    # the adapter is on the GPU, the one regime split it decides.
+    # Where the key was served within prefix_warm_s (its prefix likely still in the KV cache): read only where the
+    # adapter is on the GPU, the one regime split it decides.
     recent = pool.recent_served.get(key)
     warm_since = now - pool.prefix_warm_s
     # Where other gateways have requests in flight with the adapter (their loads under way included).
     flying: Collection[str] = ()
     if engine_model is not None:
         flying = pool.residency.signal.flying_on(pool.name, engine_model)
-    likely_on_gpu = pool.residency.likely_on_gpu
     listed_after = now - pool.scrape_fresh_s  # a scrape since then still lists the adapters running
     # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
     warm_c, warm_p, warm_o = table["warm"]
@@ -140,19 +146,18 @@ def decide_plain(
     warm_count = warm_load = 0
     regime: Regime
     best_regime: Regime = "cold"
-    for replica_id in order:
-        replica = replicas[replica_id]
-        if now < replica.health.full_weight_at:
-            healthy, weight = replica.health.routing_state(now)
+    for replica_id, replica, health, view in candidates:
+        if now < health.full_weight_at:
+            healthy, weight = health.routing_state(now)
             if not healthy or weight < 1.0:
                 return None
         in_flight = replica.in_flight
         if in_flight >= cap:
             return None
-        if elsewhere is not None:
-            load = in_flight + elsewhere.get(replica_id, 0)
-        elif max_age is None:
+        if own:
             load = in_flight
+        elif elsewhere is not None:
+            load = in_flight + elsewhere.get(replica_id, 0)
         else:
             load = replica.load_view(now, max_age)
         held = reserved[replica_id]
@@ -162,7 +167,7 @@ def decide_plain(
             most = judged
         # The adapter on the GPU there (Pool.snapshot says why each test is asked where it is), then the regime.
         # The base model is on every GPU; an adapter is where the engine's fresh scrape lists it running, else the
-        # residency record is asked (where it can say yes).
+        # residency record is asked (where it can say yes): PoolResidency.likely_on_gpu, inline.
         if engine_model is None or (
             (scraped := replica.engine_load) is not None
             and engine_model in scraped.running_adapters
@@ -170,22 +175,32 @@ def decide_plain(
         ):
             on_gpu = True
         elif in_flight or replica_id in resident or replica_id in flying:
-            on_gpu = likely_on_gpu(replica_id, engine_model, 1 if scraped is None else scraped.gpu_slots or 1)
+            if engine_model in view.in_flight:
+                on_gpu = True
+            else:
+                held_here = view.resident
+                used = held_here.get(engine_model)
+                if used is None:
+                    on_gpu = replica_id in flying
+                else:
+                    slots = 1 if scraped is None else scraped.gpu_slots or 1
+                    # among_newest's first test inline: a set that fits the GPU's slots is on it whole.
+                    on_gpu = len(held_here) <= slots or among_newest(held_here, used, slots) or replica_id in flying
         else:
             on_gpu = False
         if on_gpu:
             if recent is not None and recent.get(replica_id, _NEVER) >= warm_since:
                 regime = "warm"
-                constant, per_request, off_home = warm_c, warm_p, warm_o
+                constant, per_request, off_home_ms = warm_c, warm_p, warm_o
             else:
                 regime = "kv_cold"
-                constant, per_request, off_home = kv_cold_c, kv_cold_p, kv_cold_o
+                constant, per_request, off_home_ms = kv_cold_c, kv_cold_p, kv_cold_o
         elif replica_id in resident:
             regime = "host"
-            constant, per_request, off_home = host_c, host_p, host_o
+            constant, per_request, off_home_ms = host_c, host_p, host_o
         else:
             ms = cold_c + cold_p * load
-            if replica_id != home and replica_id not in also_home:
+            if replica_id not in homes:
                 ms += cold_o
             if ms < cold_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
                 cold_id, cold_ms, cold_load = replica_id, ms, load
@@ -193,8 +208,8 @@ def decide_plain(
         warm_count += 1
         warm_load += load
         ms = constant + per_request * load
-        if replica_id != home and replica_id not in also_home:
-            ms += off_home
+        if replica_id not in homes:
+            ms += off_home_ms
         if ms < best_ms:
             best_id, best_ms, best_load, best_regime = replica_id, ms, load, regime
     capacity = math.ceil(pool.balance_factor * total / len(order))

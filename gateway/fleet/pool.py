@@ -16,7 +16,7 @@ from gateway.config import PoolConfig, RoutingConfig
 from gateway.errors import GatewayError
 from gateway.fleet import rings
 from gateway.fleet.health import ReplicaHealth
-from gateway.fleet.one_pass import decide_plain
+from gateway.fleet.one_pass import Entry, decide_plain
 from gateway.fleet.outlier import Failure
 from gateway.fleet.replica import Replica
 from gateway.fleet.retry_budget import RetryBudget
@@ -41,6 +41,10 @@ _RECENT_KEYS = 65_536
 # The resident set of a request without an adapter (or a policy that does not read residency): one object, so a
 # key's kept candidates (_candidates) are seen to hold.
 _NOWHERE: frozenset[str] = frozenset()
+# A key's candidates as Pool._candidates keeps them: the resident set and ring version they were built from, the
+# candidates in the key's order, the rest of its replica set, the one pass's entries for the candidates and the whole
+# replica set (home included).
+_Candidates = tuple[frozenset[str], int, tuple[str, ...], frozenset[str], tuple[Entry, ...], frozenset[str]]
 # Resident sets whose sorted order is kept (one per adapter with a distinct set; cleared when full).
 _RESIDENT_ORDERS = 4_096
 
@@ -75,6 +79,11 @@ class Pool:
         self.replicas = {
             replica_id: Replica(endpoint, ReplicaHealth(config.health, config.outlier, config.slow_start_s))
             for replica_id, endpoint in residency.endpoints.items()
+        }
+        # What the one pass reads of each replica (one_pass.Entry).
+        self.records: dict[str, Entry] = {
+            replica_id: (replica_id, replica, replica.health, residency.views[replica_id])
+            for replica_id, replica in self.replicas.items()
         }
         self.retry_budget = RetryBudget(config.retry.budget_ratio, config.retry.min_per_s)
         # Placed in advance where a rebuild prepared it on a worker thread (gateway/fleet/rings.py).
@@ -115,7 +124,7 @@ class Pool:
         self._resident_order: dict[frozenset[str], tuple[str, ...]] = {}
         # Per key, its candidates and the rest of its replica set, with the resident set and ring version they were
         # built from (_candidates).
-        self._orders: dict[str, tuple[frozenset[str], int, tuple[str, ...], frozenset[str]]] = {}
+        self._orders: dict[str, _Candidates] = {}
         # The plain case is decided in one pass over the records (one_pass.py); False: the general pipeline only
         # (tests compare the two).
         self.one_pass = config.policy in _RESERVING
@@ -258,12 +267,11 @@ class Pool:
         # The key's candidates as last built, while the ring and the resident set are the ones they were built from
         # (_candidates, inline: one lookup for a key seen before).
         known = self._orders.get(key)
-        if known is not None and known[0] is resident and known[1] == self.ring.version:
-            order, also_home = known[2], known[3]
-        else:
-            order, also_home = self._candidates(key, resident)
+        if known is None or known[0] is not resident or known[1] != self.ring.version:
+            known = self._candidates(key, resident)
+        order, also_home = known[2], known[3]
         if self.one_pass and not explain and not avoid:
-            plain = decide_plain(self, key, engine_model, order, also_home, resident)
+            plain = decide_plain(self, key, engine_model, order, known[4], known[5], resident)
             if plain is not None:
                 return plain
         loads = self.snapshot(key, engine_model, order, resident)
@@ -351,20 +359,22 @@ class Pool:
             )
         return loads
 
-    def _candidates(self, key: str, resident: frozenset[str]) -> tuple[tuple[str, ...], frozenset[str]]:
+    def _candidates(self, key: str, resident: frozenset[str]) -> _Candidates:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at
         most, so a decision costs the same at any fleet size: the first K of the key's ring order, of which the
         last up to K/2 give way to replicas where the adapter is resident outside them (by name: a spill finds a
         warm one). The baselines that spread load (round robin, least loaded) weigh every replica. Returned with the
-        rest of the key's placement replica set (``Ring.also_home``)."""
+        rest of the key's placement replica set (``Ring.also_home``) and the one pass's entries for the candidates
+        (one_pass.Entry), as ``_Candidates``."""
         ring = self.ring
         if self.config.policy in _SPREADING:
-            return ring.preference(key), ring.also_home(key)
+            order = ring.preference(key)
+            return resident, ring.version, order, ring.also_home(key), (), _NOWHERE
         # The key's last answer, while the ring and the resident set (the same object until it changes) are the
         # ones it was built from: one lookup for a key seen before, and one memo (not the ring's too) for a new one.
         known = self._orders.get(key)
         if known is not None and known[0] is resident and known[1] == ring.version:
-            return known[2], known[3]
+            return known
         count = self.candidate_count
         order = ring.head_unremembered(key, count)
         room = count // 2
@@ -377,8 +387,11 @@ class Pool:
         also_home = ring.also_home(key)
         if len(self._orders) >= _RECENT_KEYS:
             self._orders.clear()
-        self._orders[key] = (resident, ring.version, order, also_home)
-        return order, also_home
+        records = self.records
+        known = self._orders[key] = (
+            resident, ring.version, order, also_home, tuple([records[r] for r in order]), also_home.union(order[:1])
+        )  # fmt: skip
+        return known
 
     def _by_name(self, resident: frozenset[str]) -> tuple[str, ...]:
         """``resident`` sorted, once per distinct set (residency hands out the same set until it changes)."""

@@ -57,6 +57,21 @@ class ReplicaView:
     in_flight: dict[str, int] = field(default_factory=dict)
 
 
+def among_newest(resident: dict[str, float], used: float, slots: int) -> bool:
+    """Whether an adapter last used at ``used`` is among the ``slots`` most recently used of ``resident`` (adapter ->
+    last use): fewer than ``slots`` others were used after it. (``PoolResidency.likely_on_gpu``, and the one pass
+    that reads it inline: gateway/fleet/one_pass.py.)"""
+    if len(resident) <= slots:  # the whole set fits the GPU's slots: no count needed
+        return True
+    newer = 0  # adapters used after it: once ``slots`` of them, it has been swapped out
+    for other in resident.values():
+        if other > used:
+            newer += 1
+            if newer >= slots:
+                return False
+    return True
+
+
 @dataclass
 class ResidencyCounters:
     cold_loads: int = 0
@@ -191,15 +206,8 @@ class PoolResidency:
         if engine_name in view.in_flight:
             return True
         used = view.resident.get(engine_name)
-        if used is not None:
-            newer = 0  # adapters used after it: once gpu_slots of them, it has been swapped out
-            for other in view.resident.values():
-                if other > used:
-                    newer += 1
-                    if newer >= gpu_slots:
-                        break
-            else:
-                return True
+        if used is not None and among_newest(view.resident, used, gpu_slots):
+            return True
         # Last, as it costs a call: another gateway's requests in flight there (the slot signal's last news).
         return self.signal.flying_elsewhere(self.pool, replica_id, engine_name)
 
