@@ -210,7 +210,7 @@ class Fleet:
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, up to ``timeout_s``; whether it got there."""
         try:
-            await asyncio.wait_for(asyncio.gather(*(pool.idle.wait() for pool in self.pools.values())), timeout_s)
+            await asyncio.wait_for(asyncio.gather(*(pool.wait_idle() for pool in self.pools.values())), timeout_s)
         except TimeoutError:
             return False
         return True

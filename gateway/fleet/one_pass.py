@@ -124,7 +124,13 @@ def decide_plain(
             capacity = pool.capacity_floor
         if most >= capacity and not standing.holds_reservation:  # a reservation takes home whatever the bound says
             return None
-        return _decision(pool, key, order, order[0], "home", capacity, standing.holds_reservation, resident)
+        # RoutingDecision's fields in order (pool, policy, key, home, chosen, reasons, excluded, unavailable, capacity,
+        # used_reservation, predictions, snapshot, resident_on, kept, warm_ahead, warm_ahead_due, order): every
+        # candidate kept, no snapshot.
+        return RoutingDecision(
+            pool.name, pool.config.policy, key, order[0], order[0], ["home"], {}, None, capacity,
+            standing.holds_reservation, {}, (), resident, (), None, False, order,
+        )  # fmt: skip
     assert scoring is not None
     home = order[0]
     # Where the key was served within prefix_warm_s (its prefix likely still in the KV cache): read only where the
@@ -234,28 +240,9 @@ def decide_plain(
         elif margin and cold_ms < best_ms + margin:
             # Due once the cold replica is predicted faster outright (warm_or_cold): warmed whatever it pushes out.
             ahead, due = cold_id, cold_ms < best_ms
-    decision = _decision(
-        pool, key, order, best_id, "home" if best_id == home else "spill:faster", capacity, False, resident
-    )
-    decision.predictions[best_id] = _new(Prediction, (best_regime, best_load, NO_PARTS, best_ms))
-    decision.warm_ahead, decision.warm_ahead_due = ahead, due
-    return decision
-
-
-def _decision(
-    pool: Pool,
-    key: str,
-    order: tuple[str, ...],
-    chosen: str,
-    reason: str,
-    capacity: int,
-    used_reservation: bool,
-    resident: frozenset[str],
-) -> RoutingDecision:
-    # Positional: RoutingDecision's fields in order (pool, policy, key, home, chosen, reasons, excluded, unavailable,
-    # capacity, used_reservation, predictions, snapshot, resident_on, kept, warm_ahead, warm_ahead_due, order): every
-    # candidate kept.
+    # As above; the chosen replica's prediction only.
     return RoutingDecision(
-        pool.name, pool.config.policy, key, order[0], chosen, [reason], {}, None, capacity, used_reservation, {}, (),
-        resident, (), None, False, order,
+        pool.name, pool.config.policy, key, home, best_id, ["home" if best_id == home else "spill:faster"], {}, None,
+        capacity, False, {best_id: _new(Prediction, (best_regime, best_load, NO_PARTS, best_ms))}, (), resident, (),
+        ahead, due, order,
     )  # fmt: skip

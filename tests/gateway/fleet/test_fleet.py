@@ -77,9 +77,12 @@ async def test_a_lease_holds_its_place_until_it_ends_whatever_happens() -> None:
         replica = lease.replica_id
         assert (pool.in_flight, pool.replicas[replica].in_flight) == (1, 1)
         assert pool.residency.views[replica].in_flight == {"a": 1}  # eviction leaves it alone
-        assert not pool.idle.is_set()  # a retired pool waits for this lease before it closes
+        idle = asyncio.ensure_future(pool.wait_idle())
+        await asyncio.sleep(0)
+        assert not idle.done()  # a retired pool waits for this lease before it closes
     assert (pool.in_flight, pool.replicas[replica].in_flight, pool.residency.views[replica].in_flight) == (0, 0, {})
-    assert pool.idle.is_set()
+    await asyncio.wait_for(idle, 1)
+    await asyncio.wait_for(pool.wait_idle(), 1)  # idle already: returns at once
 
     try:
         with pool.lease("acme", adapter):
