@@ -222,6 +222,12 @@ def key_point(key: str) -> int:
 def _distinct_owners(owners: Sequence[str], index: int, count: int, first: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The first ``count`` distinct owners from point ``index`` clockwise, after ``first`` (a plain index walk, not
     _owners_from's generator); fewer when the ring has fewer."""
+    if not first and index + 2 * count <= len(owners):
+        # The next 2 x count points, deduplicated in order by one dict (in C): nearly always count distinct owners
+        # already, a third of the walk's cost at 8 of 64 replicas; else the walk.
+        ahead = tuple(dict.fromkeys(owners[index : index + 2 * count]))
+        if len(ahead) >= count:
+            return ahead[:count]
     found = list(first)
     total = len(owners)
     for _ in range(total):
