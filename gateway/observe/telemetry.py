@@ -80,13 +80,25 @@ class RequestRecord:
 
     def read_usage(self, data: bytes) -> None:
         """Take token counts from an OpenAI body or SSE chunk that carries ``usage``; a cheap byte search first."""
-        if b'"prompt_tokens"' not in data:
+        at = data.find(b'"prompt_tokens"')
+        if at < 0:
             return
-        prompt, completion = _PROMPT_TOKENS.search(data), _COMPLETION_TOKENS.search(data)
+        prompt = _first(_PROMPT_TOKENS, data, at)
+        completion = _first(_COMPLETION_TOKENS, data, data.find(b'"completion_tokens"'))
         if prompt:
             self.prompt_tokens = int(prompt.group(1))
         if completion:
             self.completion_tokens = int(completion.group(1))
+
+
+def _first(pattern: re.Pattern[bytes], data: bytes, at: int) -> re.Match[bytes] | None:
+    """``pattern.search(data)``, the same match, found cheaper: the pattern anchored at ``at``, where its field's
+    name first occurs (a byte search found it), and only where that is no ``"name": digits`` does the regular
+    expression search the rest (sre's search of the whole answer cost about 4,000 instructions per pattern per
+    request)."""
+    if at < 0:
+        return None
+    return pattern.match(data, at) or pattern.search(data, at + 1)
 
 
 def make_tracer_provider(config: TracingConfig, exporter: SpanExporter | None = None) -> TracerProvider | None:
@@ -286,8 +298,8 @@ def _log_line(record: RequestRecord, now: float) -> dict[str, Any]:
         "stream": record.stream,
         "ttft_ms": None  # streams only, as the TTFT histogram
         if record.first_byte is None or not record.stream
-        else round(1000 * (record.first_byte - record.started), 3),
-        "duration_ms": round(1000 * (now - record.started), 3),
+        else _ms(record.first_byte - record.started),
+        "duration_ms": _ms(now - record.started),
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
         "error": record.error,
@@ -295,3 +307,10 @@ def _log_line(record: RequestRecord, now: float) -> dict[str, Any]:
         "retries": record.retries,
         "trace_id": record.trace_id,
     }
+
+
+def _ms(seconds: float) -> float:
+    """``seconds`` in milliseconds to the microsecond (``round(1000 * seconds, 3)`` but for a halfway case, about
+    one in a million): a round to an integer and a division, not round()'s decimal rounding, which formats the
+    float through snprintf (a few thousand instructions per call on the writer thread)."""
+    return round(seconds * 1_000_000) / 1000
