@@ -12,7 +12,12 @@ Setups: the bare proxy on aiohttp's server with tenantgate's engine client (``ba
 asyncio protocol with httptools (``bare-fast``), and tenantgate with one tenant on that one replica, access log off
 (``tenantgate-nolog``) and on (``tenantgate``).
 
-    python -m loadtests.bench_instructions [--requests 300] [--only bare-http1,bare-fast]
+With ``--idle`` each setup also runs, after its requests, an idle window as long as they took: the process's
+clock-driven work (tenantgate's is about 60 k instructions per request's worth of wall time, under callgrind), which
+at full speed is spread over about 50x more requests. The count net of it is what the requests themselves cost,
+and what a change to the request path moves; the window's own count moves with the machine's load.
+
+    python -m loadtests.bench_instructions [--requests 300] [--only bare-http1,bare-fast] [--idle]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +94,16 @@ def _under_callgrind(cmd: list[str], url: str, health: str, out: Path, log: Path
 
 def measure(setup: str, replica: str, root: Path, adapters: dict[str, str], requests: int) -> float:
     """Thousands of instructions per request of ``setup``'s server process."""
+    return measure_with_idle(setup, replica, root, adapters, requests, idle=False)[0]
+
+
+def measure_with_idle(
+    setup: str, replica: str, root: Path, adapters: dict[str, str], requests: int, idle: bool
+) -> tuple[float, float]:
+    """Thousands of instructions per request of ``setup``'s server process, and (``idle``, else 0) what the same
+    process ran in an idle window as long as the requests took, per request: its clock-driven work (probes,
+    scrapes, timers, the log writer's wake-ups), which callgrind's slowdown makes weigh about 50x what it does
+    per request at full speed, and which moves with the machine's load."""
     port = free_port()
     cmd, health = _command(setup, replica, port, root, adapters)
     url = f"http://127.0.0.1:{port}"
@@ -102,17 +118,43 @@ def measure(setup: str, replica: str, root: Path, adapters: dict[str, str], requ
         try:
             _send(connection, headers, WARM_UP)
             subprocess.run(["callgrind_control", "--instr=on", str(pid)], check=True, capture_output=True)
+            began = time.monotonic()
             _send(connection, headers, requests)
+            took = time.monotonic() - began
             subprocess.run(["callgrind_control", "--instr=off", str(pid)], check=True, capture_output=True)
+            if idle:
+                subprocess.run(["callgrind_control", "--dump=busy", str(pid)], check=True, capture_output=True)
+                subprocess.run(["callgrind_control", "--instr=on", str(pid)], check=True, capture_output=True)
+                time.sleep(took)
+                subprocess.run(["callgrind_control", "--instr=off", str(pid)], check=True, capture_output=True)
+                subprocess.run(["callgrind_control", "--dump=idle", str(pid)], check=True, capture_output=True)
         finally:
             connection.close()
-    return total_instructions(out) / requests / 1000
+    if not idle:
+        return total_instructions(out) / requests / 1000, 0.0
+    parts = part_totals(out)  # the busy window's dump, the idle window's, then the final (empty) one
+    return parts[0] / requests / 1000, parts[1] / requests / 1000
+
+
+def part_totals(out: Path) -> list[int]:
+    """Each of ``out``'s dumps' totals, in the order they were dumped (``out.1``, ``out.2``, ...)."""
+    totals = []
+    for part in sorted(out.parent.glob(out.name + ".*"), key=lambda p: int(p.name.rsplit(".", 1)[1])):
+        lines = [line for line in part.read_text().splitlines() if line.startswith("totals:")]
+        totals.append(int(lines[-1].split()[1]) if lines else 0)
+    return totals
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300, help="measured per setup, after a warm-up")
     parser.add_argument("--only", help="comma-separated setup names (default: all): " + ",".join(SETUPS))
+    parser.add_argument(
+        "--idle",
+        action="store_true",
+        help="also count an idle window as long as the requests took (the process's clock-driven work) and print "
+        "the count net of it: what the requests themselves cost",
+    )
     args = parser.parse_args(argv)
     if not callgrind_available():
         print("valgrind (callgrind) is not installed")
@@ -123,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         adapters = write_adapters(root, [ADAPTER])
         _preload([urls["r0"]], adapters)  # the bare proxies load no adapter
         for setup in setups:
-            count = measure(setup, urls["r0"], root, adapters, args.requests)
-            print(f"{setup:18} {count:8.0f} k instructions per request ({args.requests} requests)", flush=True)
+            count, background = measure_with_idle(setup, urls["r0"], root, adapters, args.requests, args.idle)
+            line = f"{setup:18} {count:8.0f} k instructions per request ({args.requests} requests)"
+            if args.idle:
+                line += f"; idle window {background:.0f} k, net {count - background:.0f} k"
+            print(line, flush=True)
     return 0
 
 

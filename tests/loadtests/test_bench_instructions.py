@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.bench_instructions import ADAPTER, callgrind_available, measure, total_instructions
+from loadtests.bench_instructions import ADAPTER, callgrind_available, measure, part_totals, total_instructions
 from loadtests.bench_overhead import _preload
 from loadtests.fleet import simulated_replicas, write_adapters
 
@@ -31,3 +31,11 @@ def test_a_setup_is_counted_only_while_its_requests_go(tmp_path: Path) -> None:
         few, more = (measure("bare-fast", urls["r0"], tmp_path, adapters, n) for n in (20, 40))
     assert 30 < few < 1000 and 30 < more < 1000
     assert 0.5 < few / more < 2
+
+
+def test_each_dump_is_read_in_the_order_it_was_dumped(tmp_path: Path) -> None:
+    out = tmp_path / "x.callgrind"
+    out.write_text("totals: 0\n")  # the final dump: not a numbered part
+    for number, total in ((1, 500), (2, 70), (10, 3)):
+        (tmp_path / f"x.callgrind.{number}").write_text(f"summary: 0\ntotals: {total}\n")
+    assert part_totals(out) == [500, 70, 3]
