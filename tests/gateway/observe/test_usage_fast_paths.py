@@ -1,0 +1,43 @@
+"""The access line's cheaper paths give what the plain ones gave: ``_first`` is ``pattern.search`` (the same match,
+found from where a byte search saw the field's name), and ``_ms`` is ``round(1000 * seconds, 3)`` to within one
+rounding step (c4fc1c5 says so; these pin it)."""
+
+from __future__ import annotations
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from gateway.observe.telemetry import _COMPLETION_TOKENS, _PROMPT_TOKENS, _first, _ms
+
+# Pieces an answer's bytes are made of: the fields' names with and without a number after them, digits, spaces,
+# JSON punctuation, so that near misses (a name with no number, a number too long) come before the real field.
+PIECES = st.sampled_from(
+    [b'"prompt_tokens"', b'"completion_tokens"', b":", b" ", b"\n", b"12", b"7", b"0" * 16, b",", b"{", b"}", b'"x"']
+)
+
+
+@given(st.lists(PIECES, max_size=24))
+@example(
+    [
+        b'"prompt_tokens"',
+        b",",
+        b'"completion_tokens"',
+        b",",
+        b'"prompt_tokens"',
+        b":",
+        b"7",
+        b'"completion_tokens"',
+        b":",
+        b"12",
+    ]
+)
+def test_first_is_the_patterns_search(parts: list[bytes]) -> None:
+    data = b"".join(parts)
+    for pattern, name in ((_PROMPT_TOKENS, b'"prompt_tokens"'), (_COMPLETION_TOKENS, b'"completion_tokens"')):
+        fast, plain = _first(pattern, data, data.find(name)), pattern.search(data)
+        assert (fast and (fast.span(), fast.group(1))) == (plain and (plain.span(), plain.group(1)))
+
+
+@given(st.floats(min_value=0, max_value=86_400, allow_nan=False))
+def test_ms_is_rounding_to_the_microsecond(seconds: float) -> None:
+    assert abs(_ms(seconds) - round(1000 * seconds, 3)) <= 0.001 + 1e-9
