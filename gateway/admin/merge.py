@@ -98,5 +98,6 @@ def merge_residency(own: dict[str, Any], others: list[dict[str, Any]], missing: 
             _health(replica, views)
             replica["ejections"] = sum(view["ejections"] for view in views)
             replica["ejected_for_s"] = max(view["ejected_for_s"] for view in views)
+            replica["last_ejection_s"] = max(view.get("last_ejection_s", 0.0) for view in views)
             replica["weight"] = min(view["weight"] for view in views)
     return {**merged, **_workers(documents, missing)}

@@ -113,12 +113,14 @@ def residency_json(fleet: Fleet) -> dict[str, Any]:
 
 def _outlier_state(health: ReplicaHealth) -> dict[str, object]:
     """Health's view of a replica: up by its probes?, ejected now?, why it was last ejected, how often, for how long
-    yet, and its slow-start weight (the share of its capacity it may take)."""
+    yet and for how long the latest ejection was set, and its slow-start weight (the share of its capacity it may
+    take)."""
     return {
         "up": health.up,
         "ejected": health.ejected,
         "ejection_reason": health.ejection_reason,
         "ejections": health.ejections,
         "ejected_for_s": round(max(0.0, health.ejected_until - health.clock()), 3),
+        "last_ejection_s": health.last_ejection_s,
         "weight": round(health.weight(), 3),
     }

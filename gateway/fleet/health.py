@@ -28,6 +28,8 @@ class ReplicaHealth:
     last_failure_at: float = -math.inf
     ejections: int = 0
     ejected_until: float = 0.0
+    # How long the latest ejection was set for (base_ejection_s doubled per ejection, up to max_ejection_s).
+    last_ejection_s: float = 0.0
     # Since when it takes traffic again (slow start counts from here); -inf: since before the gateway started.
     serving_since: float = -math.inf
     # Why it was last ejected, and how many ejections each reason caused (the metric's counter).
@@ -167,6 +169,7 @@ class ReplicaHealth:
             return False
         duration = min(self.outlier.base_ejection_s * 2**self.ejections, self.outlier.max_ejection_s)
         self.ejections += 1
+        self.last_ejection_s = duration
         self.ejected_until = self.clock() + duration
         self._restate()
         self.ejection_reason = reason
