@@ -97,6 +97,10 @@ class EngineSpec(Generic[S]):
     # it (TensorRT-LLM: "PEFT Cache is full"). The gateway then lets a working set run over its bound briefly
     # instead of failing a request the engine would serve.
     queues_when_full: bool = True
+    # The engine runs an adapter load between its steps, stalling every request there (vLLM), rather than as a
+    # request among the others (TensorRT-LLM: a one-token request carrying the weights). The gateway then holds a
+    # replica after a load until the requests that waited for it have started (``residency.load_settle_s``).
+    loads_between_steps: bool = True
     # The engine takes a request's ``cache_salt`` (vLLM: mixed into its prefix-cache block hashes), so the gateway
     # can keep tenants that call one model out of each other's cached prefixes.
     takes_cache_salt: bool = False

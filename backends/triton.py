@@ -668,5 +668,6 @@ SPEC = register(
         checks=task_id_collisions,
         read_adapters=adapters_convert,
         queues_when_full=False,
+        loads_between_steps=False,
     )
 )

@@ -508,6 +508,13 @@ class ResidencyConfig(_Frozen):
     # eviction and reconciliation on the replica (another gateway's, or its own once restarted) waits that long.
     # A live holder renews it every third of the ttl, however long its load takes.
     lock_ttl_s: float = Field(default=10.0, gt=0)
+    # A load that requests waited for keeps the replica's lock (this gateway's and, shared, the store's) after the
+    # engine loaded the adapter until each of those requests has had its first byte, at most this long: the next
+    # load there (any gateway's) does not begin until then. vLLM runs a load between engine steps, so a load begun
+    # as the previous one ends stalls the requests that waited for the first one before their first step: they pay
+    # two loads. About one cold load at a GPU's pace: the next load's requests wait no longer for the hold than the
+    # hold spares the first load's. 0: no hold.
+    load_settle_s: float = Field(default=0.5, ge=0, le=60)
 
 
 # The module each exporter needs beyond the SDK, and the extra that installs it (pip install 'tenantgate[otlp]').

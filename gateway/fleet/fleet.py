@@ -109,6 +109,7 @@ class Fleet:
                 load_timeout_s=pool_config.adapter_load_timeout_s,
                 shared=config.state.redis_url is not None,
                 overcommit=registry.spec(pool_config.backend).queues_when_full,
+                settle_loads=registry.spec(pool_config.backend).loads_between_steps,
                 metrics=self.metrics,
                 signal=signal,
             )

@@ -541,7 +541,17 @@ class Lease:
     says why) there is nothing to release. The lease keeps the pool it placed on: a reload that swaps fleets
     meanwhile retires that pool only after every lease on it has ended."""
 
-    __slots__ = ("adapter", "decision", "loaded", "placed_at", "pool", "replica", "replica_id", "started_at")
+    __slots__ = (
+        "adapter",
+        "decision",
+        "loaded",
+        "placed_at",
+        "pool",
+        "replica",
+        "replica_id",
+        "started_at",
+        "starting",
+    )
 
     def __init__(self, pool: Pool, decision: RoutingDecision, adapter: AdapterRef | None) -> None:
         self.pool = pool
@@ -554,6 +564,9 @@ class Lease:
         # adapter: what the TTFT it measures is learned as (predicted_ttft).
         self.placed_at = time.perf_counter()
         self.loaded = False
+        # This attempt waited for its adapter's load and has not had its first byte: the load holds the replica's
+        # lock until it has (``first_byte``, or the lease's end).
+        self.starting = False
         if decision.chosen is not None:
             self.replica = pool.replicas[decision.chosen]
             self.replica_id = decision.chosen
@@ -570,6 +583,8 @@ class Lease:
             return
         self.pool.release(self.decision)
         if self.adapter is not None:
+            if self.starting:
+                self.first_byte()
             self.pool.residency.end_use(chosen, self.adapter.engine_name)
 
     def adapter_resident(self) -> bool:
@@ -585,7 +600,14 @@ class Lease:
         """Make sure the request's adapter is loaded on the leased replica (single-flight across requests)."""
         assert self.adapter is not None
         self.loaded = True
-        await self.pool.residency.ensure(self.replica_id, self.adapter)
+        self.starting = await self.pool.residency.ensure(self.replica_id, self.adapter, first_byte=True)
+
+    def first_byte(self) -> None:
+        """The request's first byte came (or it ended): a load it waited for may let the replica's lock go."""
+        if self.starting:
+            self.starting = False
+            assert self.adapter is not None
+            self.pool.residency.started(self.replica_id, self.adapter.engine_name)
 
     async def adapter_lost(self) -> None:
         """The engine says it does not hold the adapter: stop routing by it being there."""

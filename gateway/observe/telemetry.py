@@ -14,7 +14,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -73,6 +73,9 @@ class RequestRecord:
     # A stream's status once its last event was handed to the connection: a client that closes as soon as it has
     # read it may cancel the handler on its way out, and was answered all the same (not a 499).
     answered: int | None = None
+    # Called once at the first byte: set by dispatch for an attempt that waited for its adapter's load (the load
+    # holds the replica's lock until its requests have started: PoolResidency._settle).
+    on_first_byte: Callable[[], None] | None = None
 
     def mark_first_byte(self) -> None:
         if self.first_byte is None:
@@ -181,6 +184,10 @@ class Telemetry:
 
     def first_byte(self, record: RequestRecord) -> None:
         record.mark_first_byte()
+        hook = record.on_first_byte
+        if hook is not None:
+            record.on_first_byte = None
+            hook()
         if self.tracer is not None:
             trace.get_current_span().add_event("first_byte")
 

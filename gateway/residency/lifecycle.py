@@ -4,7 +4,9 @@ and keep the record true to the engines.
 The request path touches only the local view (a dict per replica): a resident adapter costs a dict lookup and a
 use mark; the store is written behind in batches. Only a cold load talks to the store, under the replica's lock,
 so two gateways never load on one replica at once, nor push it past ``max_adapters`` but as said below; a load of an
-adapter another gateway loads there meanwhile stops waiting for the lock once it is resident (``_poll_pause``).
+adapter another gateway loads there meanwhile stops waiting for the lock once it is resident (``_poll_pause``). A load
+that requests waited for keeps the lock until they have had their first byte (``_settle``), then says it let it go
+(the slot signal's ``unlocked``): the next load neither stalls them before their first step nor waits for a poll.
 
 An adapter counts as in use, and is never evicted, while this gateway has requests in flight for it or, when
 gateways share the store, any gateway marked a use within ``in_use_window_s`` (gateways re-mark adapters with
@@ -42,6 +44,11 @@ from gateway.residency.signal import FLYING_GRACE_S, NO_SIGNAL, Signal
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+# A wait for the store's lock polls it this soon, then twice as long each time up to the last: a fallback, as another
+# gateway's load says when it lets the lock go (``unlocked``: the wait polls again at once).
+_POLL_FIRST_S = 0.01
+_POLL_LAST_S = 0.2
 
 
 class _LoadedMeanwhile(Exception):
@@ -94,6 +101,7 @@ class PoolResidency:
         load_timeout_s: float,
         shared: bool,
         overcommit: bool = False,
+        settle_loads: bool = True,
         metrics: GatewayMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
         signal: Signal = NO_SIGNAL,
@@ -112,6 +120,10 @@ class PoolResidency:
         # The engine queues a request whose adapter has no slot (vLLM) rather than refusing it: a load past the
         # slot wait then runs the working set over max_adapters instead of failing the request.
         self.overcommit = overcommit
+        # The engine runs a load between its steps (vLLM): a load that requests waited for holds the replica until
+        # they have started (``_settle``). An engine that runs it as a request among the others (TensorRT-LLM) has
+        # nothing to protect: the hold would only delay the next load.
+        self.settle_loads = settle_loads
         # Loads waiting for a slot now, per replica (a gauge at scrape time).
         self.slot_waiters = dict.fromkeys(self.endpoints, 0)
         self._resident_on: dict[str, frozenset[str]] = {}  # adapter -> replicas holding it (resident_on's memo)
@@ -130,7 +142,14 @@ class PoolResidency:
         self._clock_offset = 0.0
         self._owner = uuid.uuid4().hex[:12]
         self._pending_uses: dict[tuple[str, str], float] = {}
-        self._loads: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Loads under way, per (replica, adapter): what their requests wait for (resolved once the adapter is
+        # resident, before the load's hold ends: ``_settle``), and the tasks themselves.
+        self._loads: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._load_tasks: set[asyncio.Task[None]] = set()
+        # Per (replica, adapter): the requests that waited for its load and have not had their first byte yet
+        # (``started``), and what a load holding the replica's lock for them waits on (``_settle``).
+        self._starting: dict[tuple[str, str], int] = {}
+        self._all_started: dict[tuple[str, str], asyncio.Event] = {}
         self._replica_locks = {replica_id: asyncio.Lock() for replica_id in self.endpoints}
         # Set when an adapter's last request in flight here ends: a load waiting for room looks again.
         self._adapter_idle = {replica_id: asyncio.Event() for replica_id in self.endpoints}
@@ -146,6 +165,9 @@ class PoolResidency:
         # load waiting for the replica's lock looks whether its adapter came (``_poll_pause``). A waiter takes the
         # event before it looks, so news between its look and its wait is not missed, and never clears one.
         self._news = {replica_id: asyncio.Event() for replica_id in self.endpoints}
+        # Per replica, the other gateways' loads heard letting its lock go (``remote_unlocked``), counted: a wait for
+        # the lock that sees the count move polls again at once (``_poll_pause``; the event above wakes it).
+        self._unlocks = dict.fromkeys(self.endpoints, 0)
         # This gateway's forgets of an adapter on a replica (the engine lost it, or this gateway unloaded it),
         # numbered: per replica, each adapter's last. A record read that began before a forget may still list the
         # adapter (the store's removal lands after the forget) and must not bring it back into the view: the next
@@ -257,23 +279,52 @@ class PoolResidency:
         if engine_name in view.resident:
             view.resident[engine_name] = now
 
-    async def ensure(self, replica_id: str, adapter: AdapterRef, *, pinned: bool = False) -> None:
-        """Return once ``adapter`` is resident on the replica; one load per replica and adapter at a time."""
+    async def ensure(
+        self, replica_id: str, adapter: AdapterRef, *, pinned: bool = False, first_byte: bool = False
+    ) -> bool:
+        """Return once ``adapter`` is resident on the replica; one load per replica and adapter at a time. Returns
+        whether it waited for a load. ``first_byte``: the caller sends a request through the adapter next and, if
+        this waited for a load, calls ``started`` once that request's first byte came (or it gave up): the load
+        holds the replica's lock until then (``_settle``)."""
         view = self.views[replica_id]
         if adapter.engine_name in view.resident and (not pinned or adapter.engine_name in view.pinned):
             self._hits(1)
-            return
+            return False
         self._misses.inc()
         if len(view.resident) >= self.max_adapters:
             self._slot_wanted_at[replica_id] = self._now()
         key = (replica_id, adapter.engine_name)
-        task = self._loads.get(key)
-        if task is None:
-            task = asyncio.create_task(self._load(replica_id, adapter, pinned), name=f"load {key}")
-            self._loads[key] = task
-            task.add_done_callback(lambda _: self._loads.pop(key, None))
-        # shield: one caller giving up (client gone) must not cancel the load the others wait for.
-        await asyncio.shield(task)
+        ready = self._loads.get(key)
+        if ready is None:
+            ready = self._loads[key] = asyncio.get_running_loop().create_future()
+            # Read by a done callback too: a load whose waiters all gave up does not log an unread exception.
+            ready.add_done_callback(lambda done: done.cancelled() or done.exception())
+            task = asyncio.create_task(self._load(replica_id, adapter, pinned, ready), name=f"load {key}")
+            self._load_tasks.add(task)
+            task.add_done_callback(self._load_tasks.discard)
+        if first_byte:
+            self._starting[key] = self._starting.get(key, 0) + 1
+        try:
+            # shield: one caller giving up (client gone) must not cancel the load the others wait for.
+            await asyncio.shield(ready)
+        except BaseException:
+            if first_byte:
+                self.started(replica_id, adapter.engine_name)
+            raise
+        return True
+
+    def started(self, replica_id: str, engine_name: str) -> None:
+        """A request that waited for the adapter's load (``ensure(first_byte=True)``) had its first byte, or gave
+        up: once all of them have, the load that holds the replica's lock for them lets it go."""
+        key = (replica_id, engine_name)
+        left = self._starting.get(key, 0) - 1
+        if left > 0:
+            self._starting[key] = left
+            return
+        self._starting.pop(key, None)
+        event = self._all_started.pop(key, None)
+        if event is not None:
+            event.set()
 
     @property
     def loading(self) -> list[tuple[str, str]]:
@@ -288,26 +339,46 @@ class PoolResidency:
 
     # --- loads and evictions, under the replica's lock ---------------------------------------------------------
 
-    async def _load(self, replica_id: str, adapter: AdapterRef, pinned: bool) -> None:
+    async def _load(self, replica_id: str, adapter: AdapterRef, pinned: bool, ready: asyncio.Future[None]) -> None:
+        """Load the adapter for ``ensure``'s waiters, who wait on ``ready``: resolved once it is resident (or with
+        the load's error), while the load may still hold the replica's lock for them (``_settle``)."""
+        key = (replica_id, adapter.engine_name)
+        try:
+            await self._load_for(replica_id, adapter, pinned, ready)
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+        finally:
+            if self._loads.get(key) is ready:
+                del self._loads[key]
+            if not ready.done():  # cancelled (the pool closing): so are its waiters
+                ready.cancel()
+
+    async def _load_for(self, replica_id: str, adapter: AdapterRef, pinned: bool, ready: asyncio.Future[None]) -> None:
         await self.driver.prepare_adapter(adapter)  # outside the lock: other loads on the replica need not wait
         give_up_at = time.monotonic() + self.config.slot_wait_timeout_s
         name, in_line = adapter.engine_name, self._slot_line[replica_id]
+        key = (replica_id, name)
         try:
             while True:
                 # Counted before looking: a release heard while this load looks under the lock is not missed.
                 news = self._remote_news[replica_id]
                 try:
-                    async with self._locked(replica_id, name, None if pinned else name) as record:
+                    async with self._locked(replica_id, name, None if pinned else name, announce=True) as record:
                         if name in record.resident:
                             await self._load_locked(replica_id, adapter, pinned, record)
+                            self._ready(key, ready)
                             return
                         # Loads waiting for a slot take one in arrival order: a newcomer finding room while others
                         # wait does not take it (the first in line is woken for it) and queues behind them.
                         first = not in_line or in_line[0] == name
                         if first and await self._made_room(replica_id, record):
                             await self._load_locked(replica_id, adapter, pinned, record)
+                            self._ready(key, ready)
+                            await self._settle(key)
                             return
                 except _LoadedMeanwhile:
+                    self._ready(key, ready)
                     return
                 if name not in in_line:
                     in_line.append(name)
@@ -320,6 +391,26 @@ class PoolResidency:
             if name in in_line:
                 in_line.remove(name)
                 self._adapter_idle[replica_id].set()  # the next in line looks again
+
+    def _ready(self, key: tuple[str, str], ready: asyncio.Future[None]) -> None:
+        """The adapter is resident: its waiters go on (a later ``ensure`` finds it in the view)."""
+        if self._loads.get(key) is ready:
+            del self._loads[key]
+        if not ready.done():
+            ready.set_result(None)
+
+    async def _settle(self, key: tuple[str, str]) -> None:
+        """Keep the replica's lock (the caller holds it) until the requests that waited for this load have had their
+        first byte (``started``), at most ``load_settle_s``. vLLM runs a load between engine steps: a load begun at
+        once, by any gateway, would run before those requests' first step, and they would pay for two loads
+        (churn trace: a request's wait after its own load ended was another load's in a quarter of the slowest).
+        The next load's requests wait no longer than the hold."""
+        if not self.settle_loads or not self._starting.get(key) or self.config.load_settle_s <= 0:
+            return
+        event = self._all_started.setdefault(key, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.load_settle_s):
+                await event.wait()
 
     async def _load_locked(self, replica_id: str, adapter: AdapterRef, pinned: bool, record: ReplicaRecord) -> None:
         if adapter.engine_name not in record.resident:
@@ -440,6 +531,12 @@ class PoolResidency:
         task = asyncio.get_running_loop().create_task(self._reread(replica_id), name=f"reread {self.pool}/{replica_id}")
         self._rereads[replica_id] = task
 
+    def remote_unlocked(self, replica_id: str) -> None:
+        """Another gateway's load let the replica's lock go: a wait for it polls again now."""
+        if replica_id in self._unlocks:
+            self._unlocks[replica_id] += 1
+            self._heard_news(replica_id)
+
     async def _reread(self, replica_id: str) -> None:
         try:
             await asyncio.sleep(0)  # news that arrive in the same turn share this read
@@ -503,10 +600,13 @@ class PoolResidency:
         return timeout
 
     @contextlib.asynccontextmanager
-    async def _locked(self, replica_id: str, purpose: str, wanted: str | None = None) -> AsyncIterator[ReplicaRecord]:
+    async def _locked(
+        self, replica_id: str, purpose: str, wanted: str | None = None, *, announce: bool = False
+    ) -> AsyncIterator[ReplicaRecord]:
         """Hold the replica's lock (this gateway's, and the store's across gateways) and yield its fresh record.
         ``wanted``: the adapter a load takes the lock for; if another gateway's load brings it while this one waits
-        for the store's lock, raise ``_LoadedMeanwhile`` instead (``_poll_pause``)."""
+        for the store's lock, raise ``_LoadedMeanwhile`` instead (``_poll_pause``). ``announce``: once the store's
+        lock is let go, tell the other gateways (a request's load: one message per load; their waits poll again)."""
         holder = f"{self._owner} {purpose}"
         async with self._replica_locks[replica_id]:
             shared = await self._acquire_shared(replica_id, holder, wanted)
@@ -520,6 +620,8 @@ class PoolResidency:
                 if shared:
                     with contextlib.suppress(StoreUnavailable):
                         await self.store.release(self.pool, replica_id, holder)
+                    if announce:
+                        self.signal.unlocked(self.pool, replica_id)
 
     async def _keep_lock(self, replica_id: str, holder: str) -> None:
         """Renew the store's lock every third of ``residency.lock_ttl_s`` while this gateway holds it. The ttl is
@@ -547,8 +649,9 @@ class PoolResidency:
         if not self.store_up:
             return False
         deadline = time.monotonic() + self.load_timeout_s
-        pause = 0.01
+        pause = _POLL_FIRST_S
         while True:
+            unlocks = self._unlocks[replica_id]  # counted before trying: news during the try is not missed
             try:
                 if await self.store.acquire(self.pool, replica_id, holder, self.config.lock_ttl_s):
                     self._store_answered()
@@ -559,25 +662,24 @@ class PoolResidency:
             if time.monotonic() >= deadline:
                 log.warning("%s/%s: another gateway's load did not end in time", self.pool, replica_id)
                 raise AdapterCacheFull(503, f"{self.pool}/{replica_id} is busy loading adapters")
-            await self._poll_pause(replica_id, pause, wanted)
-            pause = min(pause * 2, 0.2)
+            if self._unlocks[replica_id] == unlocks:
+                await self._poll_pause(replica_id, pause, wanted)
+                pause = min(pause * 2, _POLL_LAST_S)
 
     async def _poll_pause(self, replica_id: str, pause: float, wanted: str | None) -> None:
-        """Wait ``pause`` before polling the store's lock again; for a load (``wanted``: its adapter), raise
-        ``_LoadedMeanwhile`` as soon as this gateway's view holds the adapter: another gateway's load brought it
-        (its ``set`` news makes the view read the record, gateway/residency/signal.py). A second request of one
-        gateway for an adapter joins the load its first began (``ensure``); across gateways, a request routed to
-        where another gateway was loading its adapter queued for the lock behind every load there and found the
-        adapter loaded once it got in (churn trace, 3 gateways: 12-17 requests a run, up to 1.26 s each). The polls
-        keep their pace: waking every wait at the holder's news, loads ran back to back and the tail grew
-        (docs/benchmarks.md, "Three gateways: the churn tail")."""
-        if wanted is None:
-            await asyncio.sleep(pause)
-            return
-        view, wake_at = self.views[replica_id], time.monotonic() + pause
-        while wanted not in view.resident:
+        """Wait ``pause`` before polling the store's lock again; return at once when another gateway's load said it
+        let the lock go (its ``unlocked`` news); for a load (``wanted``: its adapter), raise ``_LoadedMeanwhile`` as
+        soon as this gateway's view holds the adapter: another gateway's load brought it (its ``set`` news makes the
+        view read the record, gateway/residency/signal.py). A second request of one gateway for an adapter joins the
+        load its first began (``ensure``); across gateways, a request routed to where another gateway was loading its
+        adapter queued for the lock behind every load there and found the adapter loaded once it got in (churn
+        trace, 3 gateways: 12-17 requests a run, up to 1.26 s each). Polls alone took the lock 77-94 ms after its
+        release on average; woken by the release, the next load begins once the last one's requests have started
+        (``_settle``), not before their first step (docs/benchmarks.md, "Three gateways: the churn tail")."""
+        view, wake_at, unlocks = self.views[replica_id], time.monotonic() + pause, self._unlocks[replica_id]
+        while wanted is None or wanted not in view.resident:
             left = wake_at - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._unlocks[replica_id] != unlocks:
                 return
             news = self._news[replica_id]
             with contextlib.suppress(TimeoutError):

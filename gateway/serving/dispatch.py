@@ -86,6 +86,8 @@ async def _attempt(
     byte (None if it did not). Raises ``BackendError`` only before the client has seen a byte."""
     if ctx.adapter is not None and not lease.adapter_resident():
         await _load_within_deadline(telemetry, lease, ctx.deadline)
+        if lease.starting:
+            record.on_first_byte = lease.first_byte
     with telemetry.upstream_span(lease.replica_id):
         driver, endpoint = lease.pool.driver, lease.pool.replicas[lease.replica_id].endpoint
         try:  # the driver is awaited here, not in a helper coroutine: a frame less for the request to resume

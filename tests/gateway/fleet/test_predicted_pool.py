@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 import gateway.fleet.pool as pool_module
 from backends.base import AdapterRef, EngineLoad
-from gateway.config import RoutingConfig, TtftPriors
+from gateway.config import RoutingConfig, TelemetryConfig, TtftPriors
 from gateway.fleet.pool import Pool
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.residency.signal import NO_SIGNAL, Signal, SlotSignal
 from tests.gateway.fleet.test_pool_properties import pool_of
 from tests.gateway.residency.fakes import ref
@@ -368,3 +370,25 @@ async def test_a_warm_up_ahead_takes_a_free_slot_or_pushes_out_only_an_adapter_i
     pool.warm_ahead("r1", ref("d"))
     await until_resident_on(pool, "r1", "d")
     assert engine.loads[("r1", "d")] == 1 and len(residency.views["r1"].resident) == 2
+
+
+async def test_a_lease_that_waited_for_its_adapters_load_lets_the_loads_hold_go_at_its_first_byte() -> None:
+    """The load keeps the replica's lock until the requests that waited for it started (PoolResidency._settle):
+    dispatch hands the lease's ``first_byte`` to the request's record, which calls it once at the first byte; a
+    lease that ends without one (an error, a whole answer) lets it go at its end. A lease that found its adapter
+    resident holds nothing."""
+    pool = predicting_pool()
+    telemetry = Telemetry(TelemetryConfig(), GatewayMetrics())
+    with pool.lease("k", ADAPTER) as lease:
+        await lease.load_adapter()
+        assert lease.starting and pool.residency._starting == {(lease.replica_id, "a"): 1}
+        record = RequestRecord("/v1/completions", on_first_byte=lease.first_byte)
+        telemetry.first_byte(record)
+        telemetry.first_byte(record)  # once only
+        assert not lease.starting and pool.residency._starting == {}
+    with pool.lease("k", ref("b")) as lease:
+        await lease.load_adapter()
+        assert pool.residency._starting == {(lease.replica_id, "b"): 1}
+    assert pool.residency._starting == {}
+    with pool.lease("k", ADAPTER) as lease:
+        assert lease.adapter_resident() and not lease.starting

@@ -34,6 +34,9 @@ class Listener:
     def remote_set_changed(self, replica_id: str) -> None:
         self.changed.append(replica_id)
 
+    def remote_unlocked(self, replica_id: str) -> None:
+        pass
+
     def flying(self) -> Iterator[tuple[str, frozenset[str], int]]:
         return iter([("r0", self.held, len(self.held))] if self.held else [])
 
