@@ -104,13 +104,13 @@ def decide_plain(
                 healthy, weight = health.routing_state(now)
                 if not healthy or weight < 1.0:
                     return None
-            load = replica.in_flight
-            if load >= cap:
+            in_flight = replica.in_flight
+            if in_flight >= cap:
                 return None
             if own:
-                pass
+                load = in_flight
             elif elsewhere is not None:
-                load += elsewhere.get(replica_id, 0)
+                load = in_flight + elsewhere.get(replica_id, 0)
             else:
                 load = replica.load_view(now, max_age)
             held = reserved[replica_id]
