@@ -13,6 +13,8 @@ request path.
 from __future__ import annotations
 
 import contextlib
+import glob
+import os
 import platform
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
@@ -41,6 +43,7 @@ from gateway.version import gateway_version
 
 UNRESOLVED = "-"
 
+_HEADER_BYTES = 8  # a multiprocess file's used-length field and padding: written when the file is sized
 _READS = 3  # attempts at reading the workers' files before the last, whose error is the scrape's
 
 # Seconds; TTFT and load buckets span a warm token (ms) to a cold adapter load (over 1 s).
@@ -205,7 +208,7 @@ class GatewayMetrics:
         self._exposed = r
         if shared_metrics.shared():
             self._exposed = CollectorRegistry(auto_describe=False)
-            MultiProcessCollector(self._exposed)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+            _WorkersFiles(self._exposed)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
             for collector in self._live:
                 self._exposed.register(collector)
 
@@ -234,6 +237,21 @@ class GatewayMetrics:
             with contextlib.suppress(FileNotFoundError):
                 return generate_latest(self._exposed)
         return generate_latest(self._exposed)
+
+
+class _WorkersFiles(MultiProcessCollector):
+    """prometheus-client's merge of every worker's files, less the files a starting worker has not sized yet: it
+    opens a file empty and only then sizes it and writes its header, and reading an empty file fails the whole
+    scrape (``struct.error``), so a scrape while the supervisor replaces a worker answered 500. Such a file holds no
+    value yet; the next scrape reads it."""
+
+    def collect(self) -> Iterator[Metric]:
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            with contextlib.suppress(FileNotFoundError):  # a dead worker's, removed since the listing
+                if os.stat(path).st_size >= _HEADER_BYTES:
+                    files.append(path)
+        return self.merge(files, accumulate=True)  # type: ignore[no-any-return,no-untyped-call]  # untyped
 
 
 class _DroppedLogLines(Collector):

@@ -60,6 +60,10 @@ elif mode == "ANSWER_AS_A_DEAD_WORKERS_GAUGES_GO":
         return read(path)
     multiprocess.MmapedDict.read_all_values_from_file = staticmethod(read_after_removal)
     sys.stdout.write(metrics.exposition().decode())
+elif mode == "ANSWER_AS_A_NEW_WORKER_OPENS_ITS_FILE":
+    # A replacement worker has opened its counter file and not yet sized it (prometheus-client opens it empty).
+    open(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], "counter_999999.db"), "ab").close()
+    sys.stdout.write(metrics.exposition().decode())
 """
 
 
@@ -144,6 +148,14 @@ def test_a_dead_workers_gauges_removed_during_a_scrape_leave_it_whole(tmp_path: 
     assert [s.value for s in _samples(text, "tenantgate_client_connections")] == [4]  # the living worker's only
     [requests] = _samples(text, "tenantgate_requests_total")
     assert requests.value == 2 + 4  # the dead worker's counts stay
+
+
+def test_a_scrape_while_a_new_worker_opens_its_file_answers(tmp_path: Path) -> None:
+    """The supervisor replaced a worker and the scrape lists the new one's file before it is sized: it once
+    answered 500 (struct.error reading an empty file) in test_workers' killed-worker test."""
+    text = _worker(tmp_path, "ANSWER_AS_A_NEW_WORKER_OPENS_ITS_FILE", 3).stdout
+    [requests] = _samples(text, "tenantgate_requests_total")
+    assert requests.value == 3
 
 
 def test_a_workers_app_writes_its_counts_every_flush_period_without_a_scrape(tmp_path: Path) -> None:
