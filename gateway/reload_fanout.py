@@ -5,8 +5,11 @@ asked reloads itself, then publishes the request on ``{prefix}:reload`` and coll
 own, each other gateway's answer: its id, whether it reloaded, the digest (sha256) of the config file it now runs
 and what needs a restart. Every gateway follows the channel and reloads its own copy of the file (a ConfigMap is
 mounted in every pod), exactly as a local reload would. Who to wait for: each gateway keeps itself in
-``{prefix}:gateways`` (a sorted set, scored by its last heartbeat), so the one asked knows which gateways are alive,
-waits for those, and names the ones that did not answer in time.
+``{prefix}:gateways`` (a sorted set, scored by its last heartbeat on Redis' clock), so the one asked knows which
+gateways are alive, waits for those, and names the ones that did not answer in time. Heartbeats and the alive
+window are both read on Redis' clock (``TIME`` in a script), never a gateway's own: scored by each gateway's clock,
+one running a minute behind was never waited for (its reload silently skipped), and one running minutes ahead
+pruned every other gateway from the set at each heartbeat (tests/gateway/test_reload_fanout.py).
 
 A message carries no config, only who asks and where to answer: whoever can publish on Redis can make gateways
 re-read their own files, nothing more.
@@ -20,10 +23,9 @@ import json
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
@@ -39,6 +41,23 @@ HEARTBEAT_S = 5.0
 ALIVE_S = 3 * HEARTBEAT_S  # a gateway not seen for this long is not waited for
 
 Answer = dict[str, Any]
+
+# KEYS: the members set; ARGV: this gateway's id, how long (s) a silent member is kept. Scores the heartbeat and
+# prunes on Redis' clock, in one script: every gateway reads the set by the same clock.
+_BEAT = """
+local now = redis.call('TIME')
+local seconds = tonumber(now[1]) + tonumber(now[2]) / 1e6
+redis.call('ZADD', KEYS[1], seconds, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', seconds - tonumber(ARGV[2]))
+return 1
+"""
+
+# KEYS: the members set; ARGV: the alive window (s). The members whose last heartbeat, on Redis' clock, is within it.
+_ALIVE = """
+local now = redis.call('TIME')
+local seconds = tonumber(now[1]) + tonumber(now[2]) / 1e6
+return redis.call('ZRANGEBYSCORE', KEYS[1], seconds - tonumber(ARGV[1]), '+inf')
+"""
 
 
 class Fanout:
@@ -60,6 +79,8 @@ class Fanout:
         self._subscriber = make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster, access=access)
         self._channel = f"{prefix}:reload"
         self._members = f"{prefix}:gateways"
+        self._beat = self._client.register_script(_BEAT)
+        self._alive = self._client.register_script(_ALIVE)
 
     async def running(self, app: web.Application) -> AsyncIterator[None]:
         """The app's cleanup context: follow the channel and keep this gateway's heartbeat while it serves."""
@@ -84,7 +105,7 @@ class Fanout:
         reply = f"{self._channel}:{uuid.uuid4().hex}"
         answers = [own]
         async with redis_call("live gateways", self._timeout_s):
-            alive = await self._client.zrangebyscore(self._members, time.time() - ALIVE_S, "+inf")
+            alive = await cast(Awaitable[list[str]], self._alive(keys=[self._members], args=[ALIVE_S]))
         waiting = set(alive) - {GATEWAY_ID}
         if waiting:
             if isinstance(self._subscriber, RedisCluster):
@@ -128,9 +149,7 @@ class Fanout:
         while True:
             try:
                 async with redis_call("gateway heartbeat", self._timeout_s):
-                    now = time.time()
-                    await self._client.zadd(self._members, {GATEWAY_ID: now})
-                    await self._client.zremrangebyscore(self._members, "-inf", now - 10 * ALIVE_S)
+                    await cast(Awaitable[Any], self._beat(keys=[self._members], args=[GATEWAY_ID, 10 * ALIVE_S]))
             except StoreUnavailable as exc:
                 log.debug("gateway heartbeat skipped: %s", exc)
             await asyncio.sleep(HEARTBEAT_S)

@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import json
 import time
+import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from gateway.reload_fanout import Fanout
+from gateway.reload_fanout import GATEWAY_ID, Fanout
 from loadtests.faultkit import GatewayUnderTest
 from loadtests.fleet import api_key, gateway_config
 from loadtests.processes import free_port
@@ -190,6 +191,67 @@ async def test_only_gateways_seen_within_15_s_are_waited_for_and_those_silent_fo
         answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
         assert answer["missing"] == ["quiet"] and [a["gateway"] for a in answer["gateways"]] == ["here"]
     finally:
+        await client.aclose()
+        await fanout._client.aclose()
+        await fanout._subscriber.aclose()
+
+
+async def _redis_now(client: redis.asyncio.Redis) -> float:
+    seconds, micros = await client.time()
+    return float(seconds) + micros / 1e6
+
+
+@pytest.mark.parametrize("skew_s", [-60.0, 200.0])
+async def test_a_gateway_whose_clock_is_skewed_waits_for_the_live_and_prunes_nobody(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, skew_s: float
+) -> None:
+    """Membership is read on Redis' clock. Scored by the gateway's own, one a minute behind waited for a gateway
+    silent for 20 s (dead: named missing after the whole answer wait), and one 200 s ahead pruned every other
+    gateway from the set at its heartbeat and waited for none of them: their reload was silently skipped."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    monkeypatch.setattr(  # this gateway's clock (the module's only one before the fix) is off by skew_s
+        "gateway.reload_fanout.time", types.SimpleNamespace(time=lambda: time.time() + skew_s), raising=False
+    )
+
+    async def reload_here() -> dict[str, Any]:
+        return {"gateway": "here", "status": "reloaded"}
+
+    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=5.0)
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    members = f"{prefix}:gateways"
+    subscribed = asyncio.Event()
+
+    async def another() -> None:  # a live peer with a right clock: answers the reload
+        async with client.pubsub() as pubsub:
+            await pubsub.subscribe(f"{prefix}:reload")
+            subscribed.set()
+            async with asyncio.timeout(10):
+                message = None
+                while message is None:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            await client.publish(json.loads(message["data"])["reply"], json.dumps({"gateway": "another"}))
+
+    peer = asyncio.create_task(another())
+    beating = asyncio.create_task(fanout._heartbeat())
+    try:
+        now = await _redis_now(client)
+        await client.zadd(members, {"another": now - 1, "gone": now - 20})
+        await asyncio.wait_for(subscribed.wait(), 10)
+        for _ in range(1000):  # bounded poll: this gateway's first heartbeat is in
+            if await client.zscore(members, GATEWAY_ID) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert await client.zscore(members, "another") is not None  # not pruned by a clock ahead
+        started = time.monotonic()
+        answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
+        assert [a["gateway"] for a in answer["gateways"]] == ["another", "here"], answer
+        assert answer["missing"] == [] and time.monotonic() - started < 4.0  # nobody dead waited for
+        await peer
+    finally:
+        for task in (peer, beating):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await client.aclose()
         await fanout._client.aclose()
         await fanout._subscriber.aclose()
