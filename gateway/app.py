@@ -39,6 +39,7 @@ from gateway.placement.store import HomesStore, LocalHomesStore, RedisHomesStore
 from gateway.redis_client import RedisAccess, make_client, redis_access, secret
 from gateway.reload import close_retiring, rediscover, reload_answer
 from gateway.reload_fanout import FANOUT, GATEWAY_ID, Fanout
+from gateway.residency import owner
 from gateway.residency.lifecycle import every
 from gateway.residency.signal_redis import RedisSlotChannel
 from gateway.residency.timed import TimedStore
@@ -205,6 +206,8 @@ def create_app(
             serving_pool.took_scrape(at, loads)
 
     async def fleet_context(app: web.Application) -> AsyncIterator[None]:
+        if config.state.identity_dir is not None:  # before any fleet names itself on a lock
+            owner.claim(Path(config.state.identity_dir))
         await registry.start(on_change=state.refresh_tenants)
         if worker is not None and worker.workers > 1:  # one worker scrapes the engines for the host's workers
             state.scrapes = HostScrapes(worker)

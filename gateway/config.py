@@ -442,6 +442,11 @@ class StateConfig(_Frozen):
     # registry anyway). Every gateway sharing the Redis needs the same key.
     registry_key_env: str | None = Field(default=None, min_length=1)
     registry_key_file: str | None = Field(default=None, min_length=1)
+    # A directory of this gateway's own that outlives its process (a pod's emptyDir, a host path): each process
+    # claims an identity file there, so restarted it gives back at once the replicas' locks it held when it died
+    # instead of waiting residency.lock_ttl_s (gateway/residency/owner.py). Never shared by gateways on two hosts
+    # through a copy. None: every start is a new identity.
+    identity_dir: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _secrets_not_here(self) -> StateConfig:

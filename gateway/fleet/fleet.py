@@ -221,6 +221,7 @@ class Fleet:
         readiness waits for the fill up to ``residency.fill_wait_s``, and the rest goes on in the background."""
         for pool in self.pools.values():
             await pool.residency.sync()
+            await pool.residency.break_dead_locks()
             await pool.residency.reconcile()
             healthy = [r for r, replica in pool.replicas.items() if replica.healthy]
             await asyncio.gather(*(pool.warm_replica(replica_id) for replica_id in healthy))

@@ -40,6 +40,7 @@ from backends.errors import AdapterCacheFull, BackendError, EngineUnavailable
 from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics, adder
+from gateway.residency import owner
 from gateway.residency.signal import FLYING_GRACE_S, NO_SIGNAL, Signal
 from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
 
@@ -140,7 +141,10 @@ class PoolResidency:
         self._wall_clock = wall_clock
         # The store's clock minus this gateway's (``_learn_clock``): use times are stamped on the store's clock.
         self._clock_offset = 0.0
-        self._owner = uuid.uuid4().hex[:12]
+        # Lock holders: this process's owner (stable across its restarts with state.identity_dir), then this pool's
+        # own part (a reload's new fleet and the old one it replaces exclude each other).
+        self._process_owner = owner.current()
+        self._owner = f"{self._process_owner.live}{uuid.uuid4().hex[:6]}"
         self._pending_uses: dict[tuple[str, str], float] = {}
         # Loads under way, per (replica, adapter): what their requests wait for (resolved once the adapter is
         # resident, before the load's hold ends: ``_settle``), and the tasks themselves.
@@ -759,6 +763,22 @@ class PoolResidency:
                 return
         if not was_up:
             await self.reconcile()  # the store may have restarted empty: rebuild it from the engines
+
+    async def break_dead_locks(self) -> None:
+        """At start-up: give back the replicas' store locks that this process's dead predecessor held (the same
+        ``state.identity_dir`` identity, another incarnation: gateway/residency/owner.py says why no live gateway
+        holds those). Its start-up reconciliation, and every gateway's loads there, waited ``residency.lock_ttl_s``
+        for them (10 s by default; tests/gateway/test_gateway_restart.py)."""
+        who = self._process_owner
+        if not who.claimed or not self.store_up:
+            return  # a random identity: no earlier process had it
+        for replica_id in self.endpoints:
+            try:
+                if await self.store.break_lock(self.pool, replica_id, who.any_run, who.live):
+                    log.warning("%s/%s: let go of the lock this gateway held before its restart", self.pool, replica_id)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+                return
 
     async def reconcile(self, replica_ids: Iterable[str] | None = None) -> None:
         """Make the record say what each engine lists; log every difference with its likely reason. Each replica

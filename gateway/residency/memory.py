@@ -51,6 +51,14 @@ class MemoryStore:
         if state.holder == holder:
             state.holder = None
 
+    async def break_lock(self, pool: str, replica: str, owned_by: str, unless: str) -> bool:
+        state = self._replica(pool, replica)
+        holder = state.holder if state.held_until > self._clock() else None
+        if holder is None or not holder.startswith(owned_by) or holder.startswith(unless):
+            return False
+        state.holder = None
+        return True
+
     async def add(self, pool: str, replica: str, adapter: str, used_at: float, *, pinned: bool = False) -> None:
         state = self._replica(pool, replica)
         state.resident[adapter] = max(used_at, state.resident.get(adapter, 0.0))

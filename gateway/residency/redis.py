@@ -53,6 +53,15 @@ end
 return 0
 """
 
+# KEYS: lock; ARGV: a prefix, an exception. Deletes the lock if its holder begins with the first and not the second.
+_BREAK = """
+local holder = redis.call('GET', KEYS[1])
+if holder and string.sub(holder, 1, #ARGV[1]) == ARGV[1] and string.sub(holder, 1, #ARGV[2]) ~= ARGV[2] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
 # KEYS: resident, pinned, lock; ARGV: now, then the adapters on the engine.
 # Returns the record as it was ({member, score, ...}, {pinned...}, holder or nil), then makes resident exactly the
 # adapters on the engine (known last uses kept, newcomers at now) and drops the pins of the adapters gone.
@@ -104,6 +113,7 @@ class RedisStore:
         self._acquire = self._client.register_script(_ACQUIRE)
         self._release = self._client.register_script(_RELEASE)
         self._renew = self._client.register_script(_RENEW)
+        self._break = self._client.register_script(_BREAK)
         self._reconcile = self._client.register_script(_RECONCILE)
         self._record = self._client.register_script(_RECORD)
         self._clock = self._client.register_script(_CLOCK)
@@ -140,6 +150,12 @@ class RedisStore:
         lock_key = self._keys(pool, replica)[2]
         async with self._call("release"):
             await cast(Awaitable[Any], self._release(keys=[lock_key], args=[holder]))
+
+    async def break_lock(self, pool: str, replica: str, owned_by: str, unless: str) -> bool:
+        lock_key = self._keys(pool, replica)[2]
+        async with self._call("break_lock"):
+            broken = await cast(Awaitable[Any], self._break(keys=[lock_key], args=[owned_by, unless]))
+        return bool(broken)
 
     async def add(self, pool: str, replica: str, adapter: str, used_at: float, *, pinned: bool = False) -> None:
         resident_key, pinned_key, _ = self._keys(pool, replica)

@@ -52,6 +52,11 @@ class ResidencyStore(Protocol):
         """Give the lock back, only if ``holder`` still holds it."""
         ...
 
+    async def break_lock(self, pool: str, replica: str, owned_by: str, unless: str) -> bool:
+        """Delete the replica's lock if its holder begins with ``owned_by`` and not with ``unless`` (a dead
+        predecessor of this process: gateway/residency/owner.py); whether it did."""
+        ...
+
     async def add(self, pool: str, replica: str, adapter: str, used_at: float, *, pinned: bool = False) -> None: ...
 
     async def remove(self, pool: str, replica: str, adapters: Collection[str]) -> None:

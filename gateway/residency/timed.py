@@ -38,6 +38,9 @@ class TimedStore:
     async def release(self, pool: str, replica: str, holder: str) -> None:
         await self._timed("release", self._inner.release(pool, replica, holder))
 
+    async def break_lock(self, pool: str, replica: str, owned_by: str, unless: str) -> bool:
+        return await self._timed("break_lock", self._inner.break_lock(pool, replica, owned_by, unless))
+
     async def add(self, pool: str, replica: str, adapter: str, used_at: float, *, pinned: bool = False) -> None:
         await self._timed("add", self._inner.add(pool, replica, adapter, used_at, pinned=pinned))
 

@@ -13,11 +13,15 @@ that long per replica, and a survivor's request for a cold adapter there waited 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from pathlib import Path
+from typing import cast
 
 import openai
 import pytest
+import redis as sync_redis
 
 from gateway.config import ResidencyConfig
 from gateway.residency.redis import RedisStore
@@ -113,3 +117,49 @@ def test_a_restarted_gateway_routes_by_the_shared_homes_table_as_soon_as_it_is_r
                 assert restarted.home_of(tenant) == elsewhere
             finally:
                 restarted.stop()
+
+
+def test_a_gateway_killed_holding_a_lock_gives_it_back_at_once_when_restarted_on_its_identity(tmp_path: Path) -> None:
+    """``state.identity_dir``: a gateway SIGKILLed while its load held a replica's lock, restarted on the same
+    directory, knows the lock for its own dead predecessor's (gateway/residency/owner.py) and gives it back at
+    start-up: ready in seconds, with a ttl (120 s here) that it used to wait out (its start-up reconciliation
+    waited for the lock on the replica up to the load timeout, then the fill did: not ready within 30 s)."""
+    with RedisServer(log_path=tmp_path / "redis.log") as redis, sim_replicas(tmp_path, 1, *SIM) as replicas:
+        config = config_for(tmp_path, replicas)
+        config["state"] = {"redis_url": redis.url, "identity_dir": str(tmp_path / "identity")}
+        config["residency"] = {"lock_ttl_s": 120.0}
+        gw = GatewayUnderTest(tmp_path, config)
+        lock_key = "tg:{llama:r0}:lock"
+        store = sync_redis.Redis.from_url(redis.url, decode_responses=True)
+        try:
+            gw.start(timeout_s=BOUND_S)
+            assert gw.admin("DELETE", f"/admin/adapters/{MODELS['t0']}/residency").status_code == 200
+            replicas["r0"].faults(hang=True)  # the engine takes the load and never answers: the lock stays held
+
+            def cold_request() -> None:
+                client = openai.OpenAI(base_url=gw.url + "/v1", api_key=api_key("t0"), max_retries=0, timeout=5)
+                with contextlib.suppress(openai.APIError):
+                    client.completions.create(model=MODELS["t0"], prompt="mid-load", max_tokens=2)
+
+            request = threading.Thread(target=cold_request, daemon=True)
+            request.start()
+            for _ in range(200):  # bounded (10 s): the load holds the replica's lock
+                if (holder := cast(str | None, store.get(lock_key))) is not None and holder.endswith(MODELS["t0"]):
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError(f"no load took the lock: {store.get(lock_key)!r}")
+            gw.kill()
+            request.join(timeout=10)
+            replicas["r0"].faults(hang=False)
+            assert store.pttl(lock_key) > 60_000  # the dead gateway's lock, far from lapsing
+            started = time.monotonic()
+            gw.start(timeout_s=30)  # raises if not ready by then
+            ready_after = time.monotonic() - started
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key=api_key("t0"), max_retries=0, timeout=30)
+            answer = client.completions.create(model=MODELS["t0"], prompt="back", max_tokens=2)
+        finally:
+            gw.stop()
+            store.close()
+    assert answer.choices, answer
+    assert ready_after < 30

@@ -296,6 +296,9 @@ class FlakyStore:
     async def release(self, pool: str, replica: str, holder: str) -> None:
         await self._up().release(pool, replica, holder)
 
+    async def break_lock(self, pool: str, replica: str, owned_by: str, unless: str) -> bool:
+        return await self._up().break_lock(pool, replica, owned_by, unless)
+
     async def add(self, pool: str, replica: str, adapter: str, used_at: float, *, pinned: bool = False) -> None:
         await self._up().add(pool, replica, adapter, used_at, pinned=pinned)
 

@@ -85,6 +85,20 @@ async def test_only_the_holder_renews_the_lock_and_never_after_its_release(store
     assert await store.acquire("llama", "r0", "gw2 b", ttl_s=5)
 
 
+async def test_a_lock_is_broken_only_for_a_holder_of_the_prefix_without_the_exception(store: ResidencyStore) -> None:
+    """A restarted process gives back what its dead predecessor held (gateway/residency/owner.py): holders that
+    carry its stable id ("s1:") but not its own incarnation ("s1:new/"); never its own, never another's."""
+    assert await store.acquire("llama", "r0", "s1:old/p0 load", ttl_s=5)
+    assert await store.acquire("llama", "r1", "s1:new/p0 load", ttl_s=5)
+    assert await store.acquire("llama", "r2", "s2:old/p0 load", ttl_s=5)
+    assert await store.acquire("llama", "r3", "s1 load", ttl_s=5)  # no colon after the id: another's
+    assert [await store.break_lock("llama", r, "s1:", "s1:new/") for r in ("r0", "r1", "r2", "r3", "r4")] == [
+        True, False, False, False, False,
+    ]  # fmt: skip
+    holders = [(await store.record("llama", r)).lock_holder for r in ("r0", "r1", "r2", "r3")]
+    assert holders == [None, "s1:new/p0 load", "s2:old/p0 load", "s1 load"]
+
+
 async def test_reconcile_makes_the_record_say_what_the_engine_has(store: ResidencyStore) -> None:
     await store.add("llama", "r0", "kept", 10.0, pinned=True)
     await store.add("llama", "r0", "gone", 20.0, pinned=True)
