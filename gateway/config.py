@@ -760,6 +760,14 @@ class PlacementConfig(_Frozen):
     replicate_min_rps: float = Field(default=1.0, ge=0, le=1_000_000)
     # The most replicas one key's set may hold (1: no replication).
     max_replicas_per_key: int = Field(default=3, ge=1, le=1024)
+    # Spills kept on a key's planned replicas (gateway/fleet/plan_bound.py): a request goes off its key's set only
+    # once every planned replica has off_plan_queue requests in flight, to a replica predicted faster than the best
+    # planned one by off_plan_margin_ms, where its adapter pushes out no other key's planned adapter used within
+    # off_plan_idle_s (false: spills go wherever predicted faster, as with balanced homes).
+    confine_spills: bool = True
+    off_plan_queue: int = Field(default=8, ge=1, le=100_000)
+    off_plan_margin_ms: float = Field(default=100.0, ge=0, le=600_000)
+    off_plan_idle_s: float = Field(default=5.0, ge=0, le=86_400)
     # A move whose adapter is not resident at its new home after this long is given up (the key stays put).
     warm_timeout_s: float = Field(default=120.0, gt=0, le=86_400)
     # Keep the table as it is: no moves, no growth (pins still apply).

@@ -15,6 +15,7 @@ from gateway.config import GatewayConfig
 from gateway.fleet.engines import endpoint, make_driver
 from gateway.fleet.fill import fill_entries, fill_order
 from gateway.fleet.host_scrape import HostScrapes
+from gateway.fleet.plan_bound import PlanBound
 from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.traffic import Traffic
@@ -116,6 +117,9 @@ class Fleet:
             self.pools[pool_config.name] = Pool(
                 pool_config, config.routing, driver, residency, config.limits.max_in_flight_per_replica
             )
+        if config.routing.home_placement == "traffic":  # spills kept on the plan's replica sets
+            for pool in self.pools.values():
+                pool.plan_bound = PlanBound.of(config.placement)
         if config.routing.home_placement != "ring":  # balanced, and traffic's homes start from balanced ones
             keys = homed_keys(homes_from or config)
             for name, pool in self.pools.items():

@@ -19,6 +19,7 @@ from gateway.fleet import rings
 from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.one_pass import Entry, decide_plain
 from gateway.fleet.outlier import Failure
+from gateway.fleet.plan_bound import PlanBound, split
 from gateway.fleet.replica import Replica
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
@@ -142,6 +143,8 @@ class Pool:
         self.warm_aheads = 0
         self._unscraped: set[str] = set()  # replicas whose last scrape raised in the driver (logged once)
         self.in_flight = 0
+        # Spills kept on each key's planned replicas (routing.home_placement: traffic; plan_bound.py); None: off.
+        self.plan_bound: PlanBound | None = None
         # Set once no request is in flight, made only while someone waits for that (wait_idle): a retired pool
         # waits before it closes. Not an Event kept set and cleared: that cost two calls per request.
         self._idle: asyncio.Event | None = None
@@ -279,6 +282,10 @@ class Pool:
         if known is None or known[0] is not resident or known[1] != self.ring.version:
             known = self._candidates(key, resident)
         order, also_home = known[2], known[3]
+        if self.plan_bound is not None and engine_model is not None:
+            confined = split(self, self.plan_bound, key, order, resident, avoid)
+            if confined is not None:
+                return self._decide_confined(key, engine_model, confined, known[5], resident, avoid, explain)
         if self.one_pass and not explain and not avoid:
             plain = decide_plain(self, key, engine_model, order, known[4], known[5], resident)
             if plain is not None:
@@ -295,6 +302,54 @@ class Pool:
             explain,
             also_home,
         )
+
+    def _decide_confined(
+        self,
+        key: str,
+        engine_model: str,
+        confined: tuple[tuple[str, ...], tuple[str, ...]],
+        homes: frozenset[str],
+        resident: frozenset[str],
+        avoid: Collection[str],
+        explain: bool,
+    ) -> RoutingDecision:
+        """The decision among the key's planned replicas, and, where plan_bound.split let some off the set compete
+        (the queue bound passed), among those too: the off-set pick is taken only when predicted faster than the
+        planned one by the bound's margin (a policy that does not predict takes it as its own rule says)."""
+        inside, outside = confined
+        planned = self._decide_among(key, engine_model, inside, homes, resident, avoid, explain)
+        if not outside or planned.chosen is None:
+            return planned
+        either = self._decide_among(key, engine_model, inside + outside, homes, resident, avoid, explain)
+        chosen = either.chosen
+        if chosen is None or chosen in inside:
+            return planned
+        assert self.plan_bound is not None
+        off, on = either.predictions.get(chosen), planned.predictions.get(planned.chosen or "")
+        if off is not None and on is not None and off.total_ms + self.plan_bound.margin_ms >= on.total_ms:
+            return planned
+        return either
+
+    def _decide_among(
+        self,
+        key: str,
+        engine_model: str,
+        order: tuple[str, ...],
+        homes: frozenset[str],
+        resident: frozenset[str],
+        avoid: Collection[str],
+        explain: bool,
+    ) -> RoutingDecision:
+        """``_decide``'s last steps over ``order`` (candidates the key's preference has put first)."""
+        if self.one_pass and not explain and not avoid:
+            entries = tuple(self.records[r] for r in order)
+            plain = decide_plain(self, key, engine_model, order, entries, homes, resident)
+            if plain is not None:
+                return plain
+        loads = self.snapshot(key, engine_model, order, resident)
+        also_home = homes.difference(order[:1])
+        standing = self.reservations.standing(key)
+        return self.router.decide(order, key, loads, self._ticks, standing, resident, avoid, explain, also_home)
 
     def snapshot(
         self, key: str, engine_model: str | None, order: tuple[str, ...], resident: frozenset[str]

@@ -6,12 +6,15 @@ set's replicas. One interval changes at most ``max_moves`` keys, in this order:
 1. pins: a pinned key's set is its pinned replica alone;
 2. evacuations: a replica that left the plan (drained, or gone from discovery) is replaced in every set that holds
    it, by the replica with the least expected load, heaviest key first;
-3. replica sets: a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica gains the
-   least loaded replica it lacks; one more than ``spill_share`` of whose requests the scheduler sent off its set for
-   demand (its homes over the bound, or another replica predicted faster) gains the least loaded one with a free
-   slot (``slots``: a copy where the planned adapters fill the slots pushes another key's adapter out, and that
-   key's requests then pay cold loads), or none; each by more than the noise (and with at least
-   ``replicate_min_rps``), up to ``max_replicas_per_key``; one that would
+3. replica sets, within the slot budget (``slots`` x replicas: every key keeps one copy, its home, and the copies
+   beyond one per key share what is left): first a key whose copies overfill a replica's ``slots``, or the
+   pool's budget, gives its last copy back (the lightest copy first; a table planned before the budget, or a
+   replica gone); then a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica, or
+   more than ``spill_share`` of whose requests the scheduler sent off its set for demand (its homes over the bound,
+   or another replica predicted faster), gains the least loaded replica it lacks whose planned adapters leave a
+   slot free, or none (a copy where the planned adapters fill the slots pushes another key's adapter out, and that
+   key's requests then pay cold loads: how a noisy tenant took its quiet neighbours' slots); each by more than the
+   noise (and with at least ``replicate_min_rps``), up to ``max_replicas_per_key``; one that would
    stay below ``shrink_below`` x that mean with one replica fewer, and spills less than half that share, loses its
    last after ``shrink_after_s`` (hysteresis: the thresholds differ and shrinking waits);
 4. balance: the most loaded replica gives a key away, to the replica whose pair then has the lowest peak (a plain
@@ -138,7 +141,14 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         gone = ", ".join(r for r in homes[key] if r not in present)
         change(key, replaced, f"left {gone}")
         fixed.add(key)
-    # 3. replica sets grow and shrink with demand
+    # 3. the slot budget: copies beyond it are taken back first (a table planned before it, or replicas gone), then
+    # replica sets grow and shrink with demand, within it
+    budget_slots = given.slots * len(replicas)
+    for key in _over_budget(homes, loads, replicas, given.slots, fixed):
+        members = homes[key]
+        change(key, members[:-1], f"slot budget: {len(members)} copies of {key} leave another key without a slot")
+        budget += 1  # taking a copy back keeps the budget's promise; it is not a move the bound counts
+        fixed.add(key)
     total = sum(loads.get(k, 0.0) for k in homes)
     mean = total / len(replicas)
     for key in sorted(homes, key=lambda k: (-loads.get(k, 0.0), k)):
@@ -153,8 +163,10 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         hot = rate / size > settings.grow_above * mean + settings.noise(rate) / size
         spilling = spilled > settings.spill_share * rate + settings.noise(spilled)
         extra = None
-        if rate >= settings.replicate_min_rps and size < limit and (hot or spilling):
-            extra = _extra_replica(homes, loads, replicas, members, given.slots, hot)
+        copies = sum(len(m) for m in homes.values())
+        within = not budget_slots or copies < budget_slots
+        if rate >= settings.replicate_min_rps and size < limit and (hot or spilling) and within:
+            extra = _extra_replica(homes, loads, replicas, members, given.slots)
         if extra is not None:
             below_since.pop(key, None)
             why = (
@@ -189,17 +201,47 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
 
 
 def _extra_replica(
-    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], members: Homes, slots: int,
-    hot: bool,
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], members: Homes, slots: int
 ) -> str | None:  # fmt: skip
-    """The replica a growing set gains: the least loaded one it lacks. A copy takes a slot: where the planned
-    adapters fill a replica's ``slots`` it pushes out another key's adapter, whose requests then pay cold loads and
-    push out others in turn (collide: 16 adapters in 16 slots). A key hot by load (more than its share of a
-    replica) needs the copy all the same; one that only spills gets a replica with a free slot, or none (its spills
-    still go wherever the scheduler predicts them faster)."""
+    """The replica a growing set gains: the least loaded one it lacks with a planned slot free, or None. A copy
+    takes a slot: where the planned adapters fill a replica's ``slots`` it pushes out another key's adapter, whose
+    requests then pay cold loads and push out others in turn (collide: 16 adapters in 16 slots; a noisy tenant's
+    spills put its adapter on every replica and the quiet tenants' cold loads went from 0 to 389). So a key hot by
+    load grows only into spare slots too: with none, its demand queues on its own set (routing keeps its spills
+    there up to ``placement.off_plan_queue``, gateway/fleet/plan_bound.py), not on its neighbours' adapters."""
     load, adapters = _tally(homes, loads, replicas)
-    room = [r for r in replicas if r not in members and (hot or not slots or adapters[r] < slots)]
+    room = [r for r in replicas if r not in members and (not slots or adapters[r] < slots)]
     return min(room, key=lambda r: (load[r], r), default=None)
+
+
+def _over_budget(
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], slots: int, fixed: Collection[str]
+) -> list[str]:  # fmt: skip
+    """The keys that give back their last copy so that the planned copies fit the slot budget: first copies on a
+    replica whose planned adapters exceed its ``slots``, then any while the pool's copies exceed ``slots`` x
+    replicas; the copy with the least load on it goes first. A key keeps its home (one copy at least), and a key
+    ``fixed`` (pinned, evacuated, warming) is left as it is. Each key gives back one copy per interval."""
+    if not slots:
+        return []
+    present = set(replicas)
+    _, adapters = _tally(homes, loads, replicas)
+    copies = sum(adapters.values())
+    budget = slots * len(replicas)
+    taken: list[str] = []
+    spare = sorted(
+        (k for k, m in homes.items() if len(m) > 1 and k not in fixed and m[-1] in present),
+        key=lambda k: (_share(k, homes, loads), k),
+    )
+    for over_replica in (True, False):
+        for key in spare:
+            if key in taken:
+                continue
+            last = homes[key][-1]
+            if (adapters[last] > slots) if over_replica else copies > budget:
+                taken.append(key)
+                adapters[last] -= 1
+                copies -= 1
+    return taken
 
 
 @dataclass(frozen=True)

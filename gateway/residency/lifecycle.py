@@ -264,6 +264,19 @@ class PoolResidency:
         victim = self.next_victim(replica_id)
         return victim is not None and resident[victim] <= self._now() - idle_s
 
+    def room_for(self, replica_id: str, idle_s: float) -> bool:
+        """Whether a load on the replica now would push out no adapter planned there that a request used within
+        ``idle_s``: a free slot, or the adapter it would push out (``next_victim``) is not in the replica's plan or
+        is idle that long. For a spill off its key's planned replicas (gateway/fleet/plan_bound.py): it must not
+        take the slot of another key's planned adapter while that key has traffic."""
+        resident = self.views[replica_id].resident
+        if len(resident) < self.max_adapters:
+            return True
+        victim = self.next_victim(replica_id)
+        if victim is None:
+            return False
+        return victim not in self.plan.get(replica_id, ()) or resident[victim] <= self._now() - idle_s
+
     def begin_use(self, replica_id: str, engine_name: str) -> None:
         in_flight = self.views[replica_id].in_flight
         in_use = in_flight.get(engine_name, 0)

@@ -216,10 +216,11 @@ def test_zipf_traffic_without_a_collision_moves_nothing(trace: str) -> None:
         assert replayed(trace, seed)[0] == []
 
 
-def test_a_key_that_only_spills_grows_into_a_free_slot_or_not_at_all_a_hot_one_grows_anyway() -> None:
+def test_a_key_grows_into_a_free_slot_or_not_at_all_hot_or_spilling() -> None:
     """16 keys fill 4 replicas of 4 adapter slots exactly: a copy would push another key's adapter out, and that
-    key's requests would pay cold loads (collide). A key that spills but is not hot by load gains no replica; with a
-    slot free somewhere it gains that replica; a key hot by load gains the least loaded replica regardless."""
+    key's requests would pay cold loads (collide; the noisy tenant). A key that spills gains no replica; with a
+    slot free somewhere it gains that replica; a key hot by load gains none either while the slots are full, and
+    the one free slot once there is one."""
     loads = {key: 0.5 for key in RING} | {"t5": 3.0}
     settings_ = PlanSettings(grow_above=100.0)
     full = plan(given_input(loads, spills={"t5": 1.0}, slots=4), settings_)
@@ -230,4 +231,58 @@ def test_a_key_that_only_spills_grows_into_a_free_slot_or_not_at_all_a_hot_one_g
     grown = plan(given_free, settings_)
     assert [(c.key, c.after) for c in grown.changes] == [("t5", ("r1", "r3"))]
     hot = {key: 0.5 for key in RING} | {"t5": 30.0}
-    assert [c.key for c in plan(given_input(hot, slots=4), PlanSettings()).changes] == ["t5"]
+    assert plan(given_input(hot, slots=4), PlanSettings()).changes == []
+    hot_free = {key: rate for key, rate in hot.items() if key != "t14"}
+    given_hot = PlanInput(REPLICAS, hot_free, {}, ring_home, known=list(one_free), slots=4)
+    assert [(c.key, c.after) for c in plan(given_hot, PlanSettings()).changes] == [("t5", ("r1", "r3"))]
+    assert [c.key for c in plan(given_input(hot), PlanSettings()).changes] == ["t5"]  # slots not bounded
+
+
+def test_copies_planned_before_the_budget_are_taken_back_lightest_first() -> None:
+    """A table from before the budget (t5 on three replicas, t9 on two, 16 keys in 16 slots): the copies that
+    overfill a replica go back, the lightest first, one per key per interval, whatever max_moves says."""
+    loads = {key: 0.5 for key in RING} | {"t5": 30.0, "t9": 6.0}
+    current: dict[str, Homes] = {"t5": ("r1", "r0", "r3"), "t9": ("r2", "r1")}
+    result = plan(given_input(loads, current, slots=4), PlanSettings(max_moves=0))
+    assert result.homes["t5"] == ("r1", "r0") and "t9" not in result.homes
+    assert {c.key for c in result.changes} == {"t5", "t9"}
+    assert all(c.why.startswith("slot budget") for c in result.changes)
+    again = plan(given_input(loads, result.homes, slots=4), PlanSettings(max_moves=0))
+    assert again.homes.get("t5", ("r1",)) == ("r1",)
+    assert max(again.adapters.values()) == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    loads=st.dictionaries(st.sampled_from(sorted(RING)), st.floats(0, 60), max_size=16),
+    spills=st.dictionaries(st.sampled_from(sorted(RING)), st.floats(0, 30), max_size=4),
+    slots=st.integers(4, 6),
+    unknown=st.integers(0, 6),
+    down=st.integers(0, 1),
+    rounds=st.integers(1, 5),
+)
+def test_planned_copies_never_exceed_the_slot_budget_and_every_key_keeps_one(
+    loads: dict[str, float], spills: dict[str, float], slots: int, unknown: int, down: int, rounds: int
+) -> None:
+    """Whatever the traffic, a plan that starts within the budget (every key homed, some keys without a tenant
+    entry or traffic left out) keeps the copies it plans within ``slots`` x replicas, and every key with traffic, or
+    known, keeps a set of at least one replica (its adapter a planned slot). A replica leaving may make the keys
+    outnumber the slots: then no key holds a copy beyond its one."""
+    known = sorted(RING)[unknown:]
+    settings_ = PlanSettings(min_gain=0.0, shrink_after_s=0.0, sigmas=0.0, replicate_min_rps=0.0, grow_above=1.0)
+    current: dict[str, Homes] = {}
+    for step in range(rounds):
+        replicas = REPLICAS[down:] if step else REPLICAS
+        given_ = PlanInput(
+            replicas, loads, current, ring_home, known=known, spills=spills, now=float(step), slots=slots
+        )
+        result = plan(given_, settings_)
+        keys = {*loads, *known}
+        sets = {key: result.homes.get(key, (ring_home(key),)) for key in keys}
+        assert all(len(members) >= 1 for members in sets.values())
+        copies = sum(len([r for r in members if r in replicas]) for members in sets.values())
+        if len(keys) <= slots * len(replicas):
+            assert copies <= slots * len(replicas), sets
+        else:
+            assert all(len(members) == 1 for members in sets.values()), sets
+        current = result.homes

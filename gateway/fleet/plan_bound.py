@@ -1,0 +1,83 @@
+"""Spills kept on a key's planned replicas (``routing.home_placement: traffic``): which of a decision's candidates
+a request may take, before the policy scores them.
+
+The plan (gateway/placement/plan.py) gives every key a replica set within the pool's slot budget. Spills used to
+add copies the plan never counted: a noisy tenant's requests, predicted faster elsewhere, put its adapter on every
+replica within seconds and pushed out its quiet neighbours' (their cold loads went from 0 to 389 in 20 s), and on
+the collide trace the heavy tenants' spills kept 18-19 copies in 16 slots, so some light tenant always lacked one.
+So a request goes to its key's planned replicas while the least loaded of them has fewer than ``queue`` requests in
+flight (the load routing counts). Past that a replica off the set may compete too, where taking it pushes out no
+other key's planned adapter still in use: the adapter is already resident there, a slot is free, or the adapter
+a load there would push out (the engine's least recently used idle one) is not planned there or no request used it
+for ``idle_s``. The pool then takes the off-set replica only when predicted faster than the best planned one by
+``margin_ms`` (Pool._decide_confined). A request whose planned replicas are all down, avoided (a retry) or at
+their cap is not confined.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.config import PlacementConfig
+from gateway.fleet.replica import Replica
+from gateway.residency.lifecycle import PoolResidency
+from gateway.routing.ring import Ring
+
+
+@dataclass(frozen=True)
+class PlanBound:
+    queue: int  # requests in flight on every planned replica before a spill may leave the set
+    margin_ms: float  # how much faster an off-set replica must be predicted than the best planned one
+    idle_s: float  # a planned adapter unused this long may be pushed out by an off-set spill
+
+    @staticmethod
+    def of(config: PlacementConfig) -> PlanBound | None:
+        if not config.confine_spills:
+            return None
+        return PlanBound(config.off_plan_queue, config.off_plan_margin_ms, config.off_plan_idle_s)
+
+
+class Pool(Protocol):
+    """What the split reads of a pool (fleet/pool.py's Pool)."""
+
+    ring: Ring
+    replicas: dict[str, Replica]
+    residency: PoolResidency
+    max_in_flight_per_replica: int
+
+    def routed_load(self, replica_id: str, now: float) -> int: ...
+
+
+def split(
+    pool: Pool,
+    bound: PlanBound,
+    key: str,
+    order: tuple[str, ...],
+    resident: frozenset[str],
+    avoid: Collection[str],
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The key's planned replicas a request may take (healthy, not avoided, under the per-replica cap), in the set's
+    order, and the candidates off the set it may take too (empty until the queue bound is passed); None when the
+    request is not confined (no planned replica it may take, or every candidate planned)."""
+    replicas, cap = pool.replicas, pool.max_in_flight_per_replica
+    planned = pool.ring.replica_set(key)
+    inside = tuple(
+        r
+        for r in planned
+        if (replica := replicas.get(r)) is not None and replica.healthy and r not in avoid and replica.in_flight < cap
+    )
+    if not inside or all(r in planned for r in order):
+        return None
+    now = time.monotonic()
+    if min(pool.routed_load(r, now) for r in inside) < bound.queue:
+        return inside, ()
+    residency = pool.residency
+    outside = tuple(
+        r
+        for r in order
+        if r not in planned and r not in avoid and (r in resident or residency.room_for(r, bound.idle_s))
+    )
+    return inside, outside
