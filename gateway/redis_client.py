@@ -109,24 +109,28 @@ def make_client(
 QUIET_S = 15.0
 
 
-async def channel_messages(subscriber: Client, channel: str) -> AsyncIterator[dict[str, Any]]:
+async def channel_messages(
+    subscriber: Client, channel: str, quiet_s: float | None = None
+) -> AsyncIterator[dict[str, Any]]:
     """Subscribe to ``channel`` and yield what arrives (type ``message``), Redis' confirmation of the subscription
     (type ``subscribe``: from then on every message published reaches us) included, until the connection drops or
     stops answering (the error is raised: the caller subscribes again); the answers to its pings are not yielded.
-    ``subscriber``: a ``make_client(..., subscriber=True)`` client."""
+    ``subscriber``: a ``make_client(..., subscriber=True)`` client. ``quiet_s``: ``QUIET_S`` unless given (a caller
+    that says it listens by this must learn sooner that it does not: the slot signal)."""
+    quiet_s = QUIET_S if quiet_s is None else quiet_s
     if isinstance(subscriber, RedisCluster):
         await subscriber.initialize()  # its pub/sub needs the slot map first
     async with subscriber.pubsub() as pubsub:
         await pubsub.subscribe(channel)
         asked = False
         while True:
-            message = await pubsub.get_message(timeout=QUIET_S)
+            message = await pubsub.get_message(timeout=quiet_s)
             if message is not None:  # anything, a ping's answer included, says the connection lives
                 asked = False
                 if message["type"] in ("message", "subscribe"):
                     yield message
             elif asked:
-                raise ConnectionError(f"the subscription to {channel} did not answer a ping within {QUIET_S:g} s")
+                raise ConnectionError(f"the subscription to {channel} did not answer a ping within {quiet_s:g} s")
             else:
                 await pubsub.ping()
                 asked = True

@@ -19,6 +19,12 @@ from gateway.residency.signal import RENEW_S, SHARE_S, SlotSignal
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 0.5
+# The subscription is pinged after this long without a message, and taken as dropped after as long again without
+# an answer. With the connection-wide 15 s (redis_client.QUIET_S) a Redis that froze (SIGSTOP, a hung host) left
+# the signal saying it listened, and tenantgate_adapter_slot_signal_up at 1, for 15-30 s while nothing came: the
+# lifecycle trusted the others' in-flight news (REMOTE_TTL_S, 1.5 s) long after it stopped. At most a ping a second
+# per gateway, and none while the channel carries messages.
+QUIET_S = 2 * RENEW_S
 
 
 class RedisSlotChannel:
@@ -63,7 +69,7 @@ class RedisSlotChannel:
     async def _follow(self) -> None:
         while True:
             try:
-                async for message in channel_messages(self._subscriber, self._channel):
+                async for message in channel_messages(self._subscriber, self._channel, QUIET_S):
                     if message.get("type") == "subscribe":
                         self.signal.subscribed(True)
                     elif message.get("type") == "message":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from pathlib import Path
@@ -102,6 +104,26 @@ async def test_a_wait_and_a_release_reach_the_other_gateway(kind: str, request: 
         await until(lambda: b.signal.flying_elsewhere("llama", "r0", "y"), "B knows A has y in flight on r0")
         assert b.signal.load_elsewhere("llama") == {"r0": 1}
         assert not a.signal.flying_elsewhere("llama", "r0", "y")  # its own, not another gateway's
+
+
+async def test_a_frozen_redis_turns_the_signal_down_within_two_quiet_periods(tmp_path: Path) -> None:
+    """Redis SIGSTOPped (accepts nothing, answers nothing, resets nothing): the signal says it does not listen within
+    2 x signal_redis.QUIET_S (2 s) of the last message, not the connection-wide 15-30 s it took before (found with a
+    real frozen Redis: the gauge stayed 1 for up to 30 s). The bounded poll allows 8 s; it waited 15 s at least."""
+    with RedisServer(log_path=tmp_path / "redis.log") as server:
+        async with channel(server.url, "tg") as a:
+            await until(lambda: a.signal.listening, "subscribed")
+            assert server._process is not None
+            os.kill(server._process.pid, signal.SIGSTOP)
+            try:
+                for _ in range(800):  # a bounded poll, up to 8 s
+                    if not a.signal.listening:
+                        break
+                    await asyncio.sleep(0.01)
+                assert signal_up(a) == 0
+            finally:
+                os.kill(server._process.pid, signal.SIGCONT)
+            await until(lambda: a.signal.listening, "subscribed again once Redis runs")
 
 
 async def test_the_subscription_drops_with_redis_and_comes_back_with_it(
