@@ -1,0 +1,67 @@
+"""Spills kept on a key's planned replicas (gateway/fleet/plan_bound.py) in the real pool: below the queue bound a
+request takes its planned replicas only, even where its adapter is warm elsewhere; past it a replica off the set
+competes only where it pushes out no planned adapter still in use, and wins only by the margin."""
+
+from __future__ import annotations
+
+import time
+
+from gateway.config import RoutingConfig
+from gateway.fleet.plan_bound import PlanBound
+from gateway.fleet.pool import Pool
+from tests.gateway.fleet.test_pool_properties import pool_of
+from tests.gateway.fleet.test_predicted_pool import PRIORS
+
+
+def planned_pool(margin_ms: float = 100.0) -> Pool:
+    """Three replicas of 2 slots; key k (adapter a) planned on r0; r1 holds two other keys' planned adapters."""
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0.0, home_reservation_s=0)
+    pool = pool_of(3, routing, policy="predicted_ttft")
+    pool.plan_bound = PlanBound(queue=8, margin_ms=margin_ms, idle_s=5.0)
+    pool.ring.install({"k": ("r0",), "x": ("r1",), "y": ("r1",)})
+    pool.residency.plan = {"r0": frozenset({"a"}), "r1": frozenset({"x", "y"}), "r2": frozenset()}
+    return pool
+
+
+def hold(pool: Pool, replica_id: str, name: str, idle_s: float = 0.0) -> None:
+    pool.residency.views[replica_id].resident[name] = time.time() - idle_s
+    pool.residency._sets_changed()
+
+
+def test_below_the_queue_bound_a_request_stays_on_its_planned_replicas() -> None:
+    pool = planned_pool()
+    hold(pool, "r2", "a")  # a stray copy, warm, off the plan
+    assert pool.explain("k", "a").chosen == "r0"  # cold at home, but planned
+    pool.plan_bound = None
+    assert pool.explain("k", "a").chosen == "r2"  # unconfined, the warm copy wins (the code before)
+
+
+def test_past_the_bound_an_off_set_replica_wins_by_the_margin_where_it_pushes_out_nothing_in_use() -> None:
+    pool = planned_pool()
+    hold(pool, "r0", "a")
+    hold(pool, "r1", "x")
+    hold(pool, "r1", "y")  # r1 full of planned adapters used just now
+    pool.replicas["r0"].in_flight = 8  # the bound: 8 in flight on every planned replica
+    assert pool.explain("k", "a").chosen == "r0"  # r2 cold (500 ms) against r0 warm at 8 (about 120 ms)
+    pool.replicas["r0"].in_flight = 60  # r0 about 640 ms; r2 cold about 510 ms: faster by more than 100 ms
+    pool.replicas["r2"].in_flight = 30  # now r2 about 810 ms, r1 idle would be 510 ms: but it pushes out x or y
+    assert pool.explain("k", "a").chosen == "r0"
+    hold(pool, "r1", "y", idle_s=60.0)  # y idle for a minute: r1 may take the load
+    assert pool.explain("k", "a").chosen == "r1"
+    wide = planned_pool(margin_ms=200.0)
+    hold(wide, "r0", "a")
+    wide.replicas["r0"].in_flight = 60
+    assert wide.explain("k", "a").chosen == "r0"  # 130 ms faster is within a 200 ms margin
+    wide.replicas["r0"].in_flight = 80
+    assert wide.explain("k", "a").chosen != "r0"
+
+
+def test_a_request_whose_planned_replicas_are_down_or_avoided_is_not_confined() -> None:
+    pool = planned_pool()
+    hold(pool, "r2", "a")
+    assert pool.place("k", "a", avoid=("r0",)).chosen == "r2"
+    pool.replicas["r0"].health.probed(False)
+    pool.replicas["r0"].health.probed(False)
+    pool.replicas["r0"].health.probed(False)
+    assert not pool.is_healthy("r0")
+    assert pool.explain("k", "a").chosen == "r2"
