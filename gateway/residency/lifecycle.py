@@ -42,7 +42,7 @@ from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics, adder
 from gateway.residency import owner
 from gateway.residency.signal import FLYING_GRACE_S, NO_SIGNAL, Signal
-from gateway.residency.store import ReplicaRecord, ResidencyStore, StoreUnavailable
+from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, ResidencyStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -741,6 +741,11 @@ class PoolResidency:
             for name, used in record.resident.items()
             if forgotten.get(name, 0) <= read_after
         }
+        latest = self._now() + FUTURE_MARK_S
+        for name, used in resident.items():
+            if used > latest:  # a mark from a clock that jumped (store.FUTURE_MARK_S): the record's, if sane, or now
+                stored = record.resident[name]
+                resident[name] = stored if stored <= latest else latest - FUTURE_MARK_S
         if view.resident.keys() != resident.keys():
             self._sets_changed()
         view.resident = resident

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from gateway.residency.store import ReplicaRecord, Uses
+from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, Uses
 
 
 @dataclass
@@ -81,7 +81,10 @@ class MemoryStore:
         before = await self.record(pool, replica)
         state = self._replica(pool, replica)
         present = set(on_engine)
-        state.resident = {adapter: state.resident.get(adapter, now) for adapter in present}
+        latest = now + FUTURE_MARK_S  # a mark from a clock that jumped is set to now
+        state.resident = {
+            adapter: used if (used := state.resident.get(adapter, now)) <= latest else now for adapter in present
+        }
         state.pinned &= present
         return before
 

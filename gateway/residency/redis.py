@@ -17,13 +17,21 @@ bounded by ``operation_timeout_s``, and any Redis error or timeout becomes ``Sto
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Awaitable, Collection
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
 from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
-from gateway.residency.store import ReplicaRecord, Uses
+from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, Uses
+
+log = logging.getLogger(__name__)
+
+# A TIME reply further than this from the gateway's own clock is not a clock (a year 1970 or 2100 answer): the last
+# offset is kept. Far wider than any skew between hosts whose clocks are kept at all.
+MAX_CLOCK_GAP_S = 86_400.0
 
 # KEYS: lock; ARGV: holder, ttl in ms. 1 when the holder has the lock (taken, or re-taken with its ttl refreshed).
 _ACQUIRE = """
@@ -64,7 +72,8 @@ return 0
 
 # KEYS: resident, pinned, lock; ARGV: now, then the adapters on the engine.
 # Returns the record as it was ({member, score, ...}, {pinned...}, holder or nil), then makes resident exactly the
-# adapters on the engine (known last uses kept, newcomers at now) and drops the pins of the adapters gone.
+# adapters on the engine (known last uses kept, newcomers at now; a last use more than FUTURE_MARK_S after now is
+# set to now: see ``FUTURE_MARK_S``) and drops the pins of the adapters gone.
 _RECONCILE = """
 local resident = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 local pinned = redis.call('SMEMBERS', KEYS[2])
@@ -81,6 +90,12 @@ end
 for i = 2, #ARGV do
   redis.call('ZADD', KEYS[1], 'NX', ARGV[1], ARGV[i])
 end
+local latest = tonumber(ARGV[1]) + FUTURE_MARK_S
+for i = 1, #resident, 2 do
+  if present[resident[i]] and tonumber(resident[i + 1]) > latest then
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], resident[i])
+  end
+end
 for _, adapter in ipairs(pinned) do
   if not present[adapter] then
     redis.call('SREM', KEYS[2], adapter)
@@ -89,6 +104,7 @@ end
 return {resident, pinned, holder}
 """
 
+_RECONCILE = _RECONCILE.replace("FUTURE_MARK_S", repr(FUTURE_MARK_S))
 
 # KEYS: any key (every gateway names the same one, so on a Redis Cluster all read one node's clock). Redis' TIME.
 _CLOCK = """
@@ -196,9 +212,24 @@ class RedisStore:
         return _record_from(reply)
 
     async def clock(self) -> float | None:
+        """Redis' TIME, or None (logged) for an answer that is no time: not two integers, or a day or more from this
+        host's clock. None keeps the gateway's last offset (``PoolResidency._learn_clock``): an unreadable answer
+        raised out of the sync before, which then read no record (every 2 s), and at start-up ended the fleet's
+        start-up task: the gateway never turned ready."""
         async with self._call("clock"):
-            seconds, micros = await cast(Awaitable[list[Any]], self._clock(keys=[f"{self._prefix}:{{clock}}"]))
-        return int(seconds) + int(micros) / 1e6
+            reply = await cast(Awaitable[Any], self._clock(keys=[f"{self._prefix}:{{clock}}"]))
+        try:
+            seconds, micros = (int(part) for part in reply)
+            if not 0 <= micros < 1_000_000:
+                raise ValueError(f"microseconds {micros}")
+        except (TypeError, ValueError) as exc:
+            log.warning("redis TIME answered %.100r, not a time (%s): the last clock offset is kept", reply, exc)
+            return None
+        now = seconds + micros / 1e6
+        if abs(now - time.time()) >= MAX_CLOCK_GAP_S:
+            log.warning("redis TIME answered %s, a day or more from this host's clock: the last offset is kept", now)
+            return None
+        return now
 
     async def ping(self) -> None:
         async with self._call("ping"):

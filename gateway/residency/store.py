@@ -18,6 +18,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# A last use stamped further than this in the future of the store's clock came from a clock that jumped (Redis' own,
+# ahead and back, or an offset learned from it meanwhile): reconciliation sets it to now, and a gateway's view does
+# not keep such a mark of its own over the record's. Last uses only move forward (ZADD GT), so one such mark kept its
+# adapter "just used", never evicted, until the real time caught up with it.
+FUTURE_MARK_S = 10.0
+
 
 class StoreUnavailable(Exception):
     """The store could not be reached or answered with an error; the caller falls back to its local view."""
@@ -68,8 +74,9 @@ class ResidencyStore(Protocol):
         ...
 
     async def reconcile(self, pool: str, replica: str, on_engine: Collection[str], now: float) -> ReplicaRecord:
-        """Make the record say exactly ``on_engine``: keep known last uses, add newcomers at ``now``, drop the
-        rest with their pins; return the record as it was before."""
+        """Make the record say exactly ``on_engine``: keep known last uses (set to ``now`` those more than
+        ``FUTURE_MARK_S`` after it), add newcomers at ``now``, drop the rest with their pins; return the record as
+        it was before."""
         ...
 
     async def clock(self) -> float | None:

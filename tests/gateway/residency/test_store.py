@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.residency.store import ReplicaRecord, ResidencyStore
+from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, ResidencyStore
 
 
 async def test_an_empty_replica_has_an_empty_record(store: ResidencyStore) -> None:
@@ -83,6 +83,15 @@ async def test_only_the_holder_renews_the_lock_and_never_after_its_release(store
     assert not await store.renew("llama", "r0", "gw1 a", ttl_s=5)
     assert (await store.record("llama", "r0")).lock_holder is None
     assert await store.acquire("llama", "r0", "gw2 b", ttl_s=5)
+
+
+async def test_reconcile_sets_a_last_use_far_in_the_future_to_now(store: ResidencyStore) -> None:
+    """A mark stamped while a clock ran a year ahead (Redis' own, then set back) would stay: last uses only move
+    forward. Reconciliation sets one more than FUTURE_MARK_S ahead of its now to now; a nearer one is kept."""
+    await store.add("llama", "r0", "jumped", 100.0 + 365 * 86_400)
+    await store.add("llama", "r0", "near", 100.0 + FUTURE_MARK_S - 1)
+    await store.reconcile("llama", "r0", ["jumped", "near"], now=100.0)
+    assert (await store.record("llama", "r0")).resident == {"jumped": 100.0, "near": 100.0 + FUTURE_MARK_S - 1}
 
 
 async def test_a_lock_is_broken_only_for_a_holder_of_the_prefix_without_the_exception(store: ResidencyStore) -> None:
