@@ -134,6 +134,9 @@ class Setup:
 TRAFFIC_HOMES = (("traffic", {"interval_s": 1.0, "window_s": 4.0}), ("placement", {"interval_s": 2.0}))
 
 
+# The default scorers and the load_ahead term (a cold load priced by the loads under way where it would run).
+LOAD_AHEAD = {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0, "load_ahead": 1.0}
+
 VLLM_ROUTER_POLICIES = ("consistent_hash", "round_robin", "sticky_least_loaded", "cache_aware")
 SETUPS = [
     Setup("tenantgate round_robin", "tenantgate", "round_robin"),
@@ -175,6 +178,19 @@ SETUPS = [
         "tenantgate",
         "predicted_ttft",
         routing=(("scorers", {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0, "eviction": 1.0}),),
+    ),
+    Setup(
+        "tenantgate predicted_ttft, load ahead",
+        "tenantgate",
+        "predicted_ttft",
+        routing=(("scorers", LOAD_AHEAD),),
+    ),
+    Setup(
+        "tenantgate predicted_ttft, 3 gateways, load ahead",
+        "tenantgate",
+        "predicted_ttft",
+        gateways=3,
+        routing=(("scorers", LOAD_AHEAD),),
     ),
     Setup("tenantgate bounded, 3 gateways", "tenantgate", "bounded_consistent_hash", gateways=3),
     Setup(

@@ -32,7 +32,7 @@ from gateway.config import PoolConfig
 from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.replica import Replica
 from gateway.residency.lifecycle import PoolResidency, ReplicaView, among_newest
-from gateway.routing.costs import Regime
+from gateway.routing.costs import Regime, loads_ahead_ms
 from gateway.routing.decision import NO_PARTS, Prediction, RoutingDecision
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.scorers import Scoring
@@ -143,10 +143,18 @@ def decide_plain(
         flying = pool.residency.signal.flying_on(pool.name, engine_model)
     listed_after = now - pool.scrape_fresh_s  # a scrape since then still lists the adapters running
     # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
-    warm_c, warm_p, warm_o = table["warm"]
-    kv_cold_c, kv_cold_p, kv_cold_o = table["kv_cold"]
-    host_c, host_p, host_o = table["host"]
-    cold_c, cold_p, cold_o = table["cold"]
+    warm_c, warm_p, warm_o, _ = table["warm"]
+    kv_cold_c, kv_cold_p, kv_cold_o, _ = table["kv_cold"]
+    host_c, host_p, host_o, _ = table["host"]
+    cold_c, cold_p, cold_o, cold_a = table["cold"]
+    # The adapter loads under way per replica, this gateway's and the others' (read only by a cold candidate, and
+    # only when the load_ahead scorer is on and some load is under way).
+    loading_here = loading_there = None
+    if cold_a:
+        residency = pool.residency
+        loading_here, loading_there = residency.loading_here, residency.signal.loading_elsewhere(pool.name)
+        if not loading_here and not loading_there:
+            cold_a = 0.0
     best_id, best_ms, best_load = home, math.inf, 0
     cold_id, cold_ms, cold_load = home, math.inf, 0  # the best candidate where the adapter is cold, kept apart
     warm_count = warm_load = 0
@@ -206,6 +214,11 @@ def decide_plain(
             constant, per_request, off_home_ms = host_c, host_p, host_o
         else:
             ms = cold_c + cold_p * load
+            if cold_a:
+                assert loading_here is not None and loading_there is not None
+                here, there = loading_here.get(replica_id), loading_there.get(replica_id)
+                if here is not None or there is not None:
+                    ms += cold_a * loads_ahead_ms(here, there, now, pool.residency.load_ms)
             if replica_id not in homes:
                 ms += cold_o
             if ms < cold_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order

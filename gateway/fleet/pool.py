@@ -24,7 +24,7 @@ from gateway.fleet.replica import Replica
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.signal import NO_SIGNAL
-from gateway.routing.costs import Line, Regime, TtftModel
+from gateway.routing.costs import Line, Regime, TtftModel, loads_ahead_ms
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.pipeline import Router
 from gateway.routing.reservations import HomeReservations
@@ -108,6 +108,9 @@ class Pool:
                 "cold": Line(priors.cold_ms, priors.per_request_ms),
             }
             model = TtftModel(lines, routing.ttft_learning_rate)
+            # The expected time of one adapter load before any is measured: what a cold load costs beyond a
+            # request whose adapter is on the GPU (the load_ahead scorer's unit).
+            residency.load_ms = max(priors.cold_ms - priors.kv_cold_ms, 0.0)
             settings = ScorerSettings(routing.affinity_margin_ms, routing.eviction_cost, routing.cold_margin_ms)
             self.scoring = build_scoring(routing.scorers, settings, model)
         # The eviction scorer's evidence: each adapter's requests as a moving average over reuse_window_s (count,
@@ -372,6 +375,9 @@ class Pool:
         likely_on_gpu = self.residency.likely_on_gpu
         listed_after = now - self.scrape_fresh_s  # a scrape since then still lists the adapters running
         evicting = self._evicting and engine_model is not None
+        # The adapter loads under way per replica (this gateway's, the others'): what a cold load there waits for.
+        loading_here, load_ms = self.residency.loading_here, self.residency.load_ms
+        loading_there = self.residency.signal.loading_elsewhere(self.name)
         # The named tuple's own __new__ without its Python-level argument handling: 0.10 us against 0.23 per
         # candidate per decision (every field is passed, in order).
         new_load = tuple.__new__
@@ -418,6 +424,9 @@ class Pool:
                         on_gpu,
                         key_recent,
                         self._evict_loss(replica_id, now) if evicting and replica_id not in resident else 0.0,
+                        loads_ahead_ms(loading_here.get(replica_id), loading_there.get(replica_id), now, load_ms)
+                        if predicting and not on_gpu and replica_id not in resident
+                        else 0.0,
                     ),
                 )
             )

@@ -41,7 +41,7 @@ from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics, adder
 from gateway.residency import owner
-from gateway.residency.signal import FLYING_GRACE_S, NO_SIGNAL, Signal
+from gateway.residency.signal import FLYING_GRACE_S, NO_SIGNAL, Loading, Signal
 from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, ResidencyStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 # gateway's load says when it lets the lock go (``unlocked``: the wait polls again at once).
 _POLL_FIRST_S = 0.01
 _POLL_LAST_S = 0.2
+# How much each load's measured time weighs in the expected time of a load (``PoolResidency.load_ms``).
+_LOAD_MS_RATE = 0.1
 
 
 class _LoadedMeanwhile(Exception):
@@ -178,6 +180,15 @@ class PoolResidency:
         # request would find it "resident", skip the load, and get the engine's 404 again (``_adopt``).
         self._forgets = 0
         self._forgotten: dict[str, dict[str, int]] = {replica_id: {} for replica_id in self.endpoints}
+        # Per replica, this gateway's adapter loads under way there (what routing's load_ahead term reads, with the
+        # other gateways' as the slot signal shares them: routing/costs.py, ``Loading``): the adapters whose loads
+        # are begun and not yet at the engine, and when the engine's load there began.
+        self._load_queued: dict[str, set[str]] = {replica_id: set() for replica_id in self.endpoints}
+        self._load_running: dict[str, float] = {}
+        self.loading_here: dict[str, Loading] = {}
+        # The expected time of one adapter load, in milliseconds: a moving average of this gateway's loads, from a
+        # prior the pool sets (its cold regime's prior less its kv_cold one).
+        self.load_ms = 400.0
         self._detach_signal = signal.attach(pool, self)
 
     # --- the request path -------------------------------------------------------------------------------------
@@ -316,6 +327,8 @@ class PoolResidency:
             ready = self._loads[key] = asyncio.get_running_loop().create_future()
             # Read by a done callback too: a load whose waiters all gave up does not log an unread exception.
             ready.add_done_callback(lambda done: done.cancelled() or done.exception())
+            self._load_queued[replica_id].add(adapter.engine_name)
+            self._note_loading(replica_id)
             task = asyncio.create_task(self._load(replica_id, adapter, pinned, ready), name=f"load {key}")
             self._load_tasks.add(task)
             task.add_done_callback(self._load_tasks.discard)
@@ -370,6 +383,21 @@ class PoolResidency:
                 del self._loads[key]
             if not ready.done():  # cancelled (the pool closing): so are its waiters
                 ready.cancel()
+            self._load_queued[replica_id].discard(adapter.engine_name)  # it never reached the engine
+            self._note_loading(replica_id)
+
+    def _note_loading(self, replica_id: str) -> None:
+        """This gateway's loads on the replica changed: what routing reads (``loading_here``) and the slot signal
+        shares with the other gateways."""
+        queued, running = len(self._load_queued[replica_id]), self._load_running.get(replica_id)
+        entry = (queued, running) if queued or running is not None else None
+        if entry == self.loading_here.get(replica_id):
+            return
+        if entry is None:
+            del self.loading_here[replica_id]
+        else:
+            self.loading_here[replica_id] = entry
+        self.signal.loading(self.pool, replica_id, entry)
 
     async def _load_for(self, replica_id: str, adapter: AdapterRef, pinned: bool, ready: asyncio.Future[None]) -> None:
         await self.driver.prepare_adapter(adapter)  # outside the lock: other loads on the replica need not wait
@@ -431,9 +459,17 @@ class PoolResidency:
 
     async def _load_locked(self, replica_id: str, adapter: AdapterRef, pinned: bool, record: ReplicaRecord) -> None:
         if adapter.engine_name not in record.resident:
-            started = time.monotonic()
-            await self.driver.load_adapter(self.endpoints[replica_id], adapter)
-            self.metrics.adapter_load_seconds.labels(self.pool).observe(time.monotonic() - started)
+            self._load_queued[replica_id].discard(adapter.engine_name)
+            started = self._load_running[replica_id] = time.monotonic()
+            self._note_loading(replica_id)
+            try:
+                await self.driver.load_adapter(self.endpoints[replica_id], adapter)
+            finally:
+                del self._load_running[replica_id]
+                self._note_loading(replica_id)
+            took_s = time.monotonic() - started
+            self.load_ms += _LOAD_MS_RATE * (1000.0 * took_s - self.load_ms)
+            self.metrics.adapter_load_seconds.labels(self.pool).observe(took_s)
             self.metrics.adapter_loads.labels(self.pool, replica_id, adapter.engine_name).inc()
             self.metrics.activity.cold_load(adapter.engine_name)
             self.counters.cold_loads += 1

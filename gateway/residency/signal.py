@@ -91,8 +91,13 @@ FLYING_GRACE_S = 2 * SHARE_S
 MAX_COUNT = 1_000_000  # a replica's requests in flight at one gateway, as a receiver believes them at most
 
 Key = tuple[str, str]  # (pool, replica)
+# A replica's adapter loads under way at one gateway, or at the others together: how many are queued for its lock,
+# and when (time.monotonic) the one the engine runs began, or None (routing/costs.py's ``Loading``, which routing
+# reads: residency may not import routing).
+Loading = tuple[int, float | None]
 _NOWHERE: frozenset[str] = frozenset()
 _NO_LOAD: Mapping[str, int] = MappingProxyType({})
+_NO_LOADING: Mapping[str, Loading] = MappingProxyType({})
 
 
 class SlotListener(Protocol):
@@ -162,14 +167,19 @@ class SlotSignal:
         self._sent_count = 0
         # This gateway's in-flight adapters and requests as last shared (``share``): what, when, and whether that
         # message named any.
-        self._flying_sent: tuple[object, object] = ({}, {})
+        self._flying_sent: tuple[object, object, object] = ({}, {}, {})
         self._flying_sent_at = float("-inf")
         self._said_flying = False
         # Other gateways' in-flight adapters and requests: per sender its sets, counts and when heard, the newest
         # message's number, per (pool, adapter) how many senders hold it on each replica, and per pool their
         # requests per replica (what routing reads: one lookup a decision).
-        self._flying_from: dict[str, tuple[dict[Key, frozenset[str]], dict[Key, int], float]] = {}
+        self._flying_from: dict[str, tuple[dict[Key, frozenset[str]], dict[Key, int], float, dict[Key, Loading]]] = {}
         self._load: dict[str, dict[str, int]] = {}
+        # Adapter loads under way (routing's load_ahead term, routing/costs.py): this gateway's per replica, as its
+        # lifecycles say (``loading``), and the other gateways' per pool and replica, summed over them (their
+        # queued loads added, the earliest running one kept).
+        self._loading_here: dict[Key, Loading] = {}
+        self._loading: dict[str, dict[str, Loading]] = {}
         self._flying_n: dict[str, int] = {}
         self._flying: dict[tuple[str, str], dict[str, int]] = {}
         self.listening = False  # this gateway's subscription is up: it hears the others
@@ -239,6 +249,19 @@ class SlotSignal:
         """Per replica of the pool, the requests other gateways have in flight there (as they last shared them)."""
         return self._load.get(pool, _NO_LOAD)
 
+    def loading(self, pool: str, replica: str, entry: Loading | None) -> None:
+        """This gateway's adapter loads on the replica now (None: none): shared with the in-flight adapters, in the
+        next ``flying`` message (batched: never a message per load)."""
+        if entry is None:
+            self._loading_here.pop((pool, replica), None)
+        else:
+            self._loading_here[(pool, replica)] = entry
+
+    def loading_elsewhere(self, pool: str) -> Mapping[str, Loading]:
+        """Per replica of the pool, the adapter loads other gateways have under way there (as they last shared them:
+        their loads queued, and when the one running began on this gateway's clock)."""
+        return self._loading.get(pool, _NO_LOADING)
+
     def flying_at(self, pool: str, replica: str) -> frozenset[str] | None:
         """The adapters other gateways have requests in flight for on the replica, as they last shared them; None
         while this gateway is not listening, or for ``REMOTE_TTL_S`` after its subscription came back (it may have
@@ -247,7 +270,7 @@ class SlotSignal:
         if not self.listening or self._clock() < self._heard_all_at:
             return None
         key = (pool, replica)
-        return frozenset().union(*(sets.get(key, _NOWHERE) for sets, _, _ in self._flying_from.values()))
+        return frozenset().union(*(sets.get(key, _NOWHERE) for sets, _, _, _ in self._flying_from.values()))
 
     def share(self) -> None:
         """Publish this gateway's in-flight adapters and requests per replica if they changed since the last
@@ -266,14 +289,21 @@ class SlotSignal:
                     pool_counts = counts.setdefault(pool, {})
                     pool_counts[replica] = pool_counts.get(replica, 0) + requests
                     pairs += len(adapters) + 1
+        # Adapter loads under way: compared by when each running one began, sent as how long it has run (the
+        # gateways' clocks differ).
+        loading = dict(list(self._loading_here.items())[: max(0, MAX_SHARED_PAIRS - pairs)])
         due = self._said_flying and now - self._flying_sent_at >= RENEW_S
-        if (held, counts) == self._flying_sent and not due:
+        if (held, counts, loading) == self._flying_sent and not due:
             return
-        self._flying_sent = (held, counts)
-        if not held and not self._said_flying:
+        self._flying_sent = (held, counts, loading)
+        if not held and not loading and not self._said_flying:
             return  # silence already says so
-        self._flying_sent_at, self._said_flying = now, bool(held)
-        self._send({"t": "flying", "h": held, "c": counts}, None)
+        self._flying_sent_at, self._said_flying = now, bool(held or loading)
+        loads: dict[str, dict[str, list[float | None]]] = {}
+        for (pool, replica), (queued, running) in loading.items():
+            ran_ms = None if running is None else round(1000.0 * max(0.0, now - running), 1)
+            loads.setdefault(pool, {})[replica] = [queued, ran_ms]
+        self._send({"t": "flying", "h": held, "c": counts, "l": loads}, None)
 
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
         """The adapters other gateways hold on the replica, once this gateway waits there and every listening
@@ -306,7 +336,7 @@ class SlotSignal:
             number = message.get("n")
             if isinstance(number, int) and number > self._flying_n.get(sender, -1):
                 self._flying_n[sender] = number
-                self._heard_flying(sender, message.get("h"), message.get("c"))
+                self._heard_flying(sender, message.get("h"), message.get("c"), message.get("l"))
         elif kind == "set":
             for listener in self._listeners.get(key[0], ()):
                 listener.remote_set_changed(key[1])
@@ -367,7 +397,7 @@ class SlotSignal:
         is free, so the waits look again)."""
         now = self._clock()
         self._remote_waits = {key: until for key, until in self._remote_waits.items() if until > now}
-        for sender in [g for g, (_, _, heard_at) in self._flying_from.items() if heard_at <= now - REMOTE_TTL_S]:
+        for sender in [g for g, (_, _, heard_at, _) in self._flying_from.items() if heard_at <= now - REMOTE_TTL_S]:
             self._forget_flying(sender)
             del self._flying_n[sender]
         self._waits = {key: w for key, w in self._waits.items() if w.count or w.left_at > now - RENEW_S}
@@ -396,10 +426,11 @@ class SlotSignal:
             held |= listener.held_here(replica)
         return sorted(held)
 
-    def _heard_flying(self, sender: str, held: object, counted: object) -> None:
-        """Another gateway's in-flight adapters and requests replace what it said before. Entries that are not a
-        pool's map of replicas to lists of names (or to request counts) are left out (another gateway's bug, or
-        anyone with Redis access), as are those past ``MAX_SHARED_PAIRS``."""
+    def _heard_flying(self, sender: str, held: object, counted: object, loading: object = None) -> None:
+        """Another gateway's in-flight adapters, requests and adapter loads replace what it said before. Entries that
+        are not a pool's map of replicas to lists of names (or to request counts, or to a load count and how long the
+        running load has run) are left out (another gateway's bug, or anyone with Redis access), as are those past
+        ``MAX_SHARED_PAIRS``."""
         sets: dict[Key, frozenset[str]] = {}
         requests: dict[Key, int] = {}
         if isinstance(counted, dict):
@@ -420,9 +451,29 @@ class SlotSignal:
                     if names:
                         sets[(pool, replica)] = names
                         pairs += len(names)
-        before = self._flying_from.get(sender, ({}, {}, 0.0))[0]
+        now = self._clock()
+        loads_on: dict[Key, Loading] = {}
+        if isinstance(loading, dict):
+            for pool, replicas in loading.items():
+                if not isinstance(replicas, dict):
+                    continue
+                for replica, entry in replicas.items():
+                    if pairs >= MAX_SHARED_PAIRS or not isinstance(entry, list) or len(entry) != 2:
+                        continue
+                    queued, ran_ms = entry
+                    if not isinstance(queued, int) or not 0 <= queued <= MAX_COUNT:
+                        continue
+                    if ran_ms is None:
+                        loads_on[(pool, replica)] = (queued, None)
+                    elif isinstance(ran_ms, int | float) and 0 <= ran_ms <= 3_600_000:
+                        loads_on[(pool, replica)] = (queued, now - ran_ms / 1000.0)
+                    else:
+                        continue
+                    pairs += 1
+        before = self._flying_from.get(sender, ({}, {}, 0.0, {}))[0]
         self._forget_flying(sender)
-        self._flying_from[sender] = (sets, requests, self._clock())
+        self._flying_from[sender] = (sets, requests, now, loads_on)
+        self._sum_loading(loads_on)
         # What it holds, and what it let go since its last message, was in use until now: the lifecycles take that
         # as a use (their least recently used adapter is then the engine's too), within SHARE_S of the fact.
         for (pool, replica), names in {**before, **sets}.items():
@@ -437,8 +488,28 @@ class SlotSignal:
             loads = self._load.setdefault(pool, {})
             loads[replica] = loads.get(replica, 0) + count
 
+    def _sum_loading(self, keys: Collection[Key]) -> None:
+        """The other gateways' loads on these replicas, summed again (``_loading``)."""
+        for key in keys:
+            pool, replica = key
+            queued, running = 0, None
+            for _, _, _, loads_on in self._flying_from.values():
+                entry = loads_on.get(key)
+                if entry is not None:
+                    queued += entry[0]
+                    if entry[1] is not None and (running is None or entry[1] < running):
+                        running = entry[1]
+            pool_loading = self._loading.setdefault(pool, {})
+            if queued or running is not None:
+                pool_loading[replica] = (queued, running)
+            else:
+                pool_loading.pop(replica, None)
+                if not pool_loading:
+                    del self._loading[pool]
+
     def _forget_flying(self, sender: str) -> None:
-        sets, requests, _ = self._flying_from.pop(sender, ({}, {}, 0.0))
+        sets, requests, _, loads_on = self._flying_from.pop(sender, ({}, {}, 0.0, {}))
+        self._sum_loading(loads_on)
         for (pool, replica), count in requests.items():
             loads = self._load[pool]
             if loads[replica] > count:
@@ -520,6 +591,12 @@ class NoSignal:
     def load_elsewhere(self, pool: str) -> Mapping[str, int]:
         return _NO_LOAD
 
+    def loading(self, pool: str, replica: str, entry: Loading | None) -> None:
+        return None
+
+    def loading_elsewhere(self, pool: str) -> Mapping[str, Loading]:
+        return _NO_LOADING
+
     def flying_at(self, pool: str, replica: str) -> frozenset[str] | None:
         return None
 
@@ -544,6 +621,10 @@ class Signal(Protocol):
     def flying_elsewhere(self, pool: str, replica: str, adapter: str) -> bool: ...
 
     def load_elsewhere(self, pool: str) -> Mapping[str, int]: ...
+
+    def loading(self, pool: str, replica: str, entry: Loading | None) -> None: ...
+
+    def loading_elsewhere(self, pool: str) -> Mapping[str, Loading]: ...
 
     def flying_at(self, pool: str, replica: str) -> frozenset[str] | None: ...
 

@@ -115,3 +115,27 @@ def regime_of(on_gpu: bool, resident: bool, key_recent: bool) -> Regime:
     if on_gpu:
         return "warm" if key_recent else "kv_cold"
     return "host" if resident else "cold"
+
+
+# A replica's adapter loads under way at one gateway, or at the others together: how many are queued for the
+# replica's lock (not yet at the engine), and when (time.monotonic) the one the engine runs now began, or None.
+Loading = tuple[int, float | None]
+
+
+def loads_ahead_ms(here: Loading | None, there: Loading | None, now: float, load_ms: float) -> float:
+    """What a cold load on a replica would wait for, in milliseconds, before its own load begins: what is left of
+    the load running there (``load_ms``, the expected time of one load, less what it has run; none left once it has
+    run that long) and ``load_ms`` per load queued there. ``here``: this gateway's loads on the replica; ``there``:
+    the other gateways' as they last shared them (either None: none). Loads run one at a time on a replica (its
+    lock), so the earlier of the two running loads is the one the engine runs now."""
+    queued, running = here if here is not None else (0, None)
+    if there is not None:
+        queued += there[0]
+        if there[1] is not None and (running is None or there[1] < running):
+            running = there[1]
+    ms = queued * load_ms
+    if running is not None:
+        left = load_ms - 1000.0 * (now - running)
+        if left > 0:
+            ms += left
+    return ms

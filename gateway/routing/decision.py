@@ -35,6 +35,10 @@ class ReplicaLoad(NamedTuple):
     # there would push out (the least recently used idle one, when the set is full) is wanted there again soon,
     # 0 to 1 (fleet/pool.py).
     evict_loss: float = 0.0
+    # Where the request's adapter is cold: the adapter loads a load there would wait for, in milliseconds (what is
+    # left of the one running, and the others queued for the replica; this gateway's and, as they share them, the
+    # other gateways': costs.loads_ahead_ms). The load_ahead scorer weighs it.
+    loads_ahead_ms: float = 0.0
 
 
 class KeyStanding(NamedTuple):

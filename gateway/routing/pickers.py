@@ -140,17 +140,17 @@ def lowest_predicted(
     next requests, or None, and whether it is due there (``warm_or_cold``). (fleet/one_pass.py scores a plain
     decision the same way, in its own loop.)"""
     # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
-    warm_c, warm_p, warm_o = table["warm"]
-    kv_cold_c, kv_cold_p, kv_cold_o = table["kv_cold"]
-    host_c, host_p, host_o = table["host"]
-    cold_c, cold_p, cold_o = table["cold"]
+    warm_c, warm_p, warm_o, _ = table["warm"]
+    kv_cold_c, kv_cold_p, kv_cold_o, _ = table["kv_cold"]
+    host_c, host_p, host_o, _ = table["host"]
+    cold_c, cold_p, cold_o, cold_a = table["cold"]  # only a cold load waits for the loads ahead of it
     best, best_ms = candidates[0], math.inf
     cold, cold_ms = best, math.inf  # the best candidate where the adapter is cold, kept apart
     warm_count = warm_load = 0
     regime: Regime
     best_regime: Regime = "cold"
     for replica in candidates:
-        replica_id, _, load, _, _, _, on_gpu, key_recent, _ = replica  # cheaper than 4 reads
+        replica_id, _, load, _, _, _, on_gpu, key_recent, _, ahead_ms = replica  # cheaper than 5 reads
         # regime_of (costs.py), inline: this runs per candidate per decision.
         if on_gpu:
             if key_recent:
@@ -163,7 +163,7 @@ def lowest_predicted(
             regime = "host"
             constant, per_request, off_home = host_c, host_p, host_o
         else:
-            ms = cold_c + cold_p * load
+            ms = cold_c + cold_p * load + cold_a * ahead_ms
             if replica_id != home and replica_id not in also_home:
                 ms += cold_o
             if ms < cold_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order

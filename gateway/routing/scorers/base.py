@@ -40,15 +40,22 @@ class Scorer(Protocol):
 
 
 class Linear(NamedTuple):
-    """A term in milliseconds: ``constant_ms + per_request_ms x load``, plus ``off_home_ms`` on any replica but
-    the key's home."""
+    """A term in milliseconds: ``constant_ms + per_request_ms x load + per_ahead_ms x loads_ahead_ms``, plus
+    ``off_home_ms`` on any replica but the key's home. ``loads_ahead_ms``: the adapter loads a cold load there
+    would wait for (``ReplicaLoad.loads_ahead_ms``)."""
 
     constant_ms: float = 0.0
     per_request_ms: float = 0.0
     off_home_ms: float = 0.0
+    per_ahead_ms: float = 0.0
 
-    def at(self, load: int, is_home: bool) -> float:
-        return self.constant_ms + self.per_request_ms * load + (0.0 if is_home else self.off_home_ms)
+    def at(self, load: int, is_home: bool, loads_ahead_ms: float = 0.0) -> float:
+        return (
+            self.constant_ms
+            + self.per_request_ms * load
+            + self.per_ahead_ms * loads_ahead_ms
+            + (0.0 if is_home else self.off_home_ms)
+        )
 
 
 class LinearScorer:
@@ -58,7 +65,10 @@ class LinearScorer:
         raise NotImplementedError
 
     def score(self, candidate: Candidate) -> float:
-        return self.coefficients(candidate.line, candidate.regime).at(candidate.replica.in_flight, candidate.is_home)
+        replica = candidate.replica
+        return self.coefficients(candidate.line, candidate.regime).at(
+            replica.in_flight, candidate.is_home, replica.loads_ahead_ms
+        )
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,7 @@ class Scoring:
                     sum(weight * part.constant_ms for weight, part in parts),
                     sum(weight * part.per_request_ms for weight, part in parts),
                     sum(weight * part.off_home_ms for weight, part in parts),
+                    sum(weight * part.per_ahead_ms for weight, part in parts),
                 )
             self._table, self._table_version = table, model.version
         return self._table

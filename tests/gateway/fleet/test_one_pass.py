@@ -45,8 +45,8 @@ def pools(draw: st.DrawFn) -> tuple[Pool, float]:
     size = draw(st.integers(1, SIZE))
     replica = _replica(size)
     view: Literal["gateway", "engine", "shared"] = draw(st.sampled_from(["gateway", "engine", "shared"]))
-    weights = draw(st.tuples(*[st.sampled_from([0.0, 1.0, 2.0])] * 4))
-    scorers = dict(zip(("queue", "regime", "affinity", "cold_stall"), weights, strict=True))
+    weights = draw(st.tuples(*[st.sampled_from([0.0, 1.0, 2.0])] * 5))
+    scorers = dict(zip(("queue", "regime", "affinity", "cold_stall", "load_ahead"), weights, strict=True))
     if draw(st.integers(0, 9)) == 0:
         scorers["eviction"] = 1.0  # not linear: the general pipeline decides every request
     routing = RoutingConfig(
@@ -99,8 +99,24 @@ def pools(draw: st.DrawFn) -> tuple[Pool, float]:
         ):
             held.setdefault(replica_id, []).append(name)
             counts[replica_id] = counts.get(replica_id, 0) + count
-        message = {"t": "flying", "g": "other", "n": 1, "h": {"llama": held}, "c": {"llama": counts}}
+        # ... and its adapter loads under way: how many queued, how long the running one has run (ms) or None.
+        loads = {
+            replica_id: [queued, ran_ms]
+            for replica_id, queued, ran_ms in draw(
+                st.lists(st.tuples(replica, st.integers(0, 2), st.sampled_from([None, 0.0, 150.0, 900.0])), max_size=2)
+            )
+        }
+        message = {
+            "t": "flying", "g": "other", "n": 1, "h": {"llama": held}, "c": {"llama": counts}, "l": {"llama": loads},
+        }  # fmt: skip
         signal.heard(json.dumps(message))
+    # This gateway's adapter loads under way (queued, and when the running one began), and its expected load time.
+    for replica_id, queued, ran_s in draw(
+        st.lists(st.tuples(replica, st.integers(0, 2), st.sampled_from([None, 0.05, 0.3, 2.0])), max_size=2)
+    ):
+        if queued or ran_s is not None:
+            pool.residency.loading_here[replica_id] = (queued, None if ran_s is None else NOW - ran_s)
+    pool.residency.load_ms = draw(st.sampled_from([0.0, 300.0]))
     if draw(st.booleans()):  # a placement table: the key's replica set beyond its home charges no affinity margin
         pool.ring.install({key: tuple(draw(st.lists(replica, min_size=1, max_size=3, unique=True))) for key in KEYS})
     return pool, NOW

@@ -833,3 +833,45 @@ async def test_gateways_whose_requests_for_an_adapter_arrive_together_do_not_wai
     await shared(b, lambda: a.signal.flying_elsewhere("llama", "r0", "x"))
     await asyncio.wait_for(asyncio.gather(a.ensure("r0", ref("x")), b.ensure("r0", ref("x"))), 5)
     assert engine.loads[("r0", "x")] == 1 and engine.duplicate_loads == 0
+
+
+# --- adapter loads under way, shared for routing's load_ahead term (``loading``, ``loading_elsewhere``) -------------
+
+
+async def test_a_gateways_loads_under_way_reach_the_others_in_its_in_flight_message(store: ResidencyStore) -> None:
+    """A cold load queues behind every load under way on its replica, this gateway's or another's (the replica's
+    lock). A says which of its loads run and which are queued, per replica, in its batched ``flying`` message (no
+    message of its own), and B's routing reads them (``loading_elsewhere``) until A says they ended. A's measured
+    load time teaches its expected one (``load_ms``)."""
+    engine, bus = FakeEngine(), Bus()
+    a, b = gateway(store, engine, bus, max_adapters=4), gateway(store, engine, bus, max_adapters=4)
+    assert isinstance(a.signal, SlotSignal) and isinstance(b.signal, SlotSignal)
+    held = Gate(a, "x", "z")
+    running = asyncio.create_task(a.ensure("r0", ref("x")))
+    await held.until_entered("x")
+    queued = asyncio.create_task(a.ensure("r0", ref("z")))
+    await until_loading(a, "z")
+    assert a.loading_here["r0"][0] == 1 and a.loading_here["r0"][1] is not None
+    before = a.load_ms
+    a.signal.share()
+    await until(lambda: "r0" in b.signal.loading_elsewhere("llama"), lambda: f"B never heard: {bus.published}")
+    queued_there, running_since = b.signal.loading_elsewhere("llama")["r0"]
+    assert queued_there == 1 and running_since is not None and running_since <= time.monotonic()
+    assert [m for m in bus.published if m["t"] == "flying"][-1]["l"]["llama"]["r0"][0] == 1
+    held.opened["x"].set()
+    held.opened["z"].set()
+    await asyncio.gather(running, queued)
+    assert a.loading_here == {} and a.load_ms < before  # the fake engine loads at once: well under the prior
+    a.signal.share()
+    await until(lambda: not b.signal.loading_elsewhere("llama"), lambda: f"B still counts them: {bus.published}")
+
+
+async def test_unreadable_loads_under_way_are_left_out() -> None:
+    signal = Bus().signal()
+    loads = {"llama": {"r0": [1, None], "r1": [0, 120.5], "r2": ["1", None], "r3": [1], "r4": [-1, 5], "r5": [0, -3],
+                       "r6": None}, "other": 7}  # fmt: skip
+    signal.heard(json.dumps({"t": "flying", "g": "other", "n": 1, "h": {}, "l": loads}))
+    seen = signal.loading_elsewhere("llama")
+    assert set(seen) == {"r0", "r1"} and seen["r0"] == (1, None) and seen["r1"][0] == 0
+    signal.subscribed(False)  # what was said before the subscription dropped is forgotten
+    assert not signal.loading_elsewhere("llama")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.routing.costs import Line, Regime, TtftModel
+from gateway.routing.costs import Line, Regime, TtftModel, loads_ahead_ms
 from gateway.routing.decision import NEW_KEY, KeyStanding, ReplicaLoad, RoutingDecision
 from gateway.routing.pipeline import decide
 from gateway.routing.ring import Ring
@@ -102,6 +102,62 @@ def test_a_cold_load_goes_where_its_victim_is_least_wanted() -> None:
                           capacity_floor=8, standing=NEW_KEY, resident=frozenset(), scoring=scoring,
                           explain=explain)  # fmt: skip
         assert decision.chosen == SECOND  # one request queued there costs 10 ms; its victim's loss saves 800
+
+
+def test_the_load_ahead_term_charges_a_cold_load_the_loads_it_would_wait_for_there() -> None:
+    load_ahead = SCORERS["load_ahead"](ScorerSettings())
+    busy = Candidate(ReplicaLoad("r0", True, 3, loads_ahead_ms=250.0), "cold", PRIORS["cold"], True)
+    assert load_ahead.score(busy) == 250  # what is left of the load running there, and those queued
+    assert load_ahead.score(busy._replace(regime="host")) == 0  # no load of its own: nothing to queue behind
+    assert load_ahead.score(busy._replace(regime="warm")) == 0
+    assert load_ahead.score(busy._replace(replica=ReplicaLoad("r0", True, 3))) == 0  # nothing loading there
+
+
+def test_the_loads_ahead_are_what_is_left_of_the_running_one_and_a_load_per_queued_one() -> None:
+    now = 100.0
+    assert loads_ahead_ms(None, None, now, 400.0) == 0
+    assert loads_ahead_ms((0, now - 0.1), None, now, 400.0) == pytest.approx(300)  # ran 100 ms of 400
+    assert loads_ahead_ms((0, now - 0.5), None, now, 400.0) == 0  # overran its expected time: none left
+    assert loads_ahead_ms((2, None), None, now, 400.0) == 800  # two queued, none at the engine yet
+    # This gateway's queued load behind another gateway's running one (one replica, one load at a time).
+    assert loads_ahead_ms((1, None), (0, now - 0.3), now, 400.0) == pytest.approx(500)
+    # Both report a running load (the store's lock was down): the earlier one is what the engine runs now.
+    assert loads_ahead_ms((0, now - 0.1), (1, now - 0.3), now, 400.0) == pytest.approx(500)
+
+
+@pytest.mark.parametrize("explain", [False, True])
+def test_a_cold_load_leaves_a_home_that_is_loading_for_an_idle_replica(explain: bool) -> None:
+    """The adapter is cold everywhere; the home has a load running with 300 ms left: without the term the home
+    wins (the affinity margin), with it the idle replica does (its 10 ms margin against 300 ms of waiting)."""
+    fleet = [
+        ReplicaLoad(HOME, True, 1, loads_ahead_ms=300.0),
+        ReplicaLoad(SECOND, True, 1),
+        ReplicaLoad(THIRD, True, 1, loads_ahead_ms=50.0),
+    ]
+    for weights, chosen in (
+        ({"queue": 1, "regime": 1, "affinity": 1, "cold_stall": 1}, HOME),
+        ({"queue": 1, "regime": 1, "affinity": 1, "cold_stall": 1, "load_ahead": 1}, SECOND),
+    ):
+        scoring = build_scoring(weights, ScorerSettings(affinity_margin_ms=10), TtftModel(PRIORS, 0))
+        decision = decide(RING.preference(KEY), KEY, fleet, pool="p", policy="predicted_ttft", balance_factor=1.25,
+                          capacity_floor=8, standing=NEW_KEY, resident=frozenset(), scoring=scoring,
+                          explain=explain)  # fmt: skip
+        assert decision.chosen == chosen
+        assert decision.predictions[chosen].regime == "cold"
+
+
+def test_the_load_ahead_term_never_moves_a_request_whose_adapter_is_warm() -> None:
+    """Warm at home with a load running there (another adapter's): the term prices cold loads only."""
+    scoring = build_scoring(
+        {"queue": 1, "regime": 1, "affinity": 1, "cold_stall": 1, "load_ahead": 1},
+        ScorerSettings(affinity_margin_ms=10),
+        TtftModel(PRIORS, 0),
+    )
+    fleet = [ReplicaLoad(HOME, True, 1, on_gpu=True, loads_ahead_ms=5_000.0), ReplicaLoad(SECOND, True, 0),
+             ReplicaLoad(THIRD, True, 0)]  # fmt: skip
+    decision = decide(RING.preference(KEY), KEY, fleet, pool="p", policy="predicted_ttft", balance_factor=1.25,
+                      capacity_floor=8, standing=NEW_KEY, resident=frozenset(), scoring=scoring)  # fmt: skip
+    assert decision.chosen == HOME
 
 
 def test_an_unknown_scorer_is_refused() -> None:
