@@ -28,6 +28,7 @@ NOW = 10_000.0
 KEYS = ("k0", "k1", "k2")
 ADAPTERS = ("a", "b", "c")
 SIZE = 6
+LOAD_AHEAD_ON = {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0, "load_ahead": 1.0}
 
 
 async def _published(body: str) -> None:
@@ -191,3 +192,34 @@ def test_an_idle_healthy_fleet_is_decided_in_one_pass(policy: str) -> None:
     pool.replicas[pool.ring.home("acme")].in_flight = 9
     over = pool.place("acme", "a")
     assert over.kept != () and over.chosen != pool.ring.home("acme")
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_a_cold_load_leaves_a_home_where_a_load_runs_with_load_ahead_on(one_pass: bool) -> None:
+    """The real pool, the adapter cold everywhere: its home has a load running (this gateway's, begun 100 ms ago, 300
+    ms expected) or another gateway's (as its message said). With the default scorers the home takes it (the affinity
+    margin); with load_ahead the next replica does: 200 ms left there against a 10 ms margin."""
+    signal = SlotSignal(_published, GatewayMetrics(), clock=lambda: NOW)
+    chosen: dict[tuple[bool, str], bool] = {}
+    number = 0
+    default: dict[str, float] = {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0}
+    for scorers in (default, LOAD_AHEAD_ON):
+        for whose in ("here", "there"):
+            routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, scorers=scorers)
+            pool = pool_of(3, routing, policy="predicted_ttft", signal=signal)
+            pool.one_pass = one_pass
+            pool.residency.load_ms = 300.0
+            home = pool.ring.preference("k0")[0]
+            with mock.patch.object(time, "monotonic", lambda: NOW):
+                if whose == "here":
+                    pool.residency.loading_here[home] = (0, NOW - 0.1)
+                else:
+                    number += 1
+                    other = {"t": "flying", "g": "other", "n": number, "h": {}, "l": {"llama": {home: [0, 100.0]}}}
+                    signal.heard(json.dumps(other))
+                decision = pool._decide("k0", "a")
+            chosen[("load_ahead" in scorers, whose)] = decision.chosen == home
+            assert decision.chosen is not None and decision.predictions[decision.chosen].regime == "cold"
+            number += 1
+            signal.heard(json.dumps({"t": "flying", "g": "other", "n": number, "h": {}}))  # the load ended
+    assert chosen == {(False, "here"): True, (False, "there"): True, (True, "here"): False, (True, "there"): False}
