@@ -7,11 +7,11 @@ replica within seconds and pushed out its quiet neighbours' (their cold loads we
 the collide trace the heavy tenants' spills kept 18-19 copies in 16 slots, so some light tenant always lacked one.
 So a request goes to its key's planned replicas while the least loaded of them has fewer than ``queue`` requests in
 flight (the load routing counts). Past that a replica off the set may compete too, where taking it pushes out no
-other key's planned adapter still in use: the adapter is already resident there, a slot is free, or the adapter
-a load there would push out (the engine's least recently used idle one) is not planned there or no request used it
-for ``idle_s``. The pool then takes the off-set replica only when predicted faster than the best planned one by
-``margin_ms`` (Pool._decide_confined). A request whose planned replicas are all down, avoided (a retry) or at
-their cap is not confined.
+other key's planned adapter still in use: the adapter is already resident there beside every adapter planned
+there, a slot is free, or the adapter a load there would push out (the engine's least recently used idle one) is
+not planned there or no request used it for ``idle_s``. The pool then takes the off-set replica only when predicted
+faster than the best planned one by ``margin_ms`` (Pool._decide_confined). A request whose planned replicas are all
+down, avoided (a retry) or at their cap is not confined.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def split(
     pool: Pool,
     bound: PlanBound,
     key: str,
+    engine_model: str,
     order: tuple[str, ...],
     resident: frozenset[str],
     avoid: Collection[str],
@@ -78,6 +79,17 @@ def split(
     outside = tuple(
         r
         for r in order
-        if r not in planned and r not in avoid and (r in resident or residency.room_for(r, bound.idle_s))
+        if r not in planned
+        and r not in avoid
+        and (_spare(residency, r, engine_model) if r in resident else residency.room_for(r, bound.idle_s))
     )
     return inside, outside
+
+
+def _spare(residency: PoolResidency, replica_id: str, engine_model: str) -> bool:
+    """Whether a copy of the adapter on the replica leaves a slot for each adapter planned there: a copy in use
+    where the planned adapters fill the slots keeps one of them out (collide: a heavy key moved by the plan kept
+    using the copy at its old home, and the light keys planned there took turns in the slots left, a cold load
+    each, on the request path)."""
+    planned = residency.plan.get(replica_id, frozenset())
+    return len(planned) - (engine_model in planned) < residency.max_adapters

@@ -286,7 +286,7 @@ class Pool:
             known = self._candidates(key, resident)
         order, also_home = known[2], known[3]
         if self.plan_bound is not None and engine_model is not None:
-            confined = split(self, self.plan_bound, key, order, resident, avoid)
+            confined = split(self, self.plan_bound, key, engine_model, order, resident, avoid)
             if confined is not None:
                 return self._decide_confined(key, engine_model, confined, known[5], resident, avoid, explain)
         if self.one_pass and not explain and not avoid:

@@ -65,3 +65,18 @@ def test_a_request_whose_planned_replicas_are_down_or_avoided_is_not_confined() 
     pool.replicas["r0"].health.probed(False)
     assert not pool.is_healthy("r0")
     assert pool.explain("k", "a").chosen == "r2"
+
+
+def test_a_copy_off_the_set_is_not_used_where_the_adapters_planned_there_fill_the_slots() -> None:
+    """collide: a heavy key moved by the plan kept using its copy at the old home, where the light keys planned
+    there then had one slot fewer than they needed."""
+    pool = planned_pool()
+    pool.residency.plan["r2"] = frozenset({"p", "q"})
+    hold(pool, "r1", "x")
+    hold(pool, "r1", "y")
+    hold(pool, "r0", "a")
+    hold(pool, "r2", "a")  # the copy at the old home, warm: 50 ms against r0's 640
+    pool.replicas["r0"].in_flight = 60
+    assert pool.explain("k", "a").chosen == "r0"
+    pool.residency.plan["r2"] = frozenset({"p"})  # a slot beside the planned adapter: the copy may serve
+    assert pool.explain("k", "a").chosen == "r2"
