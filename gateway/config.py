@@ -694,6 +694,10 @@ class LimitsConfig(_Frozen):
     # The prompt (or all messages' text) in characters, and how deeply a JSON body may nest.
     max_prompt_chars: int = Field(default=200_000, ge=1)
     max_json_depth: int = Field(default=32, ge=2, le=254)  # 254: orjson's limit writing it back
+    # The completions one request may ask for: its prompts (a completions batch) times n (or best_of). The engine
+    # schedules every one as a sequence of its own, and the tenant limits count requests, not sequences: one batch of
+    # 1,000 prompts took a replica for 7.6 s, another tenant's TTFT there 29 ms -> 3.6 s. 128: OpenAI's bound on n.
+    max_choices: int = Field(default=128, ge=1)
     # Every tenant's limits where its own leave a field unset (a tenant's own value wins), e.g. a concurrency
     # limit for all tenants set once: tenant_defaults: {max_concurrent: 16}. Nothing by default.
     tenant_defaults: TenantLimits = TenantLimits()

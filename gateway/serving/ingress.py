@@ -52,8 +52,9 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord, teleme
             with state.admission.reading_body(tenant.id):
                 body = await read_body(request)
         inference: InferenceRequest = parse_inference(
-            body, kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars
-        )
+            body, kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars,
+            max_choices=limits.max_choices,
+        )  # fmt: skip
         record.stream = inference.stream
         session_id = request.headers.get("x-session-id") or inference.user
         routed = serving.tenants.route(tenant, inference.model, session_id, serving.config.routing)

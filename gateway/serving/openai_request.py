@@ -100,7 +100,7 @@ class InferenceRequest(NamedTuple):  # immutable, and built per request at a thi
 
 
 def parse_inference(
-    raw: bytes, kind: Kind, *, max_depth: int = 32, max_prompt_chars: int = 200_000
+    raw: bytes, kind: Kind, *, max_depth: int = 32, max_prompt_chars: int = 200_000, max_choices: int = 128
 ) -> InferenceRequest:
     body = parse_object(raw, max_depth)
     if body.keys() - _ALLOWED[kind]:
@@ -131,6 +131,11 @@ def parse_inference(
     best_of = body.get("best_of")
     each = max(body.get("n") or 1, best_of if isinstance(best_of, int) and not isinstance(best_of, bool) else 1)
     choices = prompts * each
+    if choices > max_choices:  # each is a sequence of its own on the engine (config.LimitsConfig.max_choices)
+        raise InvalidRequest(
+            f"The request asks for {choices} completions ({prompts} prompts x {each} each); at most {max_choices}.",
+            param="n" if prompts == 1 else "prompt",
+        )
     return InferenceRequest(
         body, model, bool(stream), user, max_tokens, prompt_chars, choices, frozenset(part_types), template_kwargs,
         tuple(part_urls),
