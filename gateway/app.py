@@ -22,7 +22,7 @@ from gateway.admin.drains import DRAINS, Drains, following
 from gateway.admin.siblings import SIBLINGS, Siblings
 from gateway.appkeys import ADMIN_TOKEN, METRICS, PLACER, STATE, TELEMETRY, TRAFFIC
 from gateway.config import GatewayConfig, StateConfig
-from gateway.error_answers import error_answer
+from gateway.error_answers import error_answer, unread_body
 from gateway.fleet.collector import FleetCollector
 from gateway.fleet.discovery import discover
 from gateway.fleet.discovery import interval_s as discovery_interval_s
@@ -119,9 +119,12 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         try:
             operator.check_surface(request)
-            return await handler(request)
+            response = await handler(request)
         except Exception as exc:
-            return error_answer(request, exc)
+            response = error_answer(request, exc)
+        if not request.content.is_eof():  # the handler left some body unread (a refusal, a route that reads none)
+            unread_body(request, response)
+        return response
     finally:
         if connection is not None:
             connection.ended()
