@@ -3,8 +3,9 @@ a request may take, before the policy scores them.
 
 The plan (gateway/placement/plan.py) gives every key a replica set within the pool's slot budget. Spills used to
 add copies the plan never counted: a noisy tenant's requests, predicted faster elsewhere, put its adapter on every
-replica within seconds and pushed out its quiet neighbours' (their cold loads went from 0 to 389 in 20 s), and on
-the collide trace the heavy tenants' spills kept 18-19 copies in 16 slots, so some light tenant always lacked one.
+replica within seconds and pushed out its quiet neighbours' (their cold loads in 20 s went from none to 24-26, 0-2
+now: docs/benchmarks.md), and on the collide trace the heavy tenants' spills kept 18-19 copies in 16 slots, so some
+light tenant always lacked one.
 So a request goes to its key's planned replicas while the least loaded of them has fewer than ``queue`` requests in
 flight (the load routing counts). Past that a replica off the set may compete too, where taking it pushes out no
 other key's planned adapter still in use: the adapter is already resident there beside every adapter planned

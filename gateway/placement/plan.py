@@ -206,9 +206,10 @@ def _extra_replica(
     """The replica a growing set gains: the least loaded one it lacks with a planned slot free, or None. A copy
     takes a slot: where the planned adapters fill a replica's ``slots`` it pushes out another key's adapter, whose
     requests then pay cold loads and push out others in turn (collide: 16 adapters in 16 slots; a noisy tenant's
-    spills put its adapter on every replica and the quiet tenants' cold loads went from 0 to 389). So a key hot by
-    load grows only into spare slots too: with none, its demand queues on its own set (routing keeps its spills
-    there up to ``placement.off_plan_queue``, gateway/fleet/plan_bound.py), not on its neighbours' adapters."""
+    spills put its adapter on every replica: the quiet tenants' cold loads in 20 s went from none to 24-26, 0-2 now,
+    docs/benchmarks.md). So a key hot by load grows only into spare slots too: with none, its demand queues on its
+    own set (routing keeps its spills there up to ``placement.off_plan_queue``, gateway/fleet/plan_bound.py), not on
+    its neighbours' adapters."""
     load, adapters = _tally(homes, loads, replicas)
     room = [r for r in replicas if r not in members and (not slots or adapters[r] < slots)]
     return min(room, key=lambda r: (load[r], r), default=None)
