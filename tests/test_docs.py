@@ -200,25 +200,27 @@ def named_fields(name: str, leaves: dict[str, list[FieldInfo]]) -> list[FieldInf
 
 def test_every_switch_the_docs_call_on_or_off_by_default_is() -> None:
     """`residency.fill_warm_up` (on by default), (`pools[].cache_salt`, on by default), `eviction`, off by default
-    (a scorer: on when `routing.scorers` names it): the default is what the docs say, so a default turned on or off
-    fails here until the docs follow."""
+    (a scorer: on when `routing.scorers` names it), `confine_spills` (on: ...): the default is what the docs say, so
+    a default turned on or off fails here until the docs follow."""
     from gateway.config import RoutingConfig
     from gateway.routing.scorers import SCORERS
 
     scorers_on = RoutingConfig().scorers
     leaves, checked, wrong = leaf_fields(), 0, []
-    for where, match in doc_matches(r"`([a-z_]+(?:\[\])?(?:\.[a-z_]+)*)`(?: \(|, )(on|off) by default"):
-        name, on = match.group(1), match.group(2) == "on"
+    switches = r"`([a-z_]+(?:\[\])?(?:\.[a-z_]+)*)`(?:(?: \(|, )(on|off) by default| \((on|off)[:;])"
+    for where, match in doc_matches(switches):
+        name, said = match.group(1), match.group(2) or match.group(3)
+        on = said == "on"
         if name == "routing.scorers":
             continue  # "An `eviction` scorer (`routing.scorers`, off by default": the scorer's, checked by its name
         checked += 1
         if name in SCORERS:
             if (scorers_on.get(name, 0) > 0) != on:
-                wrong.append(f"{where} scorer {name}: {match.group(2)} by default")
+                wrong.append(f"{where} scorer {name}: {said} by default")
             continue
         fields = named_fields(name, leaves)
         assert fields and all(f.annotation is bool for f in fields), f"{where} {name}: not a switch"
-        wrong += [f"{where} {name}: {match.group(2)} by default" for f in fields if f.default != on]
+        wrong += [f"{where} {name}: {said} by default" for f in fields if f.default != on]
     assert checked >= 4 and not wrong, wrong
 
 
@@ -876,3 +878,57 @@ def test_every_overhead_setup_the_docs_name_is_one_the_benchmarks_run() -> None:
         f"docs/benchmarks.md: no row for bench_instructions' {name}" for name in INSTRUCTION_SETUPS if name not in rows
     ]
     assert {"tenantgate-w2", "bare-fast"} <= overhead and len(named) >= 5 and len(only) >= 2 and not unknown, unknown
+
+
+def spread(cell: str) -> tuple[float, float, float]:
+    """A table cell's 'mean (lowest-highest)': '24 (17-34)', '3,404 ms (2,797-3,945)'."""
+    found = re.match(r"([\d,.]+)(?: ms)? \(([\d,.]+)-([\d,.]+)\)", cell)
+    assert found is not None, cell
+    mean, low, high = (float(group.replace(",", "")) for group in found.groups())
+    return mean, low, high
+
+
+def test_the_readmes_slot_budget_figures_are_the_benchmarks_tables() -> None:
+    """README, Homes from traffic: the noisy tenant's cost to its quiet neighbours before and after, collide's and
+    hot's TTFT p99 with copies within the slot budget against before, and collide's cold loads against balanced
+    homes are what docs/benchmarks.md's "Copies within the slot budget" tables say (a range: lowest to highest run),
+    and so are the figures that section's own reading quotes from its collide and hot table."""
+    from loadtests.noisy_tenant import NOISY, TENANTS
+
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    section = benchmarks[benchmarks.index("### Copies within the slot budget") :]
+    section = section[: section.index("\n### ")]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith(("| setup ", "| trace ")):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            key_cells = 1 if cells[0].startswith(("main", "this code")) else 2  # the noisy table's, or collide's
+            rows[", ".join(cells[:key_cells])] = cells[key_cells:]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    before, after = spread(rows["main, traffic homes"][0]), spread(rows["this code, traffic homes"][0])
+    quiet = len([t for t in TENANTS if t != NOISY])
+    noisy = f"cost its {quiet} quiet neighbours {before[1]:.0f}-{before[2]:.0f} cold loads in 20 s before, "
+    assert noisy + f"{after[1]:.0f}-{after[2]:.0f} after" in readme
+    p99_now = [spread(rows[f"{trace}, traffic homes, this code, v2"][1]) for trace in ("collide", "hot")]
+    p99_before = [spread(rows[f"{trace}, traffic homes, main"][1]) for trace in ("collide", "hot")]
+
+    def seconds(figures: list[tuple[float, float, float]]) -> str:
+        return f"{min(f[1] for f in figures) / 1000:.1f}-{max(f[2] for f in figures) / 1000:.1f} s"
+
+    assert f"collide and hot TTFT p99 {seconds(p99_now)} against {seconds(p99_before)} before" in readme
+    cold, balanced = rows["collide, traffic homes, this code, v2"][0], rows["collide, balanced homes"][0]
+    assert f"collide's cold loads are {cold} against balanced homes' {balanced}" in readme
+    assert f"queue there (TTFT p99 {p99_now[0][0] / 1000:.1f} s)" in readme
+    # The section's own reading of its collide and hot table.
+    prose = " ".join(section.split())
+    peaks = {key: spread(cells[3]) for key, cells in rows.items() if key.startswith(("collide, ", "hot, "))}
+    new_peaks = [peaks[f"{trace}, traffic homes, this code, v2"] for trace in ("collide", "hot")]
+    old_peaks = [figures for key, figures in peaks.items() if "this code" not in key]
+    assert (
+        f"(peak queue {new_peaks[0][1]:.0f}-{new_peaks[0][2]:.0f} on collide, {new_peaks[1][1]:.0f}-"
+        f"{new_peaks[1][2]:.0f} on hot, against {min(f[1] for f in old_peaks):.0f}-{max(f[2] for f in old_peaks):.0f})"
+    ) in prose
+    main_cold = spread(rows["collide, traffic homes, main"][0])[0]
+    cold_loads = f"{spread(cold)[0]:.0f} against {spread(balanced)[0]:.0f}, {main_cold:.0f} on main's traffic homes"
+    assert f"({cold_loads})" in prose
+    assert f"spills past the bound go cold: {rows['hot, traffic homes, this code, v2'][4]} streams" in prose

@@ -80,3 +80,13 @@ def test_a_copy_off_the_set_is_not_used_where_the_adapters_planned_there_fill_th
     assert pool.explain("k", "a").chosen == "r0"
     pool.residency.plan["r2"] = frozenset({"p"})  # a slot beside the planned adapter: the copy may serve
     assert pool.explain("k", "a").chosen == "r2"
+
+
+def test_a_request_whose_planned_replicas_are_at_their_cap_is_not_confined() -> None:
+    """docs/architecture.md, Spills kept on the plan: planned replicas at limits.max_in_flight_per_replica leave the
+    request unconfined (confined, it had only replicas it may not take: no replica at all)."""
+    pool = planned_pool()
+    hold(pool, "r2", "a")
+    pool.replicas["r0"].in_flight = pool.max_in_flight_per_replica
+    assert pool.explain("k", "a").chosen == "r2"
+    assert pool.place("k", "a").chosen == "r2"
