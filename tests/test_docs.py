@@ -207,7 +207,8 @@ def test_every_switch_the_docs_call_on_or_off_by_default_is() -> None:
 
     scorers_on = RoutingConfig().scorers
     leaves, checked, wrong = leaf_fields(), 0, []
-    switches = r"`([a-z_]+(?:\[\])?(?:\.[a-z_]+)*)`(?:(?: \(|, )(on|off) by default| \((on|off)[:;])"
+    # 'off by\ndefault': a line break is a space.
+    switches = r"`([a-z_]+(?:\[\])?(?:\.[a-z_]+)*)`(?:(?:\s\(|,\s)(on|off)\s+by\s+default|\s\((on|off)[:;])"
     for where, match in doc_matches(switches):
         name, said = match.group(1), match.group(2) or match.group(3)
         on = said == "on"
