@@ -4,15 +4,20 @@ serialised again. orjson's behaviours the gateway relies on are pinned here, so 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.config import LimitsConfig
+from gateway.app import create_app
+from gateway.config import GatewayConfig, LimitsConfig
 from gateway.errors import InvalidRequest
 from gateway.serving.json_body import RefusedInput, depth, dumps, parse_object
 from gateway.serving.openai_request import parse_inference
+from loadtests.fleet import api_key
+from tests.gateway.serving.test_request_walk import config
 
 
 @pytest.mark.parametrize(
@@ -205,6 +210,21 @@ def test_a_request_for_more_completions_than_max_choices_is_a_400(body: dict[str
     assert refused.value.status == 400 and refused.value.param == param
     assert parse_inference(json.dumps({"prompt": ["x"] * 64, "n": 2}).encode(), "completions").choices == 128
     assert LimitsConfig().max_choices == 128
+
+
+async def test_the_configured_max_choices_is_the_one_a_request_meets(tmp_path: Path) -> None:
+    """limits.max_choices as configured reaches the tenant endpoint (ingress passes it to the parser): with 2, a
+    request for 3 completions is a 400 naming n, and one for 2 is served."""
+    raw = config(tmp_path).model_dump(mode="json")
+    raw["limits"]["max_choices"] = 2
+    async with TestClient(TestServer(create_app(GatewayConfig.model_validate(raw)))) as client:
+        headers = {"Authorization": f"Bearer {api_key('acme')}"}
+        body = {"model": "lora-a", "prompt": "hello", "max_tokens": 4, "n": 3}
+        refused = await client.post("/v1/completions", json=body, headers=headers)
+        error = (await refused.json())["error"]
+        assert refused.status == 400 and error["param"] == "n" and "at most 2" in error["message"], error
+        served = await client.post("/v1/completions", json={**body, "n": 2}, headers=headers)
+        assert served.status == 200, await served.text()
 
 
 def test_a_prompt_over_max_prompt_chars_is_a_400_naming_it() -> None:
