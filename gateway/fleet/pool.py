@@ -87,6 +87,8 @@ class Pool:
             replica_id: (replica_id, replica, replica.health, residency.views[replica_id])
             for replica_id, replica in self.replicas.items()
         }
+        # Each replica as a set of one: a key's replica set where it is its home alone (_candidates).
+        self._alone = {replica_id: frozenset((replica_id,)) for replica_id in self.replicas}
         self.retry_budget = RetryBudget(config.retry.budget_ratio, config.retry.min_per_s)
         # Placed in advance where a rebuild prepared it on a worker thread (gateway/fleet/rings.py).
         self.ring = Ring(list(self.replicas), routing.vnodes, rings.geometry(list(self.replicas), routing.vnodes))
@@ -449,17 +451,31 @@ class Pool:
         order = ring.head_unremembered(key, count)
         room = count // 2
         if resident and room:
-            # The first K/2 resident replicas by name outside the head: of the first K/2 + those inside it.
-            inside = resident.intersection(order)
-            warm = [r for r in self._by_name(resident)[: room + len(inside)] if r not in inside][:room]
+            # The first K/2 resident replicas by name outside the head. With none inside it, the first K/2 by name
+            # (a slice of the names kept per resident set); else a walk of the names that stops at K/2.
+            by_name = self._by_name(resident)
+            if resident.isdisjoint(order):
+                warm = by_name[:room]
+            else:
+                inside = resident.intersection(order)
+                found: list[str] = []
+                for replica_id in by_name:
+                    if replica_id not in inside:
+                        found.append(replica_id)
+                        if len(found) == room:
+                            break
+                warm = tuple(found)
             if warm:
-                order = order[: count - len(warm)] + tuple(warm)
+                order = order[: count - len(warm)] + warm
         also_home = ring.also_home(key)
         if len(self._orders) >= _RECENT_KEYS:
             self._orders.clear()
         # The candidates' entries by one itemgetter (one C call: half a list comprehension's cost at 8 candidates).
         records = itemgetter(*order)(self.records) if len(order) > 1 else tuple(self.records[r] for r in order)
-        known = self._orders[key] = (resident, ring.version, order, also_home, records, also_home.union(order[:1]))
+        # The key's whole replica set: its home alone (one frozenset per replica, made once) unless the placement
+        # table gives it more.
+        homes = also_home.union(order[:1]) if also_home or not order else self._alone[order[0]]
+        known = self._orders[key] = (resident, ring.version, order, also_home, records, homes)
         return known
 
     def _by_name(self, resident: frozenset[str]) -> tuple[str, ...]:

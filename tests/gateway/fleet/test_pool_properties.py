@@ -225,6 +225,30 @@ def test_resident_replicas_take_the_ring_tails_places_up_to_half_of_the_candidat
     assert pool.explain("acme", "a").candidates == [*head[: 8 - kept], *resident[:kept]]
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    size=st.sampled_from([3, 9, 20, 120]),  # 120 x 160 points: past the ring's table, a slice
+    count=st.integers(1, 10),
+    resident_at=st.sets(st.integers(0, 119), max_size=30),
+    keys=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=8),
+)
+def test_a_keys_candidates_are_its_head_then_the_first_resident_outside_it_by_name(
+    size: int, count: int, resident_at: set[int], keys: list[str]
+) -> None:
+    """A key's candidates at its first sight, whether resident replicas lie inside its head or not (the pool takes
+    the names kept per resident set when none does): the head's first K - w, then the first w = up to K/2 resident
+    replicas by name outside the head."""
+    pool = pool_of(size, RoutingConfig(candidates=count, capacity_floor=1, home_reservation_s=0), cap=100)
+    resident = sorted(f"r{index}" for index in resident_at if index < size)
+    for replica_id in resident:
+        pool.residency.views[replica_id].resident["a"] = 1.0
+    for key in keys:
+        head = pool.ring.head(key, count)
+        warm = [replica_id for replica_id in resident if replica_id not in head][: count // 2]
+        expected = [*head[: len(head) - len(warm)], *warm] if warm else list(head)
+        assert pool.explain(key, "a").candidates == expected
+
+
 async def test_a_keys_candidates_follow_its_adapters_residency_and_the_placement_table() -> None:
     """The pool keeps a key's candidates between decisions (finding the resident ones outside its head costs a
     microsecond): a load elsewhere and a new placement table are seen at the next decision all the same."""
