@@ -135,9 +135,11 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             break
         if key in fixed or all(r in present for r in homes[key]):
             continue
-        load, _ = _tally(homes, loads, replicas)
+        load, adapters = _tally(homes, loads, replicas)
         kept = [r for r in homes[key] if r in present]
-        replaced = tuple(kept) or (min(replicas, key=lambda r: (load[r], r)),)
+        # The least loaded replica, and among equals the one with the fewest adapters: keys without traffic (load 0)
+        # all went to the first replica by name, past its slots.
+        replaced = tuple(kept) or (min(replicas, key=lambda r: (load[r], adapters[r], r)),)
         gone = ", ".join(r for r in homes[key] if r not in present)
         change(key, replaced, f"left {gone}")
         fixed.add(key)
