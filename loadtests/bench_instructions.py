@@ -12,12 +12,22 @@ Setups: the bare proxy on aiohttp's server with tenantgate's engine client (``ba
 asyncio protocol with httptools (``bare-fast``), and tenantgate with one tenant on that one replica, access log off
 (``tenantgate-nolog``) and on (``tenantgate``).
 
+With ``--realistic`` the load is bench_overhead's realistic one in shape: 32 tenants with an adapter each over 4
+simulated replicas (8 adapters a replica), tenantgate with its default config (the access log on; ``-nolog`` off),
+the requests cycling through the tenants, and the gateway's probes and scrapes slowed (``QUIET_CLOCK``). It counts
+what the default costs per request where users run it, which the light config's one tenant and one replica do not
+(one candidate, one label series, no adapter to look up among many). Concurrency stays low: under callgrind the
+server runs about 50x slower, so 64 clients would only queue. One client by default (``--clients``): with several,
+how many requests one turn of the event loop finds ready depends on the threads' timing, which moves the count
+by tens of thousands of instructions from run to run; with one it holds to a few thousand.
+
 With ``--idle`` each setup also runs, after its requests, an idle window as long as they took: the process's
 clock-driven work (tenantgate's is about 60 k instructions per request's worth of wall time, under callgrind), which
 at full speed is spread over about 50x more requests. The count net of it is what the requests themselves cost,
 and what a change to the request path moves; the window's own count moves with the machine's load.
 
     python -m loadtests.bench_instructions [--requests 300] [--only bare-http1,bare-fast] [--idle]
+    python -m loadtests.bench_instructions --realistic [--clients 4] [--only tenantgate,tenantgate-nolog] [--idle]
 """
 
 from __future__ import annotations
@@ -29,20 +39,49 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from loadtests.bench_overhead import _body, _preload
+from loadtests.bench_overhead import REPLICAS, TENANTS, _body, _preload
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, simulated_replicas, write_adapters
 from loadtests.processes import free_port, running
 
 SETUPS = ("bare-http1", "bare-fast", "tenantgate-nolog", "tenantgate")
 ADAPTER = "bench-lora"
 WARM_UP = 30
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the measured requests meet: the replicas, the tenants (each with its adapters), each replica's adapter
+    slots, and how many clients send at once (each on a kept-alive connection of its own)."""
+
+    replicas: dict[str, str]
+    tenants: dict[str, list[str]]
+    adapters: dict[str, str]
+    max_adapters: int = 2
+    clients: int = 1
+    # The gateway's clock-driven work slowed (``QUIET_CLOCK``): its probes and scrapes, which callgrind's slowdown
+    # makes weigh about 50x what they do per request at full speed, out of the count, the request path unchanged.
+    quiet_clock: bool = False
+
+
+# Probes every 30 s instead of 0.5, the engines' load scraped every 60 s instead of 0.5 (predicted_ttft reads it:
+# a scrape stays fresh for three intervals, so every decision still sees a fresh one), their metrics every 60 s
+# instead of 5 (stalls judged over 120 s, as the config asks: longer than a scrape's interval). The request path
+# reads the probes' verdicts and the scrapes' figures, not how often they come.
+QUIET_CLOCK = {"health_interval_s": 30.0, "scrape_interval_s": 60.0, "stall_after_s": 120.0}
+
+
+def light(replica: str, adapters: dict[str, str]) -> Load:
+    """One tenant with one adapter on one replica, one client: the light config."""
+    return Load({"r0": replica}, {"acme": [ADAPTER]}, adapters)
 
 
 def callgrind_available() -> bool:
@@ -59,28 +98,75 @@ def total_instructions(out: Path) -> int:
     return total
 
 
-def _command(setup: str, replica: str, port: int, root: Path, adapters: dict[str, str]) -> tuple[list[str], str]:
+def _command(setup: str, load: Load, port: int, root: Path) -> tuple[list[str], str]:
     """The setup's server command and its health path."""
     if setup.startswith("bare-"):
         server = "fast" if setup == "bare-fast" else "aiohttp"
-        cmd = ["-m", "loadtests.bare_proxy", "--port", str(port), "--client", "http1", "--server", server, replica]
-        return cmd, "/health"
+        cmd = ["-m", "loadtests.bare_proxy", "--port", str(port), "--client", "http1", "--server", server]
+        return [*cmd, *load.replicas.values()], "/health"
     extra: dict[str, Any] = {"telemetry": {"access_log": setup == "tenantgate"}}
-    config = gateway_config({"r0": replica}, {"acme": [ADAPTER]}, adapters, port=port, extra=extra)
+    names = {name for adapters in load.tenants.values() for name in adapters}
+    adapters = {name: path for name, path in load.adapters.items() if name in names}
+    config = gateway_config(
+        load.replicas, load.tenants, adapters, port=port, max_adapters=load.max_adapters, extra=extra
+    )  # fmt: skip
+    if load.quiet_clock:
+        config["telemetry"]["engine_scrape_interval_s"] = QUIET_CLOCK["scrape_interval_s"]
+        config["routing"]["load_scrape_interval_s"] = QUIET_CLOCK["scrape_interval_s"]
+        for pool in config["pools"]:
+            pool["health"]["interval_s"] = QUIET_CLOCK["health_interval_s"]
+            pool.setdefault("outlier", {})["stall_after_s"] = QUIET_CLOCK["stall_after_s"]
     path = root / f"{setup}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return ["-m", "gateway.cli", "serve", "--config", str(path)], "/readyz"
 
 
-def _send(connection: http.client.HTTPConnection, headers: dict[str, str], count: int) -> None:
-    """``count`` completions on one kept-alive connection, as the benchmarks' clients send them."""
-    body = _body(ADAPTER)
-    for _ in range(count):
-        connection.request("POST", "/v1/completions", body, headers)
-        answer = connection.getresponse()
-        answer.read()
-        if answer.status != 200:
-            raise RuntimeError(f"the setup answered {answer.status}")
+Request = tuple[dict[str, str], bytes]  # headers, body
+
+
+def _requests(setup: str, load: Load) -> list[Request]:
+    """One request per tenant (its first adapter), as the benchmarks' clients send them."""
+    requests = []
+    for tenant, adapters in load.tenants.items():
+        headers = {"Content-Type": "application/json"}
+        if setup.startswith("bare-"):
+            headers["x-tenant-id"] = tenant
+        else:
+            headers["Authorization"] = f"Bearer {api_key(tenant)}"
+        requests.append((headers, _body(adapters[0])))
+    return requests
+
+
+def _send(connections: list[http.client.HTTPConnection], requests: list[Request], count: int) -> None:
+    """``count`` completions over the clients' kept-alive connections, each client sending one at a time, the
+    requests cycling through ``requests`` (the tenants)."""
+    numbers = iter(range(count))
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def client(connection: http.client.HTTPConnection) -> None:
+        while not failures:
+            with lock:
+                number = next(numbers, None)
+            if number is None:
+                return
+            headers, body = requests[number % len(requests)]
+            connection.request("POST", "/v1/completions", body, headers)
+            answer = connection.getresponse()
+            answer.read()
+            if answer.status != 200:
+                failures.append(f"the setup answered {answer.status}")
+
+    if len(connections) == 1:
+        client(connections[0])
+    else:
+        threads = [threading.Thread(target=client, args=(connection,)) for connection in connections]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if failures:
+        raise RuntimeError(failures[0])
 
 
 @contextlib.contextmanager
@@ -93,33 +179,28 @@ def _under_callgrind(cmd: list[str], url: str, health: str, out: Path, log: Path
 
 
 def measure(setup: str, replica: str, root: Path, adapters: dict[str, str], requests: int) -> float:
-    """Thousands of instructions per request of ``setup``'s server process."""
-    return measure_with_idle(setup, replica, root, adapters, requests, idle=False)[0]
+    """Thousands of instructions per request of ``setup``'s server process, on the light config."""
+    return measure_with_idle(setup, light(replica, adapters), root, requests, idle=False)[0]
 
 
-def measure_with_idle(
-    setup: str, replica: str, root: Path, adapters: dict[str, str], requests: int, idle: bool
-) -> tuple[float, float]:
+def measure_with_idle(setup: str, load: Load, root: Path, requests: int, idle: bool) -> tuple[float, float]:
     """Thousands of instructions per request of ``setup``'s server process, and (``idle``, else 0) what the same
     process ran in an idle window as long as the requests took, per request: its clock-driven work (probes,
     scrapes, timers, the log writer's wake-ups), which callgrind's slowdown makes weigh about 50x what it does
     per request at full speed, and which moves with the machine's load."""
     port = free_port()
-    cmd, health = _command(setup, replica, port, root, adapters)
+    cmd, health = _command(setup, load, port, root)
     url = f"http://127.0.0.1:{port}"
-    headers = {"Content-Type": "application/json"}
-    if setup.startswith("bare-"):
-        headers["x-tenant-id"] = "acme"
-    else:
-        headers["Authorization"] = f"Bearer {api_key('acme')}"
+    to_send = _requests(setup, load)
     out = root / f"{setup}.callgrind"
     with _under_callgrind(cmd, url, health, out, root / f"{setup}.log") as pid:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=300) for _ in range(load.clients)]
         try:
-            _send(connection, headers, WARM_UP)
+            # Every tenant's adapter loaded and every connection open before counting.
+            _send(connections, to_send, max(WARM_UP, 4 * len(to_send)))
             subprocess.run(["callgrind_control", "--instr=on", str(pid)], check=True, capture_output=True)
             began = time.monotonic()
-            _send(connection, headers, requests)
+            _send(connections, to_send, requests)
             took = time.monotonic() - began
             subprocess.run(["callgrind_control", "--instr=off", str(pid)], check=True, capture_output=True)
             if idle:
@@ -129,7 +210,8 @@ def measure_with_idle(
                 subprocess.run(["callgrind_control", "--instr=off", str(pid)], check=True, capture_output=True)
                 subprocess.run(["callgrind_control", "--dump=idle", str(pid)], check=True, capture_output=True)
         finally:
-            connection.close()
+            for connection in connections:
+                connection.close()
     if not idle:
         return total_instructions(out) / requests / 1000, 0.0
     parts = part_totals(out)  # the busy window's dump, the idle window's, then the final (empty) one
@@ -155,21 +237,43 @@ def main(argv: list[str] | None = None) -> int:
         help="also count an idle window as long as the requests took (the process's clock-driven work) and print "
         "the count net of it: what the requests themselves cost",
     )
+    parser.add_argument(
+        "--realistic",
+        action="store_true",
+        help="bench_overhead's realistic load in shape: 32 tenants on 4 replicas (8 adapters each), --clients at once",
+    )
+    parser.add_argument("--clients", type=int, default=1, help="with --realistic: clients sending at once")
+    parser.add_argument("--keep", type=Path, help="copy each setup's callgrind dumps here (for callgrind_annotate)")
     args = parser.parse_args(argv)
     if not callgrind_available():
         print("valgrind (callgrind) is not installed")
         return 1
     setups = [s for s in SETUPS if not args.only or s in args.only.split(",")]
-    with tempfile.TemporaryDirectory() as tmp, simulated_replicas(Path(tmp), 1, "--time-scale", "0") as urls:
+    count_ = REPLICAS if args.realistic else 1
+    sim = ("--time-scale", "0", *(("--max-loras", "8", "--max-cpu-loras", "64") if args.realistic else ()))
+    with tempfile.TemporaryDirectory() as tmp, simulated_replicas(Path(tmp), count_, *sim) as urls:
         root = Path(tmp)
-        adapters = write_adapters(root, [ADAPTER])
-        _preload([urls["r0"]], adapters)  # the bare proxies load no adapter
+        if args.realistic:
+            adapters = write_adapters(root, [name for names in TENANTS.values() for name in names])
+            load = Load(urls, TENANTS, adapters, max_adapters=8, clients=args.clients, quiet_clock=True)
+        else:
+            adapters = write_adapters(root, [ADAPTER])
+            load = light(urls["r0"], adapters)
+        print(f"load: {'realistic' if args.realistic else 'light'}, {len(load.tenants)} tenants on "
+              f"{len(load.replicas)} replicas, {load.clients} clients", flush=True)  # fmt: skip
         for setup in setups:
-            count, background = measure_with_idle(setup, urls["r0"], root, adapters, args.requests, args.idle)
+            # Every adapter on every replica: the bare proxies load none, and each gateway starts from the same
+            # state whatever the one before it left (it trims each replica to its max_adapters at start-up).
+            _preload(list(urls.values()), adapters)
+            count, background = measure_with_idle(setup, load, root, args.requests, args.idle)
             line = f"{setup:18} {count:8.0f} k instructions per request ({args.requests} requests)"
             if args.idle:
                 line += f"; idle window {background:.0f} k, net {count - background:.0f} k"
             print(line, flush=True)
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for part in root.glob(f"{setup}.callgrind*"):
+                    shutil.copy(part, args.keep / part.name)
     return 0
 
 
