@@ -8,13 +8,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.appkeys import METRICS, STATE, TELEMETRY, TRAFFIC
+from gateway.appkeys import STATE, TELEMETRY, TRAFFIC
 from gateway.errors import GatewayError, Overloaded
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.serving.connections import authenticated
 from gateway.serving.context import RequestContext
 from gateway.serving.dispatch import RETRY_SOON, dispatch
-from gateway.serving.json_body import RefusedInput, read_body
+from gateway.serving.json_body import RefusedInput, read_body, whole_body
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
 from gateway.serving.whole_answer import VARIANT_HEADER
@@ -36,8 +36,9 @@ _TEXT = frozenset({"text"})
 _PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
-async def _serve(request: web.Request, kind: Kind, record: RequestRecord, telemetry: Telemetry) -> web.StreamResponse:
-    app = request.app
+async def _serve(
+    request: web.Request, app: web.Application, kind: Kind, record: RequestRecord, telemetry: Telemetry
+) -> web.StreamResponse:
     state = app[STATE]
     serving, limits = state.serving, state.config.limits
     with telemetry.span("admission"):
@@ -47,7 +48,9 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord, teleme
         authenticated(request)
         record.tenant = tenant.id
         if request.content.is_eof():  # the whole body is in (the usual case): nothing to wait for, nothing to hold
-            body = await read_body(request)
+            body = whole_body(request)
+            if body is None:
+                body = await read_body(request)
         else:  # a half-sent body holds one of the tenant's concurrent requests while it comes
             with state.admission.reading_body(tenant.id):
                 body = await read_body(request)
@@ -100,7 +103,7 @@ async def _serve(request: web.Request, kind: Kind, record: RequestRecord, teleme
         context = pool_config.context_tokens
         prompt_most = prompt_ceiling(len(body), inference.part_types <= _TEXT, context)
         completion_most = completion_ceiling(max_tokens, inference.choices, context)
-        used = clamp_usage(record, app[METRICS], prompt_most, completion_most)
+        used = clamp_usage(record, telemetry.metrics, prompt_most, completion_most)  # the app's metrics
         if used is None and record.events:  # a stream cut before its usage event (the client left, the engine broke)
             used = unreported_usage(estimate, inference.prompt_chars, record.events, prompt_most + completion_most)
         ticket.settle(used)
@@ -123,11 +126,12 @@ def _endpoint(kind: Kind) -> Callable[[web.Request], Awaitable[web.StreamRespons
     path = _PATHS[kind]
 
     async def inference(request: web.Request) -> web.StreamResponse:
-        telemetry = request.app[TELEMETRY]
+        app = request.app  # read once: a property through the match info's, two Python calls each time
+        telemetry = app[TELEMETRY]
         record = RequestRecord(path)
         with telemetry.request_span(record, request.headers):
             try:
-                response = await _serve(request, kind, record, telemetry)
+                response = await _serve(request, app, kind, record, telemetry)
                 record.status = response.status
                 return response
             except GatewayError as exc:
