@@ -171,7 +171,7 @@ def _first_lease(telemetry: Telemetry, record: RequestRecord, pool: Pool, ctx: R
     with telemetry.span("route") as span:
         lease = pool.lease(ctx.key, ctx.adapter)
         record.reasons = lease.decision.reasons
-        if span is not None:  # telemetry never raises: OpenTelemetry drops a bad attribute with a warning
+        if telemetry.tracer is not None:  # telemetry never raises: OpenTelemetry drops a bad attribute with a warning
             span.set_attributes(lease.decision.span_attributes())
     return lease
 
