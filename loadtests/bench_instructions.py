@@ -74,9 +74,19 @@ class Load:
 
 # Probes every 30 s instead of 0.5, the engines' load scraped every 60 s instead of 0.5 (predicted_ttft reads it:
 # a scrape stays fresh for three intervals, so every decision still sees a fresh one), their metrics every 60 s
-# instead of 5 (stalls judged over 120 s, as the config asks: longer than a scrape's interval). The request path
-# reads the probes' verdicts and the scrapes' figures, not how often they come.
-QUIET_CLOCK = {"health_interval_s": 30.0, "scrape_interval_s": 60.0, "stall_after_s": 120.0}
+# instead of 5 (stalls judged over 120 s, as the config asks: longer than a scrape's interval); the residency's
+# flushes, syncs, reconciliations and eviction timer, the traffic's folds and the homes' placement once an hour or
+# so. Each ran at its wall-clock interval in the measured window, which callgrind's slowdown stretches about 50x:
+# the eviction timer alone (every 30 s, each replica brought to max_adapters - headroom, so the next request of an
+# adapter it unloaded loads it again) moved a run's count by tens of thousands of instructions a request. The
+# request path reads what these leave (verdicts, figures, the record), not how often they run.
+QUIET_CLOCK: dict[str, dict[str, float]] = {
+    "residency": {"use_flush_interval_s": 60, "sync_interval_s": 600, "reconcile_interval_s": 3600,
+                  "evict_interval_s": 3600},
+    "traffic": {"interval_s": 600, "window_s": 600},
+    "placement": {"interval_s": 3600},
+}  # fmt: skip
+HEALTH_INTERVAL_S, SCRAPE_INTERVAL_S, STALL_AFTER_S = 30.0, 60.0, 120.0
 
 
 def light(replica: str, adapters: dict[str, str]) -> Load:
@@ -111,11 +121,13 @@ def _command(setup: str, load: Load, port: int, root: Path) -> tuple[list[str], 
         load.replicas, load.tenants, adapters, port=port, max_adapters=load.max_adapters, extra=extra
     )  # fmt: skip
     if load.quiet_clock:
-        config["telemetry"]["engine_scrape_interval_s"] = QUIET_CLOCK["scrape_interval_s"]
-        config["routing"]["load_scrape_interval_s"] = QUIET_CLOCK["scrape_interval_s"]
+        config["telemetry"]["engine_scrape_interval_s"] = SCRAPE_INTERVAL_S
+        config["routing"]["load_scrape_interval_s"] = SCRAPE_INTERVAL_S
         for pool in config["pools"]:
-            pool["health"]["interval_s"] = QUIET_CLOCK["health_interval_s"]
-            pool.setdefault("outlier", {})["stall_after_s"] = QUIET_CLOCK["stall_after_s"]
+            pool["health"]["interval_s"] = HEALTH_INTERVAL_S
+            pool.setdefault("outlier", {})["stall_after_s"] = STALL_AFTER_S
+        for section, values in QUIET_CLOCK.items():
+            config.setdefault(section, {}).update(values)
     path = root / f"{setup}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return ["-m", "gateway.cli", "serve", "--config", str(path)], "/readyz"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
@@ -91,6 +91,7 @@ MESSAGES = st.sampled_from(
 )  # fmt: skip
 
 
+@settings(max_examples=200, deadline=None)
 @given(st.dictionaries(FIELDS, VALUES, max_size=7), st.sampled_from(["completions", "chat"]), MESSAGES, st.booleans())
 @example({"model": "lora-t01", "prompt": "how fast", "max_tokens": 4}, "completions", [], False)
 @example({"model": 3, "n": 0, "prompt": "x"}, "completions", [], False)  # two wrong: the first in _TYPED's order

@@ -9,7 +9,7 @@ from unittest import mock
 
 from aiohttp import StreamReader, web
 from aiohttp.test_utils import make_mocked_request
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.serving.json_body import whole_body
@@ -34,6 +34,7 @@ async def _plain(chunks: list[bytes], max_size: int) -> bytes | int:
         return exc.status
 
 
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.binary(max_size=40), max_size=5),
     st.booleans(),
