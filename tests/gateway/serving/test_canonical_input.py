@@ -225,6 +225,8 @@ def in_process_config(tmp_path: Path) -> GatewayConfig:
     adapters = write_adapters(tmp_path, ["support-acme", "sql-globex"])
     raw = gateway_config({"r0": "http://127.0.0.1:9"}, TENANTS, adapters, port=0)
     raw["pools"][0].update(backend="canonical-fake", chat_template_kwargs=["enable_thinking"])
+    # No start-up warm-up: its one-token requests, late on a busy machine, landed among the bodies recorded below.
+    raw.setdefault("residency", {})["fill_warm_up"] = False
     return GatewayConfig.model_validate(raw)
 
 
