@@ -315,6 +315,28 @@ def headers_for(router: str, tenant: str) -> dict[str, str]:
     return {"X-SMG-Routing-Key": tenant}
 
 
+async def streamed(
+    client: httpx.AsyncClient, url: str, router: str, tenant: str, prompt: str
+) -> tuple[float, float] | None:
+    """One streamed completion of the tenant's adapter through the router: its time to first byte and to the end, in
+    seconds, or None when it failed (a status other than 200, or a transport error)."""
+    body = {"model": f"lora-{tenant}", "prompt": prompt, "max_tokens": 16, "stream": True}
+    sent = time.monotonic()
+    first = None
+    try:
+        async with client.stream(
+            "POST", url + "/v1/completions", json=body, headers=headers_for(router, tenant)
+        ) as response:
+            if response.status_code != 200:
+                return None
+            async for _ in response.aiter_bytes():
+                first = first or time.monotonic()
+    except httpx.HTTPError:
+        return None
+    done = time.monotonic()
+    return (first or done) - sent, done - sent
+
+
 async def replay(
     urls: list[str], router: str, trace: list[Arrival], replicas: dict[str, str], hot: bool = False
 ) -> Observed:
@@ -326,24 +348,12 @@ async def replay(
         async def one(index: int, arrival: Arrival) -> None:
             url = urls[index % len(urls)]
             await asyncio.sleep(max(0.0, started + arrival.offset_s - time.monotonic()))
-            body = {"model": f"lora-{arrival.tenant}", "prompt": arrival.prompt, "max_tokens": 16, "stream": True}
-            sent = time.monotonic()
-            first = None
-            try:
-                async with client.stream(
-                    "POST", url + "/v1/completions", json=body, headers=headers_for(router, arrival.tenant)
-                ) as response:
-                    if response.status_code != 200:
-                        observed.failures += 1
-                        return
-                    async for _ in response.aiter_bytes():
-                        first = first or time.monotonic()
-            except httpx.HTTPError:
+            timed = await streamed(client, url, router, arrival.tenant, arrival.prompt)
+            if timed is None:
                 observed.failures += 1
                 return
-            done = time.monotonic()
-            observed.ttft.append((first or done) - sent)
-            observed.e2e.append(done - sent)
+            observed.ttft.append(timed[0])
+            observed.e2e.append(timed[1])
 
         async def sample_cold_loads() -> None:
             while True:

@@ -38,8 +38,8 @@ from loadtests.bench_routing import (
     TRAFFIC_HOMES,
     Setup,
     cold_load_events,
-    headers_for,
     router_for,
+    streamed,
 )
 from loadtests.fleet import sim_stats, write_adapters
 from loadtests.processes import free_port, running, sim_command
@@ -75,22 +75,11 @@ class Observed:
 
 
 async def one(client: httpx.AsyncClient, url: str, tenant: str, prompt: str, phase: Phase) -> None:
-    body = {"model": f"lora-{tenant}", "prompt": prompt, "max_tokens": 16, "stream": True}
-    sent = time.monotonic()
-    first = None
-    try:
-        async with client.stream(
-            "POST", url + "/v1/completions", json=body, headers=headers_for("tenantgate", tenant)
-        ) as response:
-            if response.status_code != 200:
-                phase.failures += 1
-                return
-            async for _ in response.aiter_bytes():
-                first = first or time.monotonic()
-    except httpx.HTTPError:
+    timed = await streamed(client, url, "tenantgate", tenant, prompt)
+    if timed is None:
         phase.failures += 1
         return
-    phase.ttft.append((first or time.monotonic()) - sent)
+    phase.ttft.append(timed[0])
 
 
 async def drive(url: str, seed: int, quiet_rate: float, warm_s: float, noisy_s: float, streams: int) -> Observed:
