@@ -147,20 +147,10 @@ async def test_an_unreadable_answer_is_skipped_and_the_reload_still_answers(redi
     client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
     await client.zadd(f"{prefix}:gateways", {"another": time.time()})
 
-    async def another() -> None:  # a peer that answers junk first, then its answer
-        async with client.pubsub() as pubsub:
-            await pubsub.subscribe(f"{prefix}:reload")
-            subscribed.set()
-            async with asyncio.timeout(10):
-                message = None
-                while message is None:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            reply = json.loads(message["data"])["reply"]
-            for body in ("not json", "[1]", json.dumps({"gateway": "another", "status": "reloaded"})):
-                await client.publish(reply, body)
-
     subscribed = asyncio.Event()
-    peer = asyncio.create_task(another())
+    # A peer that answers junk first, then its answer.
+    answers = ("not json", "[1]", json.dumps({"gateway": "another", "status": "reloaded"}))
+    peer = asyncio.create_task(_peer_answers(client, prefix, subscribed, answers))
     try:
         await asyncio.wait_for(subscribed.wait(), 10)
         answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
@@ -196,6 +186,23 @@ async def test_only_gateways_seen_within_15_s_are_waited_for_and_those_silent_fo
         await fanout._subscriber.aclose()
 
 
+async def _peer_answers(
+    client: redis.asyncio.Redis, prefix: str, subscribed: asyncio.Event, answers: tuple[str, ...]
+) -> None:
+    """Another gateway: subscribed to the reload channel (``subscribed`` set then), it takes one reload request and
+    publishes ``answers``, in order, on its reply channel (bounded: 10 s for the request)."""
+    async with client.pubsub() as pubsub:
+        await pubsub.subscribe(f"{prefix}:reload")
+        subscribed.set()
+        async with asyncio.timeout(10):
+            message = None
+            while message is None:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+    reply = json.loads(message["data"])["reply"]
+    for body in answers:
+        await client.publish(reply, body)
+
+
 async def _redis_now(client: redis.asyncio.Redis) -> float:
     seconds, micros = await client.time()
     return float(seconds) + micros / 1e6
@@ -221,17 +228,8 @@ async def test_a_gateway_whose_clock_is_skewed_waits_for_the_live_and_prunes_nob
     members = f"{prefix}:gateways"
     subscribed = asyncio.Event()
 
-    async def another() -> None:  # a live peer with a right clock: answers the reload
-        async with client.pubsub() as pubsub:
-            await pubsub.subscribe(f"{prefix}:reload")
-            subscribed.set()
-            async with asyncio.timeout(10):
-                message = None
-                while message is None:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            await client.publish(json.loads(message["data"])["reply"], json.dumps({"gateway": "another"}))
-
-    peer = asyncio.create_task(another())
+    # A live peer with a right clock: answers the reload.
+    peer = asyncio.create_task(_peer_answers(client, prefix, subscribed, (json.dumps({"gateway": "another"}),)))
     beating = asyncio.create_task(fanout._heartbeat())
     try:
         now = await _redis_now(client)
