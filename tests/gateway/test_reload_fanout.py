@@ -240,10 +240,11 @@ async def test_a_gateway_whose_clock_is_skewed_waits_for_the_live_and_prunes_nob
                 break
             await asyncio.sleep(0.01)
         assert await client.zscore(members, "another") is not None  # not pruned by a clock ahead
-        started = time.monotonic()
         answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
         assert [a["gateway"] for a in answer["gateways"]] == ["another", "here"], answer
-        assert answer["missing"] == [] and time.monotonic() - started < 4.0  # nobody dead waited for
+        # Nobody dead waited for: one that was would be named missing after the whole answer wait (not timed here:
+        # a time bound under the 5 s wait failed on a starved machine without adding a case the list misses).
+        assert answer["missing"] == [], answer
         await peer
     finally:
         for task in (peer, beating):

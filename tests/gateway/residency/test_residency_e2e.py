@@ -299,7 +299,12 @@ def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path
             asyncio.run(run(3))
             redis.stop()
             asyncio.run(run(5))  # Redis is gone: loads, evictions and uses go on from the local view
-            ready = httpx.get(gateway + "/readyz").json()
+            noticed_by = time.monotonic() + 120  # its sync (every 0.2 s) notices, however slow the machine
+            while time.monotonic() < noticed_by:
+                ready = httpx.get(gateway + "/readyz").json()
+                if ready["residency_store"].startswith("down"):
+                    break
+                time.sleep(0.05)
             assert ready["status"] == "ready" and ready["residency_store"].startswith("down")
             assert "tenantgate_residency_store_up 0.0" in httpx.get(gateway + "/metrics", headers=ADMIN).text
             assert failures == []
@@ -316,7 +321,10 @@ def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path
                 finally:
                     await store.close()
 
-            for _ in range(100):  # bounded: the record must converge, we only measure how fast
+            # Waited for, not timed: how soon it converges is the machine's (printed); a generous deadline only
+            # keeps a record that never converges from hanging the test.
+            deadline = started + 120
+            while time.monotonic() < deadline:
                 truth = {r: sim_stats(url)["registered"] for r, url in replicas.items()}
                 record = asyncio.run(read_record())
                 if record == truth:
@@ -327,6 +335,12 @@ def test_redis_killed_mid_run_fails_no_request_and_the_record_converges(tmp_path
             print(f"record converged {converged_s:.2f} s after Redis came back (reconcile interval 1.0 s)")
             asyncio.run(run(2))
             assert failures == []
+            # Either gateway may have rebuilt the record: this one says its store is up at its own next sync (every
+            # 0.2 s; later on a starved machine), so that is waited for too.
+            while time.monotonic() < deadline:
+                if httpx.get(gateway + "/readyz").json()["residency_store"] == "up":
+                    break
+                time.sleep(0.05)
             assert httpx.get(gateway + "/readyz").json()["residency_store"] == "up"
             assert "tenantgate_residency_store_up 1.0" in httpx.get(gateway + "/metrics", headers=ADMIN).text
     finally:
