@@ -11,16 +11,30 @@ from typing import cast
 
 from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 
+# Both scripts read a field that is not a finite number as missing, and keep a debt to at most an hour's refill (60
+# times the per-minute capacity): Lua's tonumber takes "inf", "-inf" and "nan" (and a figure past a double as
+# infinite), which another writer may have left. Minus infinity, or a debt past what PEXPIRE takes in milliseconds,
+# was written back, then failed the PEXPIRE: such a bucket never healed, and every gateway fell back on its local one
+# for good (the tenant's limit times the gateways).
+_FINITE = """
+local function finite(x)
+  if x == nil or x ~= x or x == math.huge or x == -math.huge then return nil end
+  return x
+end
+"""
+
 # KEYS: bucket; ARGV: want, need, capacity, per_s. Returns {granted, wait_s} as strings (floats survive that way).
-_LEASE = """
+_LEASE = (
+    _FINITE
+    + """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1e6
 local want, need = tonumber(ARGV[1]), tonumber(ARGV[2])
 local capacity, per_s = tonumber(ARGV[3]), tonumber(ARGV[4])
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or capacity
-local at = tonumber(state[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - at) * per_s)
+local tokens = finite(tonumber(state[1])) or capacity
+local at = finite(tonumber(state[2])) or now
+tokens = math.max(-60 * capacity, math.min(capacity, tokens + math.max(0, now - at) * per_s))
 local granted, wait = 0, 0
 if tokens >= need then
   granted = math.min(want, tokens)
@@ -32,20 +46,24 @@ redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(1000 * (capacity - tokens) / per_s) + 1000)
 return {tostring(granted), tostring(wait)}
 """
+)
 
 # KEYS: bucket; ARGV: amount, capacity, per_s. Takes amount, below zero if need be; kept until it has refilled.
-_DEBIT = """
+_DEBIT = (
+    _FINITE
+    + """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) + tonumber(now_parts[2]) / 1e6
 local amount, capacity, per_s = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(state[1]) or capacity
-local at = tonumber(state[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - at) * per_s) - amount
+local tokens = finite(tonumber(state[1])) or capacity
+local at = finite(tonumber(state[2])) or now
+tokens = math.max(-60 * capacity, math.min(capacity, tokens + math.max(0, now - at) * per_s) - amount)
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(1000 * (capacity - tokens) / per_s) + 1000)
 return tostring(tokens)
 """
+)
 
 
 class RedisBuckets:

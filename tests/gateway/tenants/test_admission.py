@@ -6,6 +6,7 @@ import asyncio
 import uuid
 
 import pytest
+import redis.asyncio
 
 from gateway.config import GatewayConfig, TenantLimits
 from gateway.errors import InvalidRequest, RequestRateLimited, TokenRateLimited
@@ -259,3 +260,32 @@ def test_a_stream_cut_before_its_usage_is_charged_a_token_an_event(
     estimate: int, prompt_chars: int, events: int, most: int, charged: int | None
 ) -> None:
     assert unreported_usage(estimate, prompt_chars, events, most) == charged
+
+
+@pytest.mark.parametrize(
+    ("tokens", "wait_s"),
+    [("-inf", 0.0), ("-1e999", 0.0), ("inf", 0.0), ("nan", 0.0), ("junk", 0.0), ("-1e300", 3601.0)],
+)
+async def test_a_bucket_another_writer_left_unreadable_still_leases(
+    redis_server: RedisServer, tokens: str, wait_s: float
+) -> None:
+    """A bucket's fields as another writer (another version's gateway, or anyone with Redis access) may leave them:
+    a count that is not a finite number is read as a full bucket, as a missing one is, and a debt is kept to an
+    hour's refill (60 times the per-minute limit). Lua reads "-inf" (and a figure past a double) as minus infinity:
+    the script wrote it back, then failed at its PEXPIRE (as it did for a debt past what PEXPIRE takes), so the
+    bucket never healed and every gateway leased from its local fallback for good (each admitting the tenant's whole
+    limit: the limit times the gateways), with a failed lease and a warning every 5 s."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    shared = RedisBuckets(redis_server.url, prefix=prefix, operation_timeout_s=5)
+    writer = redis.asyncio.Redis.from_url(redis_server.url)
+    bucket = f"{prefix}:rl:{{acme:requests}}"
+    try:
+        await writer.hset(bucket, mapping={"tokens": tokens, "at": "0"})
+        granted, wait = await shared.lease("acme:requests", 6, 1, 60, 1.0)
+        assert granted == (0.0 if wait_s else 6.0) and wait == pytest.approx(wait_s, abs=1)
+        await shared.debit("acme:requests", 1, 60, 1.0)
+        assert -3600 <= float(await writer.hget(bucket, "tokens") or "nan") <= 60
+        assert 0 < await writer.pttl(bucket) <= 1000 * (60 + 3600) + 1000  # refilled from the floor, and a second
+    finally:
+        await writer.aclose()
+        await shared.close()
