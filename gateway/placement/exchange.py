@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 from collections.abc import Awaitable
 from typing import Any, cast
 
@@ -87,10 +86,17 @@ def _rate(figures: Any) -> Rate:
     return Rate(*(_figure(figure) for figure in figures))
 
 
+# The most a figure may say, per second: far above any fleet's traffic, and far enough below a double's range that
+# the fleet's figure, a sum over every gateway's, stays finite.
+MAX_RATE = 1e9
+
+
 def _figure(value: Any) -> float:
-    """A rate: finite and not negative (one infinite rate had the plan swap keys back and forth every interval)."""
+    """A rate: finite, not negative, at most ``MAX_RATE`` (one infinite rate had the plan swap keys back and forth
+    every interval; two finite ones near a double's top, 1e308 each, summed to infinity in ``merge`` and did the
+    same)."""
     figure = float(value)
-    if not 0 <= figure < math.inf:  # NaN fails it too
+    if not 0 <= figure <= MAX_RATE:  # NaN fails it too
         raise ValueError(f"not a rate: {value!r}")
     return figure
 

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
-from gateway.observe.traffic import TrafficMeter
-from gateway.placement.exchange import FleetTraffic, TrafficExchange, decode
+from gateway.observe.traffic import TrafficMeter, merge
+from gateway.placement.exchange import MAX_RATE, FleetTraffic, TrafficExchange, decode
+from gateway.placement.plan import PlanInput, PlanSettings, plan
 from tests.clock import Clock
 from tests.redis_server import RedisServer
 
@@ -131,6 +132,28 @@ def test_figures_that_are_no_rate_leave_the_gateway_out(bad: str) -> None:
         with pytest.raises(ValueError):
             decode(text)
     assert decode('{"llama": [1, 2, {"acme": [0.5, 3, 0.1]}]}')["llama"].keys["acme"].spills_per_s == 0.1
+
+
+def test_figures_that_only_sum_to_infinity_leave_the_gateway_out() -> None:
+    """Each finite, two gateways' 1e308 requests a second for one key summed to infinity in the fleet's figure, and
+    the leader's plan swapped keys back and forth every interval as for an infinite rate (each swap a cold load).
+    A figure above MAX_RATE (a billion a second) is no measurement: unreadable; a thousand gateways' largest
+    readable figures still sum to a finite one, which the plan places once and then leaves."""
+    with pytest.raises(ValueError):
+        decode('{"llama": [1, 1, {"acme": [1e308, 1]}]}')
+    top = decode(f'{{"llama": [{MAX_RATE}, {MAX_RATE}, {{"t0": [{MAX_RATE}, {MAX_RATE}, {MAX_RATE}]}}]}}')
+    fleet = merge([top] * 1000 + [decode('{"llama": [1, 1, {"t5": [1e9, 1]}]}')], 10)["llama"]
+    rates = [fleet.total, *fleet.keys.values()]
+    assert all(math.isfinite(f) for r in rates for f in (r.requests_per_s, r.tokens_per_s, r.spills_per_s))
+    loads = {f"t{i}": 0.5 for i in range(16)} | {key: rate.requests_per_s for key, rate in fleet.keys.items()}
+    replicas = ["r0", "r1", "r2", "r3"]
+    current: dict[str, tuple[str, ...]] = {}
+    changes: list[int] = []
+    for _ in range(4):
+        home = {key: replicas[int(key[1:]) // 4] for key in loads}
+        result = plan(PlanInput(replicas, loads, current, home.__getitem__, known=list(home)), PlanSettings())
+        current, changes = dict(result.homes), [*changes, len(result.changes)]
+    assert changes[-2:] == [0, 0], changes
 
 
 def test_figures_nested_past_the_parsers_depth_are_unreadable() -> None:
