@@ -119,6 +119,9 @@ class Fanout:
                         async for message in pubsub.listen():
                             if message.get("type") != "message" or (answer := _request(message["data"])) is None:
                                 continue
+                            if not isinstance(answer.get("gateway"), str):  # it is looked up in a set just below
+                                log.warning("reload fan-out: an answer names no gateway: %.200r", message["data"])
+                                continue
                             answers.append(answer)
                             waiting.discard(answer.get("gateway"))
                             if not waiting:
