@@ -10,7 +10,6 @@ honoured and the upstream span's context is sent on to the engine.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import re
 import time
@@ -230,7 +229,7 @@ class Telemetry:
             if self.access_log and access_log.isEnabledFor(logging.INFO):
                 # The line's fields are made on the log's writer thread (gateway/observe/logs.py), from the record
                 # as it is now (it is finished) and the duration taken here.
-                logs.access_line(access_log, "request", functools.partial(_log_line, record, now))
+                logs.access_line(access_log, "request", _log_line, record, now)
         except Exception:  # telemetry must never fail a request
             log.exception("recording a request's telemetry failed")
 
@@ -307,28 +306,27 @@ def _span_attributes(record: RequestRecord) -> dict[str, Any]:
     }
 
 
-def _log_line(record: RequestRecord, now: float) -> dict[str, Any]:
-    return {
-        "event": "request",
-        "path": record.path,
-        "tenant": record.tenant,
-        "adapter": record.adapter,
-        "pool": record.pool,
-        "replica": record.replica,
-        "reasons": record.reasons,
-        "status": record.status,
-        "stream": record.stream,
-        "ttft_ms": None  # streams only, as the TTFT histogram
-        if record.first_byte is None or not record.stream
-        else _ms(record.first_byte - record.started),
-        "duration_ms": _ms(now - record.started),
-        "prompt_tokens": record.prompt_tokens,
-        "completion_tokens": record.completion_tokens,
-        "error": record.error,
-        "error_detail": record.error_detail,
-        "retries": record.retries,
-        "trace_id": record.trace_id,
-    }
+def _log_line(line: dict[str, Any], record: RequestRecord, now: float) -> None:
+    """The access line's fields, set in ``line`` (logs.access_line): the same keys, in the same order, every time."""
+    line["event"] = "request"
+    line["path"] = record.path
+    line["tenant"] = record.tenant
+    line["adapter"] = record.adapter
+    line["pool"] = record.pool
+    line["replica"] = record.replica
+    line["reasons"] = record.reasons
+    line["status"] = record.status
+    line["stream"] = record.stream
+    # streams only, as the TTFT histogram
+    first_byte = record.first_byte
+    line["ttft_ms"] = None if first_byte is None or not record.stream else _ms(first_byte - record.started)
+    line["duration_ms"] = _ms(now - record.started)
+    line["prompt_tokens"] = record.prompt_tokens
+    line["completion_tokens"] = record.completion_tokens
+    line["error"] = record.error
+    line["error_detail"] = record.error_detail
+    line["retries"] = record.retries
+    line["trace_id"] = record.trace_id
 
 
 def _ms(seconds: float) -> float:

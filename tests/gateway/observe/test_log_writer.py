@@ -136,18 +136,18 @@ def test_an_access_line_on_its_own_path_is_the_object_a_record_of_its_fields_wou
     made_on: list[int] = []
     fields = {"event": "request", "path": "/v1/completions", "reasons": ["home"], "status": 200, "ttft_ms": None}
 
-    def made() -> dict[str, object]:
+    def made(line: dict[str, object], status: int) -> None:
         made_on.append(threading.get_ident())
-        return fields
+        line.update(fields, status=status)
 
     stream = io.StringIO()
     logs.configure(stream=stream, worker=2)
     access = logging.getLogger("tenantgate.access")
-    logs.access_line(access, "request", made)
+    logs.access_line(access, "request", made, 200)
     access.info("request", extra=fields)
     other = _Seen()
     logging.getLogger().addHandler(other)
-    logs.access_line(access, "request", made)
+    logs.access_line(access, "request", made, 200)
     logs.shutdown()
     own, as_record, with_other = [json.loads(text) for text in stream.getvalue().splitlines()]
     for line in (own, as_record, with_other):
@@ -158,6 +158,37 @@ def test_an_access_line_on_its_own_path_is_the_object_a_record_of_its_fields_wou
     assert len(made_on) == 2 and made_on.count(threading.get_ident()) == 1
     assert [record.getMessage() for record in other.records] == ["request"]
     assert other.records[0].__dict__["status"] == 200
+
+
+def test_lines_of_one_fill_function_each_carry_their_own_values(root_logging: None) -> None:
+    """The writer reuses one dict per fill function (a fill sets the same keys every time): every line still has
+    its own values, keys in the order of a record of its fields, with two fill functions' lines interleaved; a
+    fill that sets a key it had not set before still gets that key, in its place."""
+
+    def fill(line: dict[str, object], number: int, extra: bool) -> None:
+        line["number"] = number
+        line["ttft_ms"] = None if number % 2 else number / 3
+        line["reasons"] = [f"r{number}"]
+        if extra:
+            line["extra"] = number
+
+    def other(line: dict[str, object], number: int, extra: bool) -> None:
+        line["other"] = -number
+
+    stream = io.StringIO()
+    logs.configure(stream=stream, worker=1)
+    access = logging.getLogger("tenantgate.access")
+    calls = [(fill if number % 3 else other, number, number == 7) for number in range(8)]
+    for function, number, extra in calls:
+        logs.access_line(access, "request", function, number, extra)
+    logs.shutdown()
+    lines = [json.loads(text) for text in stream.getvalue().splitlines()]
+    for line, (function, number, extra) in zip(lines, calls, strict=True):
+        datetime.fromisoformat(line.pop("time"))
+        expected: dict[str, object] = {"level": "INFO", "logger": "tenantgate.access", "message": "request"}
+        expected["worker"] = 1
+        function(expected, number, extra)
+        assert list(line.items()) == list(expected.items())
 
 
 def test_a_line_logged_after_shutdown_is_written_by_its_caller(root_logging: None) -> None:
