@@ -88,5 +88,13 @@ def decode(text: str) -> HomesTable:
         why = {str(k): str(v) for k, v in dict(pool["why"]).items()}
         return PoolTable(sets(pool["homes"]), warming, since, why, times(pool["below_since"]))
 
+    def whole(raw: Any) -> int:
+        # int() of an infinite float (JSON's Infinity, or 1e400) raises OverflowError, which went past the store's
+        # handling: out of every placement tick, and out of a starting gateway's first look.
+        try:
+            return int(raw)
+        except OverflowError as exc:
+            raise ValueError(f"not a whole number: {raw!r}") from exc
+
     pools = {str(name): pool_table(pool) for name, pool in dict(body["pools"]).items()}
-    return HomesTable(int(body["version"]), str(body["leader"]), pools, int(body["moves"]))
+    return HomesTable(whole(body["version"]), str(body["leader"]), pools, whole(body["moves"]))

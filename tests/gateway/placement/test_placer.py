@@ -298,6 +298,8 @@ async def test_a_tenant_added_at_run_time_is_placed_like_one_of_the_file(adapter
     [
         pytest.param("7 {not json", id="malformed"),
         pytest.param('7 {"version":7,"leader":"gw-next","format":2,"tables":{}}', id="another format"),
+        pytest.param('7 {"version":Infinity,"leader":"gw-next","moves":0,"pools":{}}', id="version Infinity"),
+        pytest.param('7 {"version":7,"leader":"gw-next","moves":1e400,"pools":{}}', id="moves past a double"),
     ],
 )
 async def test_a_stored_table_this_gateway_cannot_read_is_replaced_by_its_leader(
@@ -305,7 +307,10 @@ async def test_a_stored_table_this_gateway_cannot_read_is_replaced_by_its_leader
 ) -> None:
     """A homes table in Redis that does not decode (written by hand, or by a gateway of another format, with a
     higher version) must not stop placement: the gateway that takes the lease leads, and publishes its own table
-    above the stored version (which every gateway can read again)."""
+    above the stored version (which every gateway can read again). A whole number that JSON writes as infinite
+    (Python's json writes a float's ``Infinity``, and reads 1e400 as one) raised OverflowError, past the store's
+    handling: out of every tick (placement stuck: the leader could not publish over it), and out of the first look
+    before a gateway serves, so no gateway with traffic placement could start."""
     prefix = f"test-{uuid.uuid4().hex}"
     settings = config(REPLICAS, adapters)
     client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
@@ -314,6 +319,8 @@ async def test_a_stored_table_this_gateway_cannot_read_is_replaced_by_its_leader
     fleet = Fleet(settings)
     placer = Placer(store, "gw-a", clock=Clock(1000.0))
     try:
+        await placer.first_look(fleet)  # before the gateway serves: unreadable, not installed
+        assert placer.table.version == 0
         await placer.tick(settings, fleet, {})  # no traffic: nothing to move, but the table must be readable again
         assert placer.leads and placer.table.version == 8
         polled = await store.poll("gw-b", 0)
