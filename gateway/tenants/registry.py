@@ -95,25 +95,43 @@ class RegistryState:
 
     def merged(self, base: GatewayConfig, *, lenient: bool = False) -> GatewayConfig:
         """The config the gateway serves: the file's tenants and these, keys added and revoked. ``lenient``: a
-        run-time tenant this config cannot serve (it names an adapter the file lacks, e.g. while files roll out)
-        is left out and logged rather than refusing the lot, so revocations always apply."""
+        run-time adapter, split or tenant this config cannot serve (a pool or a model the file lacks: files rolling
+        out, or gateways with different configs sharing the registry) is left out and logged rather than refusing
+        the lot, so revocations always apply. (An adapter in a pool only another gateway's config has failed the
+        whole merge: that gateway applied no registry change from then on, a revoked key included.)"""
         try:
-            return self._merge(base, self.tenants)
+            return self._merge(base, self.tenants, self.adapters, self.splits)
         except ConfigError:
             if not lenient:
                 raise
-        adapters = {a.name for a in base.adapters if a.name not in self.retired} | set(self.adapters)
+        pools = {p.name for p in base.pools}
         base_models = {p.base_model for p in base.pools}
+        runtime_adapters = {n: a for n, a in self.adapters.items() if a.pool in pools and n not in base_models}
+        models = {a.name for a in base.adapters if a.name not in self.retired} | set(runtime_adapters) | base_models
+        splits = {n: s for n, s in self.splits.items() if all(v.model in models for v in s.variants)}
+        # What a tenant may name: an adapter, or a split.
+        targets = (models - base_models) | {split.name for split in base.splits} | set(splits)
         servable = {
             tid: t
             for tid, t in self.tenants.items()
-            if set(t.adapters) <= adapters and set(t.base_models) <= base_models
+            if set(t.adapters) <= targets and set(t.base_models) <= base_models
         }
-        for tenant_id in sorted(set(self.tenants) - set(servable)):
-            log.error("run-time tenant %r names models this config lacks: left out until it has them", tenant_id)
-        return self._merge(base, servable)
+        for kind, left_out in (
+            ("adapter", set(self.adapters) - set(runtime_adapters)),
+            ("split", set(self.splits) - set(splits)),
+            ("tenant", set(self.tenants) - set(servable)),
+        ):
+            for name in sorted(left_out):
+                log.error("run-time %s %r names what this config lacks: left out until it has it", kind, name)
+        return self._merge(base, servable, runtime_adapters, splits)
 
-    def _merge(self, base: GatewayConfig, runtime: dict[str, TenantConfig]) -> GatewayConfig:
+    def _merge(
+        self,
+        base: GatewayConfig,
+        runtime: dict[str, TenantConfig],
+        runtime_adapters: dict[str, AdapterConfig],
+        runtime_splits: dict[str, SplitConfig],
+    ) -> GatewayConfig:
         tenants = {tenant.id: tenant for tenant in base.tenants}
         tenants.update(runtime)
         extra: dict[str, list[str]] = {}
@@ -126,9 +144,9 @@ class RegistryState:
             adapters = [a for a in tenant.adapters if a not in self.retired]
             merged.append({**tenant.model_dump(), "api_keys": list(dict.fromkeys(keys)), "adapters": adapters})
         catalog = {a.name: a for a in base.adapters if a.name not in self.retired}
-        catalog.update(self.adapters)
+        catalog.update(runtime_adapters)
         splits = {split.name: split for split in base.splits}
-        splits.update(self.splits)
+        splits.update(runtime_splits)
         try:
             return GatewayConfig.model_validate(
                 {

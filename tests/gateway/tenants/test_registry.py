@@ -66,6 +66,36 @@ def test_a_bad_tenant_is_refused_whole() -> None:
         state.merged(base_config())
 
 
+@pytest.mark.parametrize(
+    "theirs",
+    [
+        pytest.param(
+            {"kind": "add_adapter", "adapter": {"name": "m", "pool": "mistral", "source": "/srv/m"}}, id="adapter"
+        ),
+        pytest.param(
+            {"kind": "set_split", "split": {"name": "s@ab", "variants": [{"model": "m", "weight": 1}]}}, id="split"
+        ),
+    ],
+)
+def test_a_change_only_another_config_can_serve_leaves_the_others_applied(theirs: dict[str, object]) -> None:
+    """Gateways with different configs share the registry: one whose config has a pool "mistral" adds an adapter
+    there (or a split over it). This gateway leaves that out and logs it, and still applies every other change:
+    the whole merge failed before, so refresh_tenants applied nothing from then on, and a key revoked through the
+    other gateway (a leaked one) went on working here."""
+    state = RegistryState()
+    state.apply({"kind": "add_key", "tenant_id": "acme", "key_hash": hash_key("second-acme-key")})
+    state.apply(theirs)
+    state.apply({"kind": "revoke_key", "key_hash": hash_key(api_key("acme"))})
+    config = state.merged(base_config(), lenient=True)
+    directory = TenantDirectory(config)
+    with pytest.raises(AuthenticationFailed):
+        authenticate(directory, f"Bearer {api_key('acme')}")
+    assert authenticate(directory, "Bearer second-acme-key").id == "acme"
+    assert "m" not in {a.name for a in config.adapters} and not config.splits
+    with pytest.raises(ConfigError):
+        state.merged(base_config())  # what an admin change through this gateway is checked against: refused
+
+
 def test_the_trusted_header_counts_only_from_trusted_networks() -> None:
     directory = TenantDirectory(base_config())
     auth = AuthConfig.model_validate({"trusted_header": "X-Tenant-ID", "trusted_networks": ["10.0.0.0/8"]})
