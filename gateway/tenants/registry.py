@@ -332,7 +332,13 @@ class Registry:
             return
         state = RegistryState()
         for change, version in entries:
-            state.accept(change, version)
+            try:
+                state.accept(change, version)
+            except ValidationError as exc:  # signed by a gateway that validated it: another version's schema
+                # Refused alone (its version kept, so nothing older replaces it): it raised out of start-up, and
+                # out of every resync, the subscription's included, so no change applied here from then on.
+                state.versions[entity(change)] = version
+                self._refused("invalid", "stored", str(exc)[:200])
         state.version = head_version
         if state != self.state:
             self.state = state
