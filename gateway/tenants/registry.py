@@ -104,26 +104,50 @@ class RegistryState:
         except ConfigError:
             if not lenient:
                 raise
+        # Left out in steps, each only if the one before still fails: what names a pool or model this config lacks;
+        # then the whole run-time catalog (an adapter's name or engine name clashing with one of this config's);
+        # then every run-time tenant. The last is the file's tenants with keys added and revoked: always valid.
+        problem: ConfigError | None = None
+        for catalog in (
+            (self.adapters, self.splits),
+            ({}, {}),
+            None,
+        ):
+            tenants, adapters, splits = self._servable(base, *catalog) if catalog is not None else ({}, {}, {})
+            try:
+                merged = self._merge(base, tenants, adapters, splits)
+            except ConfigError as exc:
+                problem = exc
+                continue
+            for kind, left_out in (
+                ("adapter", set(self.adapters) - set(adapters)),
+                ("split", set(self.splits) - set(splits)),
+                ("tenant", set(self.tenants) - set(tenants)),
+            ):
+                for name in sorted(left_out):
+                    log.error("run-time %s %r cannot be served by this config: left out until it can", kind, name)
+            return merged
+        assert problem is not None
+        raise problem
+
+    def _servable(
+        self, base: GatewayConfig, adapters: dict[str, AdapterConfig], splits: dict[str, SplitConfig]
+    ) -> tuple[dict[str, TenantConfig], dict[str, AdapterConfig], dict[str, SplitConfig]]:
+        """The run-time tenants, adapters and splits (of ``adapters`` and ``splits``) whose pools and models this
+        config has."""
         pools = {p.name for p in base.pools}
         base_models = {p.base_model for p in base.pools}
-        runtime_adapters = {n: a for n, a in self.adapters.items() if a.pool in pools and n not in base_models}
-        models = {a.name for a in base.adapters if a.name not in self.retired} | set(runtime_adapters) | base_models
-        splits = {n: s for n, s in self.splits.items() if all(v.model in models for v in s.variants)}
+        kept = {n: a for n, a in adapters.items() if a.pool in pools and n not in base_models}
+        models = {a.name for a in base.adapters if a.name not in self.retired} | set(kept) | base_models
+        kept_splits = {n: s for n, s in splits.items() if all(v.model in models for v in s.variants)}
         # What a tenant may name: an adapter, or a split.
-        targets = (models - base_models) | {split.name for split in base.splits} | set(splits)
-        servable = {
+        targets = (models - base_models) | {split.name for split in base.splits} | set(kept_splits)
+        tenants = {
             tid: t
             for tid, t in self.tenants.items()
             if set(t.adapters) <= targets and set(t.base_models) <= base_models
         }
-        for kind, left_out in (
-            ("adapter", set(self.adapters) - set(runtime_adapters)),
-            ("split", set(self.splits) - set(splits)),
-            ("tenant", set(self.tenants) - set(servable)),
-        ):
-            for name in sorted(left_out):
-                log.error("run-time %s %r names what this config lacks: left out until it has it", kind, name)
-        return self._merge(base, servable, runtime_adapters, splits)
+        return tenants, kept, kept_splits
 
     def _merge(
         self,

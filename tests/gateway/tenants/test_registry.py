@@ -75,11 +75,19 @@ def test_a_bad_tenant_is_refused_whole() -> None:
         pytest.param(
             {"kind": "set_split", "split": {"name": "s@ab", "variants": [{"model": "m", "weight": 1}]}}, id="split"
         ),
+        pytest.param(  # the engine name of an adapter this config has (another config: another adapter)
+            {
+                "kind": "add_adapter",
+                "adapter": {"name": "m", "pool": "llama", "source": "/m", "engine_name": "sql-globex"},
+            },
+            id="engine name",
+        ),
     ],
 )
 def test_a_change_only_another_config_can_serve_leaves_the_others_applied(theirs: dict[str, object]) -> None:
     """Gateways with different configs share the registry: one whose config has a pool "mistral" adds an adapter
-    there (or a split over it). This gateway leaves that out and logs it, and still applies every other change:
+    there (or a split over it, or an adapter whose engine name is another adapter's here). This gateway leaves that
+    out and logs it, and still applies every other change:
     the whole merge failed before, so refresh_tenants applied nothing from then on, and a key revoked through the
     other gateway (a leaked one) went on working here."""
     state = RegistryState()
