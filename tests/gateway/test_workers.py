@@ -24,11 +24,13 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from backends.base import EngineLoad
+from gateway import workers as supervisor_module
 from gateway.admin.status_cli import render
 from gateway.config import GatewayConfig
 from gateway.fleet import host_scrape
@@ -564,3 +566,34 @@ def test_a_dead_worker_is_restarted_after_half_a_second_doubling_to_30_s_while_i
     assert [dies(after_s=1.0) for _ in range(9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
     assert dies(after_s=11.0) == 0.5  # it had served for longer than the crash-loop window
     assert dies(after_s=1.0) == 0.5
+
+
+def test_the_supervisor_sleeps_until_a_signal_or_a_restart_is_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor does not poll: its wait ends when a signal comes (a worker's death is SIGCHLD) or when the
+    next restart is due, whichever is first."""
+    config = GatewayConfig.model_validate(
+        gateway_config({"r0": "http://127.0.0.1:9"}, {"acme": ["a1"]}, {"a1": "/srv/loras/a1"}, port=0)
+    )
+    supervisor = Supervisor(config, tmp_path / "gateway.yaml", 1)
+    [worker] = supervisor.workers
+    monkeypatch.setattr(supervisor_module, "IDLE_WAIT_S", 600.0)  # only the signal can end the second wait early
+    previous = signal.getsignal(signal.SIGCHLD)
+    try:
+        supervisor._wake_on_signals()
+        now = time.monotonic()
+        worker.restart_at = now + 0.2  # nothing else comes: the wait ends when the restart is due
+        supervisor._wait(now)
+        assert time.monotonic() >= now + 0.2
+        worker.restart_at = time.monotonic() + 600  # a child exits meanwhile: the wait ends with its SIGCHLD
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        started = time.monotonic()
+        supervisor._wait(started)
+        assert time.monotonic() - started < 300
+        child.wait(timeout=60)
+    finally:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, previous)
+        os.close(supervisor._wake_read)
+        os.close(supervisor._wake_write)
