@@ -13,8 +13,8 @@ in every gateway, with no coordination. Other keys (sessions, tenants added at r
 
 Placing the points is the costly part of a ring (an md5 per point: 160,000 points and about a second of CPU at
 1,000 replicas), and a pool is built again at every reload and discovery change while the gateway serves. So a
-ring's points and their index are a ``Geometry`` of their own, which a pool takes placed in advance on a worker
-thread (gateway/fleet/rings.py).
+ring's points, their index and what a key's first walk reads of them (each point's next distinct owners) are a
+``Geometry`` of their own, which a pool takes placed in advance on a worker thread (gateway/fleet/rings.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ _MEMO_LIMIT = 65_536
 _SPACE = float(2**128)  # ketama's md5 positions
 _NONE: frozenset[str] = frozenset()
 _VERSIONS = itertools.count()
+_from_bytes = int.from_bytes  # one attribute lookup fewer per first sight
 
 
 @dataclass(frozen=True)  # weakly referenced by gateway/fleet/rings.py's memo: no slots
@@ -50,15 +51,22 @@ class Geometry:
     owners: tuple[str, ...]
     shift: int
     buckets: array[int]  # never written after it is made
+    # What a key's first sight reads instead of walking (_table_ahead): on a small ring each point's first ``width``
+    # distinct owners clockwise; on a large one how many points from each have distinct owners.
+    rows: tuple[tuple[str, ...], ...] = ()
+    width: int = 0
+    runs: bytes = b""
 
 
 def place(replica_ids: Sequence[str], vnodes: int) -> Geometry:
-    """The points uhashring places for ``replica_ids`` at ``vnodes`` each: O(points), an md5 each (where an event
-    loop serves, on a worker thread: gateway/fleet/rings.py)."""
+    """The points uhashring places for ``replica_ids`` at ``vnodes`` each: O(points), an md5 each, and what a walk
+    reads of them (``_table_ahead``; where an event loop serves, on a worker thread: gateway/fleet/rings.py)."""
     points = HashRing(nodes={replica_id: {"vnodes": vnodes} for replica_id in replica_ids}).get_points()
     positions = tuple(position for position, _ in points)  # sorted, as uhashring keeps them
     shift, buckets = _bucket_index(positions)
-    return Geometry(positions, tuple(owner for _, owner in points), shift, buckets)
+    owners = tuple(owner for _, owner in points)
+    rows, width, runs = _table_ahead(owners)
+    return Geometry(positions, owners, shift, buckets, rows, width, runs)
 
 
 class Ring:
@@ -70,7 +78,8 @@ class Ring:
         self._positions: tuple[int, ...] = shape.positions if shape else ()
         self._owners: tuple[str, ...] = shape.owners if shape else ()
         self._shift, self._buckets = (shape.shift, shape.buckets) if shape else _bucket_index(())
-        self._ahead, self._width = _table_ahead(self._owners)
+        self._rows, self._width, self._runs = (shape.rows, shape.width, shape.runs) if shape else ((), 0, b"")
+        self._size = len(self.replica_ids)
         self._heads: dict[tuple[str, int], tuple[str, ...]] = {}
         # Renewed whenever a key's order may change (balanced homes, the placement table): what callers derived
         # from the orders under another version is stale. Unique across rings, so a new ring is never mistaken.
@@ -100,20 +109,14 @@ class Ring:
 
     def head_unremembered(self, key: str, count: int) -> tuple[str, ...]:
         """``head`` without its memo, for a caller that keeps what it derives from it (under ``version``)."""
-        if not self.replica_ids:
-            return ()
-        members = self._sets.get(key)
-        if members is None:
-            home = self._homes.get(key)
-            members = (home,) if home is not None else ()
-        return self._walk(key, count, first=members)
+        return self._walk(key, count, True)
 
     def home(self, key: str) -> str:
         return self.head(key, 1)[0]
 
     def ring_home(self, key: str) -> str:
         """Where the ring alone puts ``key`` (what ``home`` is without balancing); "" while the pool is empty."""
-        return self._walk(key, 1)[0] if self.replica_ids else ""
+        return self._walk(key, 1, False)[0] if self.replica_ids else ""
 
     def balance(self, keys: Collection[str]) -> None:
         """Balance the homes of ``keys`` (replacing the previous set; empty: ring homes for every key)."""
@@ -161,39 +164,47 @@ class Ring:
         """``key``'s point on the ring (ketama's md5 position)."""
         return key_point(key)
 
-    def _walk(self, key: str, count: int, first: tuple[str, ...] = ()) -> tuple[str, ...]:
-        """The first ``count`` of ``key``'s distinct owners clockwise (``first``, its homes, before them)."""
-        count = min(count, len(self.replica_ids))
+    def _walk(self, key: str, count: int, homes: bool) -> tuple[str, ...]:
+        """The first ``count`` of ``key``'s distinct owners clockwise; with ``homes``, its homes before them (the
+        placement table's replica set, else its balanced home): one Python call at a key's first sight."""
+        if count > self._size:
+            count = self._size
+        first: tuple[str, ...] = ()
+        if homes and (self._sets or self._homes):
+            members = self._sets.get(key)
+            if members is None:
+                home = self._homes.get(key)
+                members = (home,) if home is not None else ()
+            first = members
         if len(first) >= count:
             return first[:count]
         # At every key's first sight: its point (key_point) and the first ring point after it (_first_after), inline
-        # (two Python calls fewer).
-        point = int.from_bytes(md5(key.encode()).digest(), "big")
+        # (two Python calls fewer); past the last point, the first.
+        point = _from_bytes(md5(key.encode()).digest(), "big")
         bucket = point >> self._shift
         buckets = self._buckets
         index = bisect(self._positions, point, buckets[bucket], buckets[bucket + 1])
-        owners, table = self._owners, self._ahead
-        if table and count <= self._width:
-            # A small ring: the distinct owners from each point are tabled (see _table_ahead), at its first use.
-            point = index % len(owners)
-            ahead = table[point] or self._table_row(point)
-            if not first:
-                return ahead[:count]
-            rest = [owner for owner in ahead if owner not in first]
-            if len(first) + len(rest) >= count:
-                return first + tuple(rest[: count - len(first)])
+        owners = self._owners
+        if index == len(owners):
+            index = 0
+        rows = self._rows
+        if rows:
+            if count <= self._width:  # a small ring: each point's distinct owners, tabled with its geometry
+                ahead = rows[index]
+                if not first:
+                    return ahead[:count]
+                rest = [owner for owner in ahead if owner not in first]
+                if len(first) + len(rest) >= count:
+                    return first + tuple(rest[: count - len(first)])
+        elif not first:
+            # A large ring: the next few points nearly always have distinct owners, which the geometry's runs say.
+            if self._runs[index] >= count:
+                return owners[index : index + count]
         else:
-            # On a large ring the next few points nearly always have distinct owners: one slice and one set say so.
-            ahead = owners[index : index + count - len(first)]
-            if first:
-                ahead = first + ahead
+            ahead = first + owners[index : index + count - len(first)]
             if len(ahead) == count and len(set(ahead)) == count:
                 return ahead
         return _distinct_owners(owners, index, count, first)
-
-    def _table_row(self, point: int) -> tuple[str, ...]:
-        row = self._ahead[point] = _distinct_owners(self._owners, point, self._width)
-        return row
 
     def _first_after(self, point: int) -> int:
         """The index of the first ring point after ``point`` (``total`` past the last): a bisect within the point's
@@ -253,20 +264,60 @@ def _distinct_owners(owners: Sequence[str], index: int, count: int, first: tuple
 
 
 # A ring of this many points or fewer tables the first distinct owners from every point, this many of them (the
-# default routing.candidates): on a small ring the next points repeat owners, so a walk takes many steps where a
-# large ring's next few points are distinct (one slice). 16,384 points: about 100 replicas at 160 vnodes, holding
-# about 1.5 MB once every point has been used. A point's row is made at its first use (a key's first sight there):
-# made whole with the ring, the table took 29-46 ms of the event loop per 100-replica pool at every reload.
+# default routing.candidates), with its geometry: on a small ring the next points repeat owners, so a walk takes many
+# steps where a large ring's next few points are distinct. 16,384 points: about 100 replicas at 160 vnodes, about
+# 2 MB. A larger ring keeps, per point, how many points from it have distinct owners (up to _RUN_CAP), one byte each:
+# a key's first sight then takes one slice where it tests a set. Made with the geometry, on a worker thread where the
+# gateway serves (gateway/fleet/rings.py): a row made at its point's first use cost a key's first sight about 8,600
+# instructions of its 100,000, and made on the event loop with the ring, the table took 29-46 ms per 100-replica pool.
 _TABLE_POINTS = 16_384
 _TABLE_WIDTH = 8
+_RUN_CAP = 255
 
 
-def _table_ahead(owners: Sequence[str]) -> tuple[list[tuple[str, ...] | None], int]:
-    """Per point, a place for its first ``width`` distinct owners clockwise (``_TABLE_WIDTH``, fewer on a smaller
-    ring), each filled at its first use; no table (empty) above ``_TABLE_POINTS`` points."""
-    if not owners or len(owners) > _TABLE_POINTS:
-        return [], 0
-    return [None] * len(owners), min(_TABLE_WIDTH, len(set(owners)))
+def _table_ahead(owners: Sequence[str]) -> tuple[tuple[tuple[str, ...], ...], int, bytes]:
+    """A small ring's rows, each point's first ``width`` distinct owners clockwise (``_TABLE_WIDTH``, fewer on a
+    smaller ring), and their width; a large ring's runs (``_distinct_runs``)."""
+    if not owners:
+        return (), 0, b""
+    if len(owners) > _TABLE_POINTS:
+        return (), 0, _distinct_runs(owners)
+    width = min(_TABLE_WIDTH, len(set(owners)))
+    total = len(owners)
+    rows: list[tuple[str, ...]] = [()] * total
+    # From the last point back: a point's row is its owner, then the next point's row without it (one walk, at the
+    # last point, which wraps round).
+    row = rows[-1] = _distinct_owners(owners, total - 1, width)
+    for index in range(total - 2, -1, -1):
+        owner = owners[index]
+        if row[0] != owner:  # else the same row, shared
+            if owner in row:
+                at = row.index(owner)
+                row = (owner, *row[:at], *row[at + 1 :])
+            else:
+                row = (owner, *row[: width - 1])
+        rows[index] = row
+    return tuple(rows), width, b""
+
+
+def _distinct_runs(owners: Sequence[str]) -> bytes:
+    """Per point, how many points from it (not wrapping round) have distinct owners, up to ``_RUN_CAP``: one more
+    than the next point's, but short of the next point with its own owner."""
+    total = len(owners)
+    runs = bytearray(total)
+    next_at: dict[str, int] = {}
+    run = 0
+    for index in range(total - 1, -1, -1):
+        owner = owners[index]
+        run += 1
+        apart = next_at.get(owner, total) - index
+        if apart < run:
+            run = apart
+        if run > _RUN_CAP:
+            run = _RUN_CAP
+        runs[index] = run
+        next_at[owner] = index
+    return bytes(runs)
 
 
 # The index has about one bucket per ring point, and never fewer than this many.

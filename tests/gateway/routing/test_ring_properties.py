@@ -154,17 +154,45 @@ def test_a_keys_point_and_the_first_point_after_it_are_uhashrings(size: int, vno
     count=st.integers(1, 10),
 )
 def test_a_small_rings_tabled_heads_are_its_walks(size: int, vnodes: int, keys: list[str], count: int) -> None:
-    """The table of each point's next distinct owners (rows made at their first use) gives what walking the ring
-    gives, the first use of a point and the next alike."""
+    """The table of each point's next distinct owners (made with the geometry, from the last point back) gives what
+    walking the ring gives."""
     ring = Ring([f"r{i}" for i in range(size)], vnodes=vnodes)
-    for key in keys * 2:
+    for key in keys:
         assert ring.head_unremembered(key, count) == tuple(itertools.islice(ring.distinct_from(key), count))
 
 
-def test_a_ring_is_built_without_walking_its_points(monkeypatch: pytest.MonkeyPatch) -> None:
+@settings(max_examples=30, deadline=None)
+@given(owners=st.lists(st.sampled_from("abcdefghij"), min_size=1, max_size=60))
+def test_a_geometrys_rows_and_runs_are_what_walking_its_points_gives(owners: list[str]) -> None:
+    """Each point's row is its first distinct owners clockwise (wrapping round), and its run how many points from it,
+    not wrapping, have distinct owners: what a large ring's first sight trusts instead of testing a set."""
+    rows, width, _ = ring_module._table_ahead(owners)
+    assert width == min(ring_module._TABLE_WIDTH, len(set(owners)))
+    for index in range(len(owners)):
+        assert rows[index] == ring_module._distinct_owners(owners, index, width)
+    runs = ring_module._distinct_runs(owners)
+    for index in range(len(owners)):
+        run = 0
+        while index + run < len(owners) and len(set(owners[index : index + run + 1])) == run + 1:
+            run += 1
+        assert runs[index] == run
+
+
+def test_a_large_rings_heads_are_its_walks() -> None:
+    """Above the table's size a first sight slices the points its runs say are distinct; else it walks."""
+    ring = Ring([f"r{i}" for i in range(120)], vnodes=160)
+    assert not ring._rows and ring._runs
+    for key in [f"tenant-{i}" for i in range(300)]:
+        for count in (1, 8, 40):
+            assert ring.head_unremembered(key, count) == tuple(itertools.islice(ring.distinct_from(key), count))
+
+
+def test_a_ring_is_built_from_its_geometry_without_walking_its_points(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 100-replica pool's ring (16,000 points) is built at every reload, on the event loop: its table of each
-    point's next distinct owners is filled at each point's first use, not walked whole with the ring (which took
-    29-46 ms), and a key's first sight walks its own point only."""
+    point's next distinct owners comes with the geometry placed on a worker thread (gateway/fleet/rings.py), so
+    building the ring walks no point (tabled with it there, it took 29-46 ms), and a key's first sight walks none
+    either."""
+    geometry = ring_module.place([f"r{i}" for i in range(100)], 160)
     walks: list[int] = []
     real = ring_module._distinct_owners
 
@@ -173,8 +201,8 @@ def test_a_ring_is_built_without_walking_its_points(monkeypatch: pytest.MonkeyPa
         return real(owners, index, count, first)
 
     monkeypatch.setattr(ring_module, "_distinct_owners", counted)
-    ring = Ring([f"r{i}" for i in range(100)], vnodes=160)
-    assert len(ring._owners) == 16_000 and walks == []
+    ring = Ring([f"r{i}" for i in range(100)], vnodes=160, geometry=geometry)
+    assert len(ring._owners) == 16_000 and len(ring._rows) == 16_000
     ring.head("tenant-1", 8)
-    ring.head_unremembered("tenant-1", 8)  # the same point: its row is there
-    assert len(walks) == 1
+    ring.head_unremembered("tenant-2", 8)
+    assert walks == []
