@@ -39,7 +39,7 @@ from gateway.config import AdapterConfig, ConfigError, GatewayConfig, SplitConfi
 from gateway.observe.metrics import GatewayMetrics
 from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
-from gateway.tenants.signing import Refused, Signer, digest, entity
+from gateway.tenants.signing import Refused, Signer, digest, entity, known_entity
 
 log = logging.getLogger(__name__)
 
@@ -294,9 +294,10 @@ class Registry:
                 async with redis_call("registry unlock", self._timeout_s):
                     await self._unlock(keys=[self._key("lock")], args=[token])
 
-    async def _snapshot(self) -> tuple[int, list[tuple[dict[str, Any], int]]]:
-        """What Redis holds, checked: the head's version and every entry's change and version (``Refused``: a
-        forged entry or head, or entries the head does not describe)."""
+    async def _snapshot(self) -> tuple[int, list[tuple[dict[str, Any], int]], dict[str, int]]:
+        """What Redis holds, checked: the head's version, every entry's change and version this version can read,
+        and every entry's version by entity, those included (``Refused``: a forged entry or head, or entries the
+        head does not describe)."""
         assert self._read is not None
         async with redis_call("registry read", self._timeout_s):
             flat, raw_head = cast(list[Any], await self._read(keys=[self._key("entries"), self._key("head")]))
@@ -304,21 +305,28 @@ class Registry:
         if raw_head is None:
             if entries:
                 raise Refused("altered", "the registry has entries but no head")
-            return 0, []
+            return 0, [], {}
         head_version, signed_digest = self._signer.open_head(raw_head)
         opened, versions = [], {}
         for name, raw in entries.items():
             try:
-                change, version = self._signer.open(raw)
+                change, version = self._signer.open_signed(raw)
             except Refused as exc:
                 raise Refused("altered", f"entry {name!r}: {exc}") from exc
-            if entity(change) != name or version > head_version:
+            if version > head_version:
+                raise Refused("altered", f"entry {name!r} is not where or when it was signed")
+            versions[name] = version  # the head's digest covers it whether or not this version can read it
+            try:
+                where = known_entity(change)
+            except Refused as exc:  # another version's kind or shape: refused alone, the rest is believed
+                self._refused(exc.reason, "stored", f"entry {name!r}: {exc}")
+                continue
+            if where != name:
                 raise Refused("altered", f"entry {name!r} is not where or when it was signed")
             opened.append((change, version))
-            versions[name] = version
         if digest(versions) != signed_digest:
             raise Refused("altered", "entries were deleted, added or replaced by older ones since the head was signed")
-        return head_version, sorted(opened, key=lambda pair: pair[1])
+        return head_version, sorted(opened, key=lambda pair: pair[1]), versions
 
     async def _store(self, change: dict[str, Any]) -> int:
         """Sign the change with the next version, store it and the new head under the lock, publish it."""
@@ -327,13 +335,12 @@ class Registry:
             raise StoreUnavailable("no registry signing key (state.registry_key_env, or an admin token)")
         async with self._locked():
             try:
-                head_version, entries = await self._snapshot()
+                head_version, _, versions = await self._snapshot()
             except Refused as exc:
                 self._refused(exc.reason, "stored", str(exc))
                 raise StoreUnavailable(f"the registry in Redis was altered outside the gateways: {exc}") from exc
             version = head_version + 1
-            versions = {entity(c): v for c, v in entries}
-            versions[entity(change)] = version
+            versions[entity(change)] = version  # every entry's, those this version cannot read included
             envelope = self._signer.envelope(change, version)
             async with redis_call("registry change", self._timeout_s), self._client.pipeline(transaction=True) as pipe:
                 pipe.hset(self._key("entries"), entity(change), json.dumps(envelope))
@@ -346,7 +353,7 @@ class Registry:
 
     async def _resync(self) -> None:
         try:
-            head_version, entries = await self._snapshot()
+            head_version, entries, _ = await self._snapshot()
         except Refused as exc:
             self._refused(exc.reason, "stored", str(exc))
             return

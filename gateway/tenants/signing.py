@@ -58,6 +58,16 @@ def entity(change: Mapping[str, Any]) -> str:
     raise Refused("forged", f"unknown change kind {kind!r}")
 
 
+def known_entity(change: Mapping[str, Any]) -> str:
+    """``entity``, for a signed change: one of a kind or shape this version does not know (a KeyError, or a forged
+    refusal, out of ``entity`` before) is "invalid", refused alone: a gateway of another version signed it."""
+    try:
+        return entity(change)
+    except (Refused, KeyError, TypeError) as exc:
+        kind = str(change.get("kind"))[:40]
+        raise Refused("invalid", f"a {kind!r} change this version cannot read: {exc!r}") from exc
+
+
 def digest(versions: Mapping[str, int]) -> str:
     """Every entity's version, in one hash: what the head signs."""
     lines = "".join(f"{name}\t{version}\n" for name, version in sorted(versions.items()))
@@ -92,7 +102,14 @@ class Signer:
         return {"change": change, "version": version, "mac": self._mac(_ENTRY, {"change": change, "version": version})}
 
     def open(self, raw: str | bytes) -> tuple[dict[str, Any], int]:
-        """The change and its version, if ``raw`` is an envelope this key signed (``Refused`` otherwise)."""
+        """The change and its version, if ``raw`` is an envelope this key signed (``Refused`` otherwise: "forged"),
+        of a kind and shape this version knows (else "invalid": a gateway of another version signed it)."""
+        change, version = self.open_signed(raw)
+        known_entity(change)
+        return change, version
+
+    def open_signed(self, raw: str | bytes) -> tuple[dict[str, Any], int]:
+        """``open`` without the check of the change's kind and shape."""
         try:
             envelope = json.loads(raw)
             change, version, mac = envelope["change"], envelope["version"], envelope["mac"]
@@ -101,7 +118,6 @@ class Signer:
         except (ValueError, TypeError, KeyError, RecursionError) as exc:  # the last: nested past the parser
             raise Refused("forged", "not a signed registry entry") from exc
         self._check(_ENTRY, {"change": change, "version": version}, mac)
-        entity(change)  # a kind this gateway knows
         return change, version
 
     def head(self, version: int, versions: Mapping[str, int]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -287,3 +288,52 @@ async def test_a_stored_entry_of_another_versions_schema_is_refused_alone(redis_
         assert revoked in fresh.state.revoked
     finally:
         await fresh.close()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"kind": "set_quota", "quota": {"tenant": "acme", "gpu_s": 5}}, id="a kind this version lacks"),
+        pytest.param({"kind": "add_key", "tenant_id": "acme", "key": "k"}, id="a known kind, another shape"),
+    ],
+)
+async def test_a_signed_entry_of_a_kind_or_shape_this_version_lacks_is_refused_alone(
+    redis_server: RedisServer, change: dict[str, Any]
+) -> None:
+    """A newer gateway (same signing key) stores and publishes a change of a kind this version does not know, or a
+    known kind in another shape. It is refused alone (invalid) and everything else applies: it was taken for an
+    altered registry before, so a gateway of this version (re)started with none of the run-time entries (a key
+    revoked at run time worked on it again), refused every resync, and could make no change; the message raised
+    KeyError out of the subscription (another shape) or was counted forged."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    writer = Registry(redis_server.url, prefix=prefix, signing_key=KEY, resync_s=3600)
+    await writer.start(on_change=lambda: None)
+    raw = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    revoked = hash_key(api_key("globex"))
+    signer = Signer(KEY)
+    try:
+        await writer._store({"kind": "add_key", "tenant_id": "globex", "key_hash": hash_key("second")})
+        await writer._store({"kind": "revoke_key", "key_hash": revoked})
+        async with writer._locked():  # what a newer gateway's _store does
+            head_version, _, versions = await writer._snapshot()
+            versions["quota:acme"] = head_version + 1
+            envelope = json.dumps(signer.envelope(change, head_version + 1))
+            await raw.hset(f"{prefix}:{{registry}}:entries", "quota:acme", envelope)
+            await raw.set(f"{prefix}:{{registry}}:head", json.dumps(signer.head(head_version + 1, versions)))
+        metrics = GatewayMetrics()
+        fresh = Registry(redis_server.url, prefix=prefix, signing_key=KEY, resync_s=3600, metrics=metrics)
+        await fresh.start(on_change=lambda: None)
+        try:
+            assert revoked in fresh.state.revoked and fresh.state.keys.get(hash_key("second")) == "globex"
+            assert refused(metrics, "invalid", "stored") >= 1 and refused(metrics, "altered", "stored") == 0
+            fresh._message(envelope)  # published too: refused alone, nothing raised
+            assert refused(metrics, "invalid", "message") == 1
+            added = hash_key("third")
+            await fresh.change({"kind": "add_key", "tenant_id": "globex", "key_hash": added}, base_config())
+            await writer._resync()
+            assert writer.state.keys.get(added) == "globex"
+        finally:
+            await fresh.close()
+    finally:
+        await raw.aclose()
+        await writer.close()
