@@ -43,6 +43,12 @@ from gateway.tenants.signing import Refused, Signer, digest, entity, known_entit
 
 log = logging.getLogger(__name__)
 
+# What applying a signed change of a known kind raises when another version's gateway signed it in a shape this one
+# cannot apply: a model this schema refuses (ValidationError), a field under another name (KeyError), a list where
+# this version has a string (TypeError). Such a change is refused alone; past the handling, any of them failed
+# start-up and every resync.
+_UNREADABLE = (ValidationError, KeyError, TypeError)
+
 
 @dataclass
 class RegistryState:
@@ -365,7 +371,7 @@ class Registry:
         for change, version in entries:
             try:
                 state.accept(change, version)
-            except ValidationError as exc:  # signed by a gateway that validated it: another version's schema
+            except _UNREADABLE as exc:  # signed by a gateway that validated it: another version's schema
                 # Refused alone (its version kept, so nothing older replaces it): it raised out of start-up, and
                 # out of every resync, the subscription's included, so no change applied here from then on.
                 state.versions[entity(change)] = version
@@ -390,7 +396,7 @@ class Registry:
             return
         try:
             self.state.accept(change, version)
-        except ValidationError as exc:  # signed by a gateway that validated it: another version's schema
+        except _UNREADABLE as exc:  # signed by a gateway that validated it: another version's schema
             self._refused("invalid", "message", str(exc)[:200])
             return
         self._on_change()
