@@ -9,17 +9,18 @@ registered; the simulator charges the cold load (disk to host memory) and the sw
 it does for tenantgate. Each router gets the tenant the way it reads it: tenantgate by API key, vllm-router by
 `x-tenant-id`, sglang-router by `X-SMG-Routing-Key`.
 
-Per setup: TTFT and end-to-end p50/p99, requests/s, cold loads against the compulsory minimum (distinct
-adapters), evictions, prefix-cache hit ratio, max/mean replica load, the share of each tenant's requests at its
-most-used replica, and the peak queue (running + waiting, sampled every 0.1 s from the engines' /metrics) on the
-most loaded replica. On the hot trace, through tenantgate, the hot tenant's cold spills once its second home is
-warm (its first cold load in the trace ended): its streams that met the cold regime (waited for their adapter's
-load on the request path; counted per replica and regime by tenantgate_stream_regimes_total, read once after the
-trace) but those on replicas whose loads of it all began before then, and its requests whose adapter the engine had
-dropped since (the cold-load log's cause `request`); results.json keeps its streams per regime (`hot_spills`).
-Setups with several gateways start that many `tenantgate serve` processes sharing one redis-server, and the client
-sends each request to the next gateway in turn, as a load balancer would. Written to OUT as results.json,
-results.md and two plots (TTFT distributions; cold loads over time).
+Per setup: TTFT and end-to-end p50/p99 (TTFT p99 also over the heavy tenants' requests and the light tenants' apart,
+on the traces that have heavy ones: the colliding tenants, the one that turns hot), requests/s, cold loads against
+the compulsory minimum (distinct adapters), evictions, prefix-cache hit ratio, max/mean replica load, the share of
+each tenant's requests at its most-used replica, and the peak queue (running + waiting, sampled every 0.1 s from the
+engines' /metrics) on the most loaded replica. On the hot trace, through tenantgate, the hot tenant's cold spills
+once its second home is warm (its first cold load in the trace ended): its streams that met the cold regime (waited
+for their adapter's load on the request path; counted per replica and regime by tenantgate_stream_regimes_total,
+read once after the trace) but those on replicas whose loads of it all began before then, and its requests whose
+adapter the engine had dropped since (the cold-load log's cause `request`); results.json keeps its streams per
+regime (`hot_spills`). Setups with several gateways start that many `tenantgate serve` processes sharing one redis-
+server, and the client sends each request to the next gateway in turn, as a load balancer would. Written to OUT as
+results.json, results.md and two plots (TTFT distributions; cold loads over time).
 
     python -m loadtests.bench_routing [--seconds 30] [--rate 20] [--seed 17] [--only NAME] [--out bench-results]
 """
@@ -260,6 +261,14 @@ def colliding(tenant_ids: list[str], count: int) -> list[str]:
     return next(tenants[:count] for _, tenants in sorted(by_home.items()) if len(tenants) >= count)
 
 
+def heavy_tenants(spec: TraceSpec) -> set[str]:
+    """The trace's heavy tenants: the colliding ones, and the tenant that turns hot where one does (the others are
+    the light ones, whose tail the report shows apart: a plan that serves the heavy ones well may do it at their
+    cost)."""
+    heavy = set(colliding(spec.tenant_ids, spec.collide)) if spec.collide else set()
+    return heavy | ({HOT} if spec.hot_extra else set())
+
+
 def popularity(spec: TraceSpec) -> dict[str, float]:
     """Each tenant's weight: Zipf by rank, or with ``collide`` the heavy tenants' share and the rest even."""
     ids = spec.tenant_ids
@@ -296,6 +305,8 @@ def make_trace(seconds: float, rate: float, seed: int = 17, spec: TraceSpec | No
 class Observed:
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
+    # The tenant of each TTFT in ``ttft``, in the same order (the per-tenant split: heavy against light).
+    tenants: list[str] = field(default_factory=list)
     failures: int = 0
     cold_loads_over_time: list[tuple[float, int]] = field(default_factory=list)
     # Per replica, the most requests running + waiting seen at once in the engine's own metrics.
@@ -354,6 +365,7 @@ async def replay(
                 return
             observed.ttft.append(timed[0])
             observed.e2e.append(timed[1])
+            observed.tenants.append(arrival.tenant)
 
         async def sample_cold_loads() -> None:
             while True:
@@ -543,7 +555,8 @@ def run_setup(setup: Setup, trace: list[Arrival], spec: TraceSpec, time_scale: f
         before = {r: sim_stats(u) for r, u in replicas.items()}
         observed = asyncio.run(replay(router_urls, setup.router, trace, replicas, hot=spec.hot_extra > 0))
         after = {r: sim_stats(u) for r, u in replicas.items()}
-    return summarize(setup, trace, observed, before, after, hot=spec.hot_extra > 0, time_scale=time_scale)
+    return summarize(setup, trace, observed, before, after, hot=spec.hot_extra > 0, time_scale=time_scale,
+                     heavy=heavy_tenants(spec))  # fmt: skip
 
 
 def summarize(
@@ -554,6 +567,7 @@ def summarize(
     after: dict[str, Any],
     hot: bool = False,
     time_scale: float = 1.0,
+    heavy: set[str] | None = None,
 ) -> dict[str, Any]:
     def delta(key: str) -> int:
         return sum(int(after[r][key]) - int(before[r][key]) for r in after)
@@ -578,6 +592,7 @@ def summarize(
         "failed": observed.failures,
         "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else None,
         "ttft_p99_ms": 1000 * ttft[int(0.99 * (len(ttft) - 1))] if ttft else None,
+        **tenant_split(observed, heavy or set()),
         "e2e_p50_ms": 1000 * statistics.median(e2e) if e2e else None,
         "e2e_p99_ms": 1000 * e2e[int(0.99 * (len(e2e) - 1))] if e2e else None,
         "requests_per_s": len(e2e) / max(1e-9, trace[-1].offset_s) if trace else 0.0,
@@ -599,6 +614,24 @@ def summarize(
         "served_by_replica": {r: dict(counts) for r, counts in served.items()},
         **cold_load_sources(events),
         **hot_tenant(setup, observed, events, hot, time_scale),
+    }
+
+
+def p99_ms(times: list[float]) -> float | None:
+    """The 99th percentile in milliseconds (the nearest rank below, as the table's other p99s), None for none."""
+    ordered = sorted(times)
+    return 1000 * ordered[int(0.99 * (len(ordered) - 1))] if ordered else None
+
+
+def tenant_split(observed: Observed, heavy: set[str]) -> dict[str, Any]:
+    """TTFT p99 of the heavy tenants' requests and of the light tenants' (None where the trace has no heavy
+    tenant): the light tenants' tail is otherwise hidden in the whole's."""
+    if not heavy:
+        return {"heavy_ttft_p99_ms": None, "light_ttft_p99_ms": None}
+    pairs = list(zip(observed.tenants, observed.ttft, strict=True))
+    return {
+        "heavy_ttft_p99_ms": p99_ms([t for tenant, t in pairs if tenant in heavy]),
+        "light_ttft_p99_ms": p99_ms([t for tenant, t in pairs if tenant not in heavy]),
     }
 
 
@@ -665,6 +698,10 @@ COLUMNS = [
     ("setup", "setup", "{}"),
     ("TTFT p50", "ttft_p50_ms", "{:.1f} ms"),
     ("TTFT p99", "ttft_p99_ms", "{:.1f} ms"),
+    # The same p99 over the heavy tenants' requests alone (the colliding ones, the one that turns hot) and over the
+    # light tenants' (tenant_split).
+    ("heavy TTFT p99", "heavy_ttft_p99_ms", "{:.1f} ms"),
+    ("light TTFT p99", "light_ttft_p99_ms", "{:.1f} ms"),
     ("e2e p50", "e2e_p50_ms", "{:.1f} ms"),
     ("e2e p99", "e2e_p99_ms", "{:.1f} ms"),
     ("req/s", "requests_per_s", "{:.1f}"),
@@ -680,7 +717,8 @@ COLUMNS = [
     ("hot cold spills", "hot_cold_spills", "{:.1f}"),
 ]
 # Shown as the mean over seeds with the worst and best seed beside it.
-SPREAD = {"ttft_p50_ms", "ttft_p99_ms", "cold_loads", "peak_queue", "hot_cold_spills"}
+SPREAD = {"ttft_p50_ms", "ttft_p99_ms", "heavy_ttft_p99_ms", "light_ttft_p99_ms", "cold_loads", "peak_queue",
+          "hot_cold_spills"}  # fmt: skip
 
 
 def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -786,8 +824,14 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] = print)
                 runs.append(row)
                 failed |= bool(row["failed"]) and setup.router == "tenantgate"
                 spills = f", hot tenant: {row['hot_spills']}" if row["hot_spills"] else ""
+                split = (
+                    f" (heavy {row['heavy_ttft_p99_ms']:.1f}, light {row['light_ttft_p99_ms']:.1f})"
+                    if row["heavy_ttft_p99_ms"] is not None and row["light_ttft_p99_ms"] is not None
+                    else ""
+                )
                 progress(f"  seed {seed} {setup.name}: TTFT p50 {row['ttft_p50_ms']:.1f} ms, p99 "
-                         f"{row['ttft_p99_ms']:.1f} ms, cold loads {row['cold_loads']}{spills}")  # fmt: skip
+                         f"{row['ttft_p99_ms']:.1f} ms{split}, cold loads {row['cold_loads']}, peak queue "
+                         f"{row['peak_queue']:.0f}{spills}")  # fmt: skip
         results = [combine(rows) for rows in by_setup.values()]
         out = args.out / spec.name
         out.mkdir(parents=True, exist_ok=True)

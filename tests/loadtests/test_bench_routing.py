@@ -87,3 +87,16 @@ def test_the_hot_tenants_cold_spills_count_from_its_second_homes_warm_moment() -
     assert spills["engine_dropped"] == 1 and spills["cold_after_warm"] == 3 + 1 + 1 + 1
     assert hot_spills(regimes, events[:2])["cold_after_warm"] == 1 + 1  # r3's and r0's only
     assert hot_spills(Counter({("r0", "warm"): 5}), [])["cold_after_warm"] == 0
+
+
+def test_the_tenant_split_shows_the_heavy_tenants_tail_apart_from_the_light_ones() -> None:
+    from loadtests.bench_routing import Observed, heavy_tenants, tenant_split
+
+    collide, hot, fits = TRACES["collide"], TRACES["hot"], TRACES["fits"]
+    assert heavy_tenants(collide) == set(colliding(collide.tenant_ids, collide.collide))
+    assert heavy_tenants(hot) == {HOT}
+    assert heavy_tenants(fits) == set()
+    observed = Observed(ttft=[0.010] * 99 + [0.500, 2.0], tenants=["t01"] * 99 + ["t01", HOT])
+    split = tenant_split(observed, {HOT})
+    assert split == {"heavy_ttft_p99_ms": 2000.0, "light_ttft_p99_ms": 10.0}
+    assert tenant_split(observed, set()) == {"heavy_ttft_p99_ms": None, "light_ttft_p99_ms": None}
