@@ -243,6 +243,11 @@ class PoolConfig(_Frozen):
     policy: Policy = "predicted_ttft"
     # Resident adapters per replica the gateway plans for (at most the engine's own --max-cpu-loras).
     max_adapters: int = Field(default=4, ge=1)
+    # Requests one replica runs at once (the engine's --max-num-seqs). Stated, homes from traffic size a heavy
+    # key's replica set by it (placement.seat_share), and a spill leaves a key's planned replicas only once each
+    # runs this many (placement.off_plan_queue 0). 0: not stated (not learned either: an engine also queues requests
+    # whose adapter waits for a GPU slot, so a queue seen is no seat count).
+    seats: int = Field(default=0, ge=0, le=1_000_000)
     # A static list, or replicas found through DNS (discovery), which then replaces this list with what it finds.
     replicas: list[ReplicaConfig] = Field(default_factory=list)
     discovery: DiscoveryConfig | None = None
@@ -760,6 +765,11 @@ class PlacementConfig(_Frozen):
     # spilling less than half spill_share (hysteresis).
     shrink_below: float = Field(default=0.75, gt=0, le=100)
     shrink_after_s: float = Field(default=60.0, ge=0, le=86_400)
+    # ... or while its requests in flight per replica of its set exceed seat_share of a replica's seats (the pool's
+    # seats; not stated: never): it queues at its bursts, even where slots are full; then a key planned alone on the
+    # replica it gains, sending fewer requests per second than 1 / off_plan_idle_s by more than the noise (sigmas),
+    # gives its planned slot up (its adapter loaded on demand; plan.py).
+    seat_share: float = Field(default=0.5, gt=0, le=100)
     # A key is replicated only with at least this many requests per second (below it one replica serves it).
     replicate_min_rps: float = Field(default=1.0, ge=0, le=1_000_000)
     # The most replicas one key's set may hold (1: no replication).
@@ -769,7 +779,9 @@ class PlacementConfig(_Frozen):
     # planned one by off_plan_margin_ms, where its adapter pushes out no other key's planned adapter used within
     # off_plan_idle_s (false: spills go wherever predicted faster, as with balanced homes).
     confine_spills: bool = True
-    off_plan_queue: int = Field(default=8, ge=1, le=100_000)
+    # 0: the pool's seats where stated (a spill leaves once every planned replica runs as many as it can), else
+    # routing.capacity_floor.
+    off_plan_queue: int = Field(default=0, ge=0, le=100_000)
     off_plan_margin_ms: float = Field(default=100.0, ge=0, le=600_000)
     off_plan_idle_s: float = Field(default=5.0, ge=0, le=86_400)
     # A move whose adapter is not resident at its new home after this long is given up (the key stays put).

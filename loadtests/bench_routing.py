@@ -49,6 +49,7 @@ import httpx
 from gateway.routing.ring import Ring
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, gateway_process, sim_stats, write_adapters
 from loadtests.processes import free_port, healthy, running, sim_command
+from loadtests.sim.defaults import SimParams
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / ".peers"
@@ -77,6 +78,12 @@ class TraceSpec:
     @property
     def tenant_ids(self) -> list[str]:
         return [f"t{i:02d}" for i in range(self.tenants)]
+
+    @property
+    def seats(self) -> int:
+        """Requests one simulated replica runs at once (its --max-num-seqs), as the gateway's pool states them."""
+        args = list(self.sim_args)
+        return int(args[args.index("--max-num-seqs") + 1]) if "--max-num-seqs" in args else SimParams().max_num_seqs
 
 
 TRACES = {
@@ -474,8 +481,10 @@ def redis_for(root: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def router_for(
-    setup: Setup, root: Path, replicas: dict[str, str], adapters: dict[str, str], tenant_ids: list[str]
-) -> Iterator[list[str]]:
+    setup: Setup, root: Path, replicas: dict[str, str], adapters: dict[str, str], tenant_ids: list[str],
+    seats: int = 0,
+) -> Iterator[list[str]]:  # fmt: skip
+    """The setup's router(s) in front of ``replicas``; tenantgate's pool states the replicas' ``seats`` (0: not)."""
     if setup.router == "tenantgate":
         tenants = {t: [f"lora-{t}"] for t in tenant_ids}
         with contextlib.ExitStack() as stack:
@@ -492,6 +501,7 @@ def router_for(
             for index in range(setup.gateways):
                 config = gateway_config(replicas, tenants, adapters, port=free_port(), policy=setup.policy,
                                         max_adapters=MAX_CPU_LORAS, extra=extra)  # fmt: skip
+                config["pools"][0]["seats"] = seats
                 url, _ = stack.enter_context(gateway_process(root, config, f"gateway-{index}"))
                 urls.append(url)
             yield urls
@@ -551,7 +561,7 @@ def run_setup(setup: Setup, trace: list[Arrival], spec: TraceSpec, time_scale: f
             stack.enter_context(running(cmd, url, root / f"sim-{index}.log", start_timeout_s=30))
             replicas[f"r{index}"] = url
         assert all(healthy(url) for url in replicas.values())
-        router_urls = stack.enter_context(router_for(setup, root, replicas, adapters, spec.tenant_ids))
+        router_urls = stack.enter_context(router_for(setup, root, replicas, adapters, spec.tenant_ids, spec.seats))
         before = {r: sim_stats(u) for r, u in replicas.items()}
         observed = asyncio.run(replay(router_urls, setup.router, trace, replicas, hot=spec.hot_extra > 0))
         after = {r: sim_stats(u) for r, u in replicas.items()}

@@ -43,6 +43,7 @@ from loadtests.bench_routing import (
 )
 from loadtests.fleet import sim_stats, write_adapters
 from loadtests.processes import free_port, running, sim_command
+from loadtests.sim.defaults import SimParams
 
 NOISY = "t00"
 TENANTS = [f"t{i:02d}" for i in range(16)]
@@ -137,7 +138,8 @@ def run(setup: Setup, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             cmd = sim_command(port, "--model", "tiny-llama", "--seed", str(index), *sim_args)
             stack.enter_context(running(cmd, url, root / f"sim-{index}.log", start_timeout_s=30))
             replicas[f"r{index}"] = url
-        urls = stack.enter_context(router_for(setup, root, replicas, adapters, TENANTS))
+        seats = SimParams().max_num_seqs  # the simulator's default: the pool states what its replicas run at once
+        urls = stack.enter_context(router_for(setup, root, replicas, adapters, TENANTS, seats))
         before = {r: sim_stats(u) for r, u in replicas.items()}
         observed = asyncio.run(drive(urls[0], seed, args.quiet_rate, args.warm_s, args.noisy_s, args.streams))
         after = {r: sim_stats(u) for r, u in replicas.items()}

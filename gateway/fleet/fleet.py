@@ -71,6 +71,9 @@ class InstalledHomes:
     version: int = 0
     routed: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     planned: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    # Per pool, the keys whose adapter has no planned slot: the fill plans nothing for them, and their requests go
+    # where a load pushes out no planned adapter in use (gateway/fleet/plan_bound.py).
+    unplanned: Mapping[str, frozenset[str]] = field(default_factory=dict)
     why: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
@@ -148,8 +151,14 @@ class Fleet:
             measured = traffic.get(pool.name)
             rates = {key: rate.requests_per_s for key, rate in measured.keys.items()} if measured else {}
             planned = self.homes.planned.get(pool.name, {})
+            unplanned = self.homes.unplanned.get(pool.name, frozenset())
 
-            def homes(key: str, planned: Mapping[str, tuple[str, ...]] = planned, pool: Pool = pool) -> Iterable[str]:
+            def homes(
+                key: str, planned: Mapping[str, tuple[str, ...]] = planned, pool: Pool = pool,
+                unplanned: frozenset[str] = unplanned,
+            ) -> Iterable[str]:  # fmt: skip
+                if key in unplanned:
+                    return ()
                 return planned.get(key) or pool.ring.replica_set(key)
 
             pool.fill = fill_order(self._fill_entries[pool.name], homes, pool.replicas, rates)
@@ -160,6 +169,7 @@ class Fleet:
         sets with the members still warming)."""
         for name, pool in self.pools.items():
             pool.ring.install(table.routed.get(name, {}))
+            pool.unplanned = table.unplanned.get(name, frozenset())
         self.homes = table
         self.order_fill_by(self._traffic)
 

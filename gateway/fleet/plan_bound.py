@@ -6,13 +6,18 @@ add copies the plan never counted: a noisy tenant's requests, predicted faster e
 replica within seconds and pushed out its quiet neighbours' (their cold loads in 20 s went from none to 24-26, 0-2
 now: docs/benchmarks.md), and on the collide trace the heavy tenants' spills kept 18-19 copies in 16 slots, so some
 light tenant always lacked one.
-So a request goes to its key's planned replicas while the least loaded of them has fewer than ``queue`` requests in
-flight (the load routing counts). Past that a replica off the set may compete too, where taking it pushes out no
-other key's planned adapter still in use: the adapter is already resident there beside every adapter planned
-there, a slot is free, or the adapter a load there would push out (the engine's least recently used idle one) is
-not planned there or no request used it for ``idle_s``. The pool then takes the off-set replica only when predicted
-faster than the best planned one by ``margin_ms`` (Pool._decide_confined). A request whose planned replicas are all
-down, avoided (a retry) or at their cap is not confined.
+So a request goes to its key's planned replicas while one of them has fewer than ``queue`` requests in flight (the
+load routing counts; ``queue`` 0: the pool's seats where stated, the requests a replica runs at once, so a spill
+leaves only once every planned replica queues; else ``capacity_floor``). Past that a replica off the set may compete
+too, where taking it pushes out no other key's planned adapter still in use: the adapter is already resident there
+beside every adapter planned there, a slot is free, or the adapter a load there would push out (the engine's least
+recently used idle one) is not planned there or no request used it for ``idle_s``. The pool then takes the off-set
+replica only when predicted faster than the best planned one by ``margin_ms`` (Pool._decide_confined). A request
+whose planned replicas are all down, avoided (a retry) or at their cap is not confined.
+
+A key the plan left without a planned slot (``Pool.unplanned``: its slot paid for a heavy key's copy) goes to the
+replicas of its order where its adapter is resident, or where a load pushes out no planned adapter in use
+(``room_for``, as a spill above); where there is none it is not confined.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from gateway.routing.ring import Ring
 
 @dataclass(frozen=True)
 class PlanBound:
-    queue: int  # requests in flight on every planned replica before a spill may leave the set
+    queue: int  # requests in flight on every planned replica before a spill may leave the set (0: its seats)
     margin_ms: float  # how much faster an off-set replica must be predicted than the best planned one
     idle_s: float  # a planned adapter unused this long may be pushed out by an off-set spill
 
@@ -48,6 +53,9 @@ class Pool(Protocol):
     replicas: dict[str, Replica]
     residency: PoolResidency
     max_in_flight_per_replica: int
+    capacity_floor: int
+    seats: int
+    unplanned: frozenset[str]
 
     def routed_load(self, replica_id: str, now: float) -> int: ...
 
@@ -65,6 +73,8 @@ def split(
     order, and the candidates off the set it may take too (empty until the queue bound is passed); None when the
     request is not confined (no planned replica it may take, or every candidate planned)."""
     replicas, cap = pool.replicas, pool.max_in_flight_per_replica
+    if key in pool.unplanned:
+        return _unplanned(pool, bound, engine_model, order, resident, avoid)
     planned = pool.ring.replica_set(key)
     inside = tuple(
         r
@@ -74,7 +84,8 @@ def split(
     if not inside or all(r in planned for r in order):
         return None
     now = time.monotonic()
-    if min(pool.routed_load(r, now) for r in inside) < bound.queue:
+    queue = bound.queue or pool.seats or pool.capacity_floor
+    if any(pool.routed_load(r, now) < queue for r in inside):
         return inside, ()
     residency = pool.residency
     outside = tuple(
@@ -85,6 +96,31 @@ def split(
         and (_spare(residency, r, engine_model) if r in resident else residency.room_for(r, bound.idle_s))
     )
     return inside, outside
+
+
+def _unplanned(
+    pool: Pool,
+    bound: PlanBound,
+    engine_model: str,
+    order: tuple[str, ...],
+    resident: frozenset[str],
+    avoid: Collection[str],
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """An unplanned key's candidates: those of ``order`` (healthy, not avoided, under the cap) where its adapter is
+    resident or a load takes a slot no planned adapter in use holds; None (not confined) where none is, or all."""
+    replicas, cap, residency = pool.replicas, pool.max_in_flight_per_replica, pool.residency
+    room = tuple(
+        r
+        for r in order
+        if (replica := replicas.get(r)) is not None
+        and replica.healthy
+        and r not in avoid
+        and replica.in_flight < cap
+        and (r in resident or residency.room_for(r, bound.idle_s))
+    )
+    if not room or len(room) == len(order):
+        return None
+    return room, ()
 
 
 def _spare(residency: PoolResidency, replica_id: str, engine_model: str) -> bool:

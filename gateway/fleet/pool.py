@@ -150,6 +150,9 @@ class Pool:
         self.in_flight = 0
         # Spills kept on each key's planned replicas (routing.home_placement: traffic; plan_bound.py); None: off.
         self.plan_bound: PlanBound | None = None
+        # Keys the placement table left without a planned slot (placement's Plan.unplanned; plan_bound.py).
+        self.unplanned: frozenset[str] = frozenset()
+        self.seats = config.seats
         # Set once no request is in flight, made only while someone waits for that (wait_idle): a retired pool
         # waits before it closes. Not an Event kept set and cleared: that cost two calls per request.
         self._idle: asyncio.Event | None = None

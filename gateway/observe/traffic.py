@@ -7,6 +7,10 @@ per second). The number of keys is bounded twice, because session keys are unbou
 ``max_keys_per_interval`` distinct keys are counted within one interval (a newcomer past it counts only in its
 pool's total), and after a fold only the ``max_keys`` busiest are kept. Each pool's total is exact either way.
 
+A key's requests in flight on average (``in_flight``) come from the same counts: each request adds the seconds it
+held a seat (Little's law: the mean number in flight is the busy seconds per second). Placement sizes a heavy key's
+replica set by it against the requests a replica runs at once (its seats: gateway/placement/plan.py).
+
 Rates are linear in the counts, so the fleet's figure is the sum of every gateway's (``merge``): averaging each
 gateway's counts and summing the averages is averaging the fleet's counts. Pure: no I/O, no clock but the one
 given.
@@ -34,12 +38,17 @@ class Rate:
     # Requests the scheduler sent off the key's replica set for demand (over its home's bound, or predicted faster
     # elsewhere): what a replica set grows on (gateway/placement/plan.py).
     spills_per_s: float = 0.0
+    # The key's requests in flight on average: the seconds its requests held an engine's seat per second (a
+    # stream's from its first byte to its last, so that a wait in an engine's queue does not count as demand; a
+    # whole answer's from its arrival).
+    in_flight: float = 0.0
 
     def __add__(self, other: Rate) -> Rate:
         return Rate(
             self.requests_per_s + other.requests_per_s,
             self.tokens_per_s + other.tokens_per_s,
             self.spills_per_s + other.spills_per_s,
+            self.in_flight + other.in_flight,
         )
 
 
@@ -71,15 +80,16 @@ class TrafficMeter:
         self.max_keys_per_interval = max_keys_per_interval
         self._clock = clock
         self._folded_at = clock()
-        self._counts: dict[tuple[str, str], list[float]] = {}  # (pool, key) -> [requests, tokens, spills] now
+        # (pool, key) -> [requests, tokens, spills, busy seconds] now
+        self._counts: dict[tuple[str, str], list[float]] = {}
         self._totals: dict[str, list[float]] = {}  # pool -> [requests, tokens] this interval, every key
         self._keys: dict[tuple[str, str], Rate] = {}  # the average, the busiest max_keys
         self._pool_totals: dict[str, Rate] = {}
         self.dropped_keys = 0  # newcomers past max_keys_per_interval, counted only in their pool's total
 
-    def record(self, pool: str, key: str, tokens: float, spilled: bool = False) -> None:
+    def record(self, pool: str, key: str, tokens: float, spilled: bool = False, busy_s: float = 0.0) -> None:
         """One request of ``key`` in ``pool`` that used ``tokens`` (prompt and completion), ``spilled`` off the
-        key's replica set for demand: the request path."""
+        key's replica set for demand, and held ``busy_s`` seconds: the request path."""
         total = self._totals.get(pool)
         if total is None:
             total = self._totals[pool] = [0.0, 0.0]
@@ -90,9 +100,10 @@ class TrafficMeter:
             if len(self._counts) >= self.max_keys_per_interval:
                 self.dropped_keys += 1
                 return
-            counts = self._counts[(pool, key)] = [0.0, 0.0, 0.0]
+            counts = self._counts[(pool, key)] = [0.0, 0.0, 0.0, 0.0]
         counts[0] += 1
         counts[1] += tokens
+        counts[3] += busy_s
         if spilled:
             counts[2] += 1
 
@@ -130,12 +141,13 @@ def _mixed(
     mixed: dict[K, Rate] = {}
     for item in average.keys() | counts.keys():
         old = average.get(item, ZERO)
-        requests, tokens, *spills = counts.get(item, (0.0, 0.0))
-        spilled = spills[0] if spills else 0.0
+        requests, tokens, *more = counts.get(item, (0.0, 0.0))  # a pool's total counts no spills nor busy time
+        spilled, busy = (more[0], more[1]) if more else (0.0, 0.0)
         rate = Rate(
             old.requests_per_s + weight * (requests / elapsed - old.requests_per_s),
             old.tokens_per_s + weight * (tokens / elapsed - old.tokens_per_s),
             old.spills_per_s + weight * (spilled / elapsed - old.spills_per_s),
+            old.in_flight + weight * (busy / elapsed - old.in_flight),
         )
         if rate.requests_per_s >= forget:
             mixed[item] = rate

@@ -48,12 +48,14 @@ return fresh
 
 
 def encode(traffic: Traffic) -> str:
-    """A gateway's figures as compact JSON: {pool: [requests/s, tokens/s, {key: [requests/s, tokens/s(, spills/s)]}]}
-    (a key's spills only when it has some)."""
+    """A gateway's figures as compact JSON: {pool: [requests/s, tokens/s, {key: [requests/s, tokens/s(, spills/s(,
+    in flight))]}]} (a key's spills only when it has some or requests in flight, those only when it has some)."""
 
     def pair(rate: Rate) -> list[float]:
         figures = [float(f"{rate.requests_per_s:.4g}"), float(f"{rate.tokens_per_s:.4g}")]
-        spills = float(f"{rate.spills_per_s:.4g}")
+        spills, in_flight = float(f"{rate.spills_per_s:.4g}"), float(f"{rate.in_flight:.4g}")
+        if in_flight:
+            return [*figures, spills, in_flight]
         return [*figures, spills] if spills else figures
 
     body = {
@@ -80,9 +82,10 @@ def decode(text: str) -> Traffic:
 
 
 def _rate(figures: Any) -> Rate:
-    """[requests/s, tokens/s] or [requests/s, tokens/s, spills/s] (a gateway of the version before spills: two)."""
-    if not isinstance(figures, list) or len(figures) not in (2, 3):
-        raise ValueError(f"a key's figures are not 2 or 3 numbers: {figures!r}")
+    """[requests/s, tokens/s], with spills/s, and with requests in flight after them (a gateway of the version before
+    spills wrote two; before requests in flight, at most three)."""
+    if not isinstance(figures, list) or len(figures) not in (2, 3, 4):
+        raise ValueError(f"a key's figures are not 2 to 4 numbers: {figures!r}")
     return Rate(*(_figure(figure) for figure in figures))
 
 

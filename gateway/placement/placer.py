@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -46,6 +47,8 @@ def plan_settings(config: GatewayConfig) -> PlanSettings:
         shrink_below=placement.shrink_below, shrink_after_s=placement.shrink_after_s,
         replicate_min_rps=placement.replicate_min_rps, max_replicas_per_key=placement.max_replicas_per_key,
         window_s=config.traffic.window_s, sigmas=placement.sigmas, spill_share=placement.spill_share,
+        seat_share=placement.seat_share, unplan_below_rps=1 / placement.off_plan_idle_s if placement.off_plan_idle_s
+        else math.inf,
     )  # fmt: skip
 
 
@@ -138,6 +141,7 @@ class Placer:
                     name: {key: _union(members, pool.warming.get(key, ())) for key, members in pool.homes.items()}
                     for name, pool in pools.items()
                 },
+                unplanned={name: pool.unplanned for name, pool in pools.items()},
                 why={name: dict(pool.why) for name, pool in pools.items()},
             )
         )
@@ -233,11 +237,15 @@ class Placer:
                 below_since=before.below_since,
                 now=now,
                 slots=pool.residency.max_adapters,
+                in_flight={key: rate.in_flight for key, rate in rates.items() if rate.in_flight},
+                seats=pool.seats,
+                unplanned=before.unplanned,
             ),
             planning,
         )
         for change in result.changes:
             why[change.key] = change.why
+            log.info("placement: %s/%s %s -> %s: %s", pool.name, change.key, change.before, change.after, change.why)
             gained = [r for r in change.after if r not in change.before]
             old_up = any(r in pool.replicas and pool.is_healthy(r) for r in change.before)
             if gained and old_up and adapters.get(change.key):
@@ -245,8 +253,13 @@ class Placer:
         why.update((key, f"pinned to {replica_id}") for key, replica_id in pins.items() if replica_id in replicas)
         # A key back on its ring home leaves the table; its why stays for the interval that put it back (a pinned
         # key's for as long as the pin).
-        why = {key: text for key, text in why.items() if key in result.homes or key in settled or key in pins}
-        table = PoolTable(result.homes, warming, warming_since, why, result.below_since)
+        why = {
+            key: text
+            for key, text in why.items()
+            if key in result.homes or key in settled or key in pins or key in result.unplanned
+        }
+        unplanned = frozenset(result.unplanned)
+        table = PoolTable(result.homes, warming, warming_since, why, result.below_since, unplanned)
         return table, len(result.changes)
 
     async def read_operator(self) -> bool:

@@ -7,16 +7,27 @@ set's replicas. One interval changes at most ``max_moves`` keys, in this order:
 2. evacuations: a replica that left the plan (drained, or gone from discovery) is replaced in every set that holds
    it, by the replica with the least expected load, heaviest key first;
 3. replica sets, within the slot budget (``slots`` x replicas: every key keeps one copy, its home, and the copies
-   beyond one per key share what is left): first a key whose copies overfill a replica's ``slots``, or the
-   pool's budget, gives its last copy back (the lightest copy first; a table planned before the budget, or a
-   replica gone); then a key whose load per replica exceeds ``grow_above`` x the pool's mean load per replica, or
-   more than ``spill_share`` of whose requests the scheduler sent off its set for demand (its homes over the bound,
-   or another replica predicted faster), gains the least loaded replica it lacks whose planned adapters leave a
-   slot free, or none (a copy where the planned adapters fill the slots pushes another key's adapter out, and that
-   key's requests then pay cold loads: how a noisy tenant took its quiet neighbours' slots); each by more than the
-   noise (and with at least ``replicate_min_rps``), up to ``max_replicas_per_key``; one that would
-   stay below ``shrink_below`` x that mean with one replica fewer, and spills less than half that share, loses its
-   last after ``shrink_after_s`` (hysteresis: the thresholds differ and shrinking waits);
+   beyond one per key share what is left): first a key whose copies overfill a replica's ``slots``, or the pool's
+   budget, gives its last copy back (the lightest copy first; a table planned before the budget, or a replica gone);
+   then a key left without a planned slot (below) gets one back where one is free, heaviest first; then a key whose
+   load per replica exceeds ``grow_above`` x the pool's mean load per replica, or more than ``spill_share`` of whose
+   requests the scheduler sent off its set for demand (its homes over the bound, or another replica predicted
+   faster), gains the least loaded replica it lacks whose planned adapters leave a slot free, or none (a copy where
+   the planned adapters fill the slots pushes another key's adapter out, and that key's requests then pay cold loads:
+   how a noisy tenant took its quiet neighbours' slots); each by more than the noise (and with at least
+   ``replicate_min_rps``), up to ``max_replicas_per_key``. A key sized by seats grows even where the planned adapters
+   fill every slot: where its own requests in flight (the seconds its requests held a seat, per second) per replica
+   of its set exceed ``seat_share`` of ``seats`` (what one replica runs at once, the pool's ``seats``: one key taking
+   more than that share queues at its bursts, and its neighbours behind it, which no share of the rate shows:
+   collide's heavy tenants are 1.2x the mean rate each; a noisy tenant whose replica runs its streams at once is not
+   sized by seats). It gains the least loaded replica where a key planned alone is lighter than the share the copy
+   takes and than ``unplan_below_rps`` (a key whose requests come further apart than a planned slot protects), by
+   more than the noise: the lightest such key there pays for the slot. That key is *unplanned* (``Plan.unplanned``):
+   it keeps its set for routing, but no slot is planned for its adapter (the fill does not load it; a request loads
+   it where that pushes out no planned adapter in use, gateway/fleet/plan_bound.py). A set that would stay below
+   ``shrink_below`` x that mean with one replica fewer (its own requests in flight per replica then below
+   ``shrink_below`` x ``seat_share`` x ``seats``), and spills less than half that share, loses its last after
+   ``shrink_after_s`` (hysteresis: the thresholds differ and shrinking waits);
 4. balance: the most loaded replica gives a key away, to the replica whose pair then has the lowest peak (a plain
    move where that replica holds fewer than ``ceil(adapters / replicas)`` adapters, else a swap with its lightest
    key, which keeps adapter counts even: heavy keys spread, light keys pack where their adapters fit). A move is
@@ -57,6 +68,13 @@ class PlanSettings:
     # A key also gains a replica while more than this share of its requests leave its set for demand (the scheduler
     # found its homes over the bound, or another replica faster), and loses one only below half that share.
     spill_share: float = 0.2
+    # A key is sized by seats while its requests in flight per replica of its set exceed this share of a replica's
+    # seats; a key pays for its copy (unplanned) only below ``unplan_below_rps`` requests per second: one whose
+    # requests come further apart than placement.off_plan_idle_s, whose planned adapter a spill may push out anyway.
+    # A busier payer costs about a cold load per request it sends, its adapter pushed out by its neighbours' and
+    # theirs by it (collide's light tenants at 0.7 req/s: 54-55 cold loads in 30 s against 8-25).
+    seat_share: float = 0.5
+    unplan_below_rps: float = 0.2
 
     def noise(self, rate: float) -> float:
         """``sigmas`` standard deviations of a measured rate of ``rate`` requests per second."""
@@ -89,6 +107,12 @@ class PlanInput:
     # Adapters each replica holds at most (the pool's max_adapters; 0: not bounded): a copy where the planned
     # adapters already fill a replica's slots pushes another key's adapter out.
     slots: int = 0
+    # Requests in flight on average by key (traffic's in_flight), and what one replica runs at once (the pool's
+    # seats; 0: not stated, no key is sized by seats).
+    in_flight: Mapping[str, float] = field(default_factory=dict)
+    seats: float = 0.0
+    # Keys the plan in force left without a planned slot (routed by their set, their adapter loaded on demand).
+    unplanned: Collection[str] = ()
 
 
 @dataclass
@@ -96,8 +120,10 @@ class Plan:
     homes: dict[str, Homes]  # every key whose set is not its ring home alone
     changes: list[Change]
     below_since: dict[str, float]
-    load: dict[str, float]  # expected requests per second per replica after the plan
-    adapters: dict[str, int]  # keys (adapters) per replica after the plan
+    load: dict[str, float]  # expected requests per second per replica after the plan (planned keys')
+    adapters: dict[str, int]  # planned keys (adapters) per replica after the plan
+    # Keys without a planned slot: each paid for a heavy key's copy sized by seats (their sets still route them).
+    unplanned: set[str] = field(default_factory=set)
 
 
 def plan(given: PlanInput, settings: PlanSettings) -> Plan:
@@ -108,8 +134,9 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         current = given.current.get(key)
         homes[key] = current if current else (given.ring_home(key),)
     below_since = {k: t for k, t in given.below_since.items() if k in homes}
+    unplanned = {k for k in given.unplanned if k in homes and k not in given.pinned}
     if not replicas:
-        return Plan(_kept(homes, given), [], below_since, {}, {})
+        return Plan(_kept(homes, given), [], below_since, {}, {}, unplanned)
     changes: list[Change] = []
     budget = settings.max_moves
     loads = given.loads
@@ -135,7 +162,7 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             break
         if key in fixed or all(r in present for r in homes[key]):
             continue
-        load, adapters = _tally(homes, loads, replicas)
+        load, adapters = _tally(homes, loads, replicas, unplanned)
         kept = [r for r in homes[key] if r in present]
         # The least loaded replica, and among equals the one with the fewest adapters: keys without traffic (load 0)
         # all went to the first replica by name, past its slots.
@@ -146,33 +173,60 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
     # 3. the slot budget: copies beyond it are taken back first (a table planned before it, or replicas gone), then
     # replica sets grow and shrink with demand, within it
     budget_slots = given.slots * len(replicas)
-    for key in _over_budget(homes, loads, replicas, given.slots, fixed):
+    for key in _over_budget(homes, loads, replicas, given.slots, fixed, unplanned):
         members = homes[key]
         change(key, members[:-1], f"slot budget: {len(members)} copies of {key} leave another key without a slot")
         budget += 1  # taking a copy back keeps the budget's promise; it is not a move the bound counts
         fixed.add(key)
-    total = sum(loads.get(k, 0.0) for k in homes)
+    for key in sorted(unplanned - fixed, key=lambda k: (-loads.get(k, 0.0), k)):  # a slot free again: planned again
+        load, adapters = _tally(homes, loads, replicas, unplanned)
+        room = [r for r in replicas if not given.slots or adapters[r] < given.slots]
+        if not room or (budget_slots and sum(adapters.values()) >= budget_slots):
+            break
+        home = homes[key][0]
+        target = home if home in room else min(room, key=lambda r: (load[r], adapters[r], r))
+        unplanned.discard(key)
+        change(key, (target,), f"planned again: a slot is free on {target}")
+        budget += 1  # as the budget's take-back: it keeps a promise, not a move the bound counts
+        fixed.add(key)
+    total = sum(loads.get(k, 0.0) for k in homes if k not in unplanned)
     mean = total / len(replicas)
+    seats = given.seats
     for key in sorted(homes, key=lambda k: (-loads.get(k, 0.0), k)):
         if budget <= 0:
             break
-        if key in fixed:
+        if key in fixed or key in unplanned:
             continue
         rate, members = loads.get(key, 0.0), homes[key]
         size = len(members)
+        demand = given.in_flight.get(key, 0.0)
+        # Its requests in flight per replica past what one replica takes of it (seat_share of its seats): queued.
+        seated = seats > 0 and demand / size > settings.seat_share * seats
         limit = min(settings.max_replicas_per_key, len(replicas))
         spilled = given.spills.get(key, 0.0)
         hot = rate / size > settings.grow_above * mean + settings.noise(rate) / size
         spilling = spilled > settings.spill_share * rate + settings.noise(spilled)
         extra = None
-        copies = sum(len(m) for m in homes.values())
+        copies = sum(_tally(homes, loads, replicas, unplanned)[1].values())
         within = not budget_slots or copies < budget_slots
-        if rate >= settings.replicate_min_rps and size < limit and (hot or spilling) and within:
-            extra = _extra_replica(homes, loads, replicas, members, given.slots)
+        grows = rate >= settings.replicate_min_rps and size < limit and (hot or spilling or seated)
+        if grows and within:
+            extra = _extra_replica(homes, loads, replicas, members, given.slots, unplanned)
+        paid = None
+        if grows and extra is None and seated:  # every slot planned: the lightest key planned alone pays
+            cheap = min(rate / (size + 1), settings.unplan_below_rps)
+            paid = _paid_slot(homes, loads, replicas, members, fixed, unplanned, cheap, settings.noise)
+        if paid is not None:
+            extra, payer = paid
+            unplanned.add(payer)
+            changes.append(Change(payer, homes[payer], homes[payer], f"unplanned: its slot on {extra} went to {key}"))
+            fixed.add(payer)
         if extra is not None:
             below_since.pop(key, None)
             why = (
-                f"hot: {rate:.3g} req/s over {size} replica(s), mean {mean:.3g}"
+                f"seats: {demand:.3g} of its requests in flight over {size} replica(s) of {seats:g} seats"
+                if seated
+                else f"hot: {rate:.3g} req/s over {size} replica(s), mean {mean:.3g}"
                 if hot
                 else f"spilling: {spilled:.3g} of {rate:.3g} req/s left its {size} replica(s) for demand"
             )
@@ -182,6 +236,7 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             size > 1
             and spilled <= settings.spill_share / 2 * rate
             and (rate < settings.replicate_min_rps or rate / (size - 1) < settings.shrink_below * mean)
+            and (seats <= 0 or demand / (size - 1) < settings.shrink_below * settings.seat_share * seats)
         ):
             since = below_since.setdefault(key, given.now)
             if given.now - since >= settings.shrink_after_s:
@@ -192,18 +247,19 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             below_since.pop(key, None)
     # 4. balance load, heaviest gain first, while it pays
     while budget > 0:
-        move = _best_move(homes, loads, replicas, fixed, allow_swap=budget >= 2)
+        move = _best_move(homes, loads, replicas, fixed | unplanned, allow_swap=budget >= 2, unplanned=unplanned)
         if move is None or move.gain <= settings.min_gain or move.gain * move.peak <= settings.noise(move.peak):
             break
         for key, after in move.sets:
             change(key, after, move.why)
             fixed.add(key)  # one move per key per interval
-    load, adapters = _tally(homes, loads, replicas)
-    return Plan(_kept(homes, given), changes, below_since, load, adapters)
+    load, adapters = _tally(homes, loads, replicas, unplanned)
+    return Plan(_kept(homes, given), changes, below_since, load, adapters, unplanned)
 
 
 def _extra_replica(
-    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], members: Homes, slots: int
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], members: Homes, slots: int,
+    unplanned: Collection[str] = (),
 ) -> str | None:  # fmt: skip
     """The replica a growing set gains: the least loaded one it lacks with a planned slot free, or None. A copy
     takes a slot: where the planned adapters fill a replica's ``slots`` it pushes out another key's adapter, whose
@@ -211,14 +267,38 @@ def _extra_replica(
     spills put its adapter on every replica: the quiet tenants' cold loads in 20 s went from none to 24-26, 0-2 now,
     docs/benchmarks.md). So a key hot by load grows only into spare slots too: with none, its demand queues on its
     own set (routing keeps its spills there up to ``placement.off_plan_queue``, gateway/fleet/plan_bound.py), not on
-    its neighbours' adapters."""
-    load, adapters = _tally(homes, loads, replicas)
+    its neighbours' adapters (unless it is sized by seats: ``_paid_slot``)."""
+    load, adapters = _tally(homes, loads, replicas, unplanned)
     room = [r for r in replicas if r not in members and (not slots or adapters[r] < slots)]
     return min(room, key=lambda r: (load[r], r), default=None)
 
 
+def _paid_slot(
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], members: Homes,
+    fixed: Collection[str], unplanned: Collection[str], share: float, noise: Callable[[float], float],
+) -> tuple[str, str] | None:  # fmt: skip
+    """Where a key sized by seats gains a copy while every slot is planned, and the key that pays for it: of the
+    replicas it lacks, the least loaded one where a key planned there alone (not ``fixed``: pinned, warming, changed
+    this interval), planned, sends fewer than ``share`` requests per second by more than the noise of its measured
+    rate, and that replica's lightest such key. None where no key is that light. The noise margin: a 4 s window
+    measured collide's 0.7 req/s tenants below 0.2 often enough to unplan two of them (68 cold loads in 30 s)."""
+    load, _ = _tally(homes, loads, replicas, unplanned)
+    best: tuple[float, float, str, str] | None = None  # (replica's load, the key's rate, replica, key)
+    for key, set_ in homes.items():
+        if len(set_) != 1 or key in fixed or key in unplanned or set_[0] in members or set_[0] not in load:
+            continue
+        rate = loads.get(key, 0.0)
+        if rate + noise(rate) >= share:
+            continue
+        candidate = (load[set_[0]], rate, set_[0], key)
+        if best is None or candidate < best:
+            best = candidate
+    return None if best is None else (best[2], best[3])
+
+
 def _over_budget(
-    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], slots: int, fixed: Collection[str]
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], slots: int, fixed: Collection[str],
+    unplanned: Collection[str],
 ) -> list[str]:  # fmt: skip
     """The keys that give back their last copy so that the planned copies fit the slot budget: first copies on a
     replica whose planned adapters exceed its ``slots``, then any while the pool's copies exceed ``slots`` x
@@ -227,12 +307,12 @@ def _over_budget(
     if not slots:
         return []
     present = set(replicas)
-    _, adapters = _tally(homes, loads, replicas)
+    _, adapters = _tally(homes, loads, replicas, unplanned)
     copies = sum(adapters.values())
     budget = slots * len(replicas)
     taken: list[str] = []
     spare = sorted(
-        (k for k, m in homes.items() if len(m) > 1 and k not in fixed and m[-1] in present),
+        (k for k, m in homes.items() if len(m) > 1 and k not in fixed and k not in unplanned and m[-1] in present),
         key=lambda k: (_share(k, homes, loads), k),
     )
     for over_replica in (True, False):
@@ -257,10 +337,11 @@ class _Move:
 
 def _best_move(
     homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], fixed: Collection[str],
-    allow_swap: bool,
+    allow_swap: bool, unplanned: Collection[str] = (),
 ) -> _Move | None:  # fmt: skip
-    """The move (or swap) that lowers the most loaded replica's pair peak most, None when none lowers it."""
-    load, adapters = _tally(homes, loads, replicas)
+    """The move (or swap) that lowers the most loaded replica's pair peak most, None when none lowers it (keys
+    ``unplanned`` hold no slot: they neither move nor count)."""
+    load, adapters = _tally(homes, loads, replicas, unplanned)
     source = max(replicas, key=lambda r: (load[r], r))
     peak = load[source]
     if peak <= 0:
@@ -269,7 +350,7 @@ def _best_move(
     on: dict[str, list[str]] = {r: [] for r in replicas}
     for key, members in homes.items():
         for r in members:
-            if r in on:
+            if r in on and key not in unplanned:
                 on[r].append(key)
     # The lightest movable key on each replica: the swap partner a heavy key trades places with.
     lightest = {
@@ -313,12 +394,15 @@ def _share(key: str, homes: Mapping[str, Homes], loads: Mapping[str, float]) -> 
 
 
 def _tally(
-    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str]
+    homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], unplanned: Collection[str] = ()
 ) -> tuple[dict[str, float], dict[str, int]]:
-    """Expected requests per second and adapters (keys) per replica."""
+    """Expected requests per second and planned adapters (keys) per replica; keys ``unplanned`` hold no slot and
+    their (light) load goes where routing finds room, so neither counts."""
     load = dict.fromkeys(replicas, 0.0)
     adapters = dict.fromkeys(replicas, 0)
     for key, members in homes.items():
+        if key in unplanned:
+            continue
         share = loads.get(key, 0.0) / len(members)
         for r in members:
             if r in load:

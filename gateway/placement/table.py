@@ -2,7 +2,9 @@
 
 A key moving (or gaining a replica) is published before its traffic moves: ``homes`` holds its new set and
 ``warming`` the set requests keep going to until the adapter is resident at every new member (make before break,
-placer.py). ``why`` says why each key's set is what it is; ``below_since`` and ``warming_since`` (wall-clock
+placer.py). ``unplanned`` names the keys whose adapter has no planned slot (each paid for a heavy key's copy,
+plan.py): they are routed by their set, and the fill plans nothing for them. ``why`` says why each key's set is
+what it is; ``below_since`` and ``warming_since`` (wall-clock
 seconds) carry the leader's timers over to the next leader. Encoded as compact JSON. Pure: no I/O.
 """
 
@@ -24,6 +26,7 @@ class PoolTable:
     warming_since: Mapping[str, float] = field(default_factory=dict)
     why: Mapping[str, str] = field(default_factory=dict)
     below_since: Mapping[str, float] = field(default_factory=dict)
+    unplanned: frozenset[str] = frozenset()
 
     def routed(self) -> dict[str, Homes]:
         """The sets requests go to now: a warming key's previous set, every other key's planned one."""
@@ -54,6 +57,7 @@ def encode(table: HomesTable) -> str:
                 "warming_since": dict(pool.warming_since),
                 "why": dict(pool.why),
                 "below_since": dict(pool.below_since),
+                "unplanned": sorted(pool.unplanned),
             }
             for name, pool in table.pools.items()
         },
@@ -86,7 +90,9 @@ def decode(text: str) -> HomesTable:
         # it counts as started at 0, so the next leader gives its move up.
         since = {key: since.get(key, 0.0) for key in warming}
         why = {str(k): str(v) for k, v in dict(pool["why"]).items()}
-        return PoolTable(sets(pool["homes"]), warming, since, why, times(pool["below_since"]))
+        # A table of the version before unplanned keys has none.
+        unplanned = frozenset(str(key) for key in pool.get("unplanned", ()))
+        return PoolTable(sets(pool["homes"]), warming, since, why, times(pool["below_since"]), unplanned)
 
     def whole(raw: Any) -> int:
         # int() of an infinite float (JSON's Infinity, or 1e400) raises OverflowError, which went past the store's

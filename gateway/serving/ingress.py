@@ -112,7 +112,11 @@ async def _serve(
         spilled = not _DEMAND_SPILLS.isdisjoint(record.reasons) and record.replica not in (
             serving.fleet.pools[target.pool].ring.replica_set(routed.key)
         )
-        app[TRAFFIC].meter.record(target.pool, routed.key, used if used is not None else estimate, spilled)
+        # The seconds it held an engine's seat: a stream's from its first byte (the wait before it, in the engine's
+        # queue or for a load, is no demand for seats), a whole answer's from its arrival (upper bound).
+        now, first = time.perf_counter(), record.first_byte
+        busy_s = now - (first if record.stream and first is not None else record.started)
+        app[TRAFFIC].meter.record(target.pool, routed.key, used if used is not None else estimate, spilled, busy_s)
 
 
 # A decision left the key's home because the home was over its bound, or another replica was predicted faster.

@@ -90,3 +90,36 @@ def test_a_request_whose_planned_replicas_are_at_their_cap_is_not_confined() -> 
     pool.replicas["r0"].in_flight = pool.max_in_flight_per_replica
     assert pool.explain("k", "a").chosen == "r2"
     assert pool.place("k", "a").chosen == "r2"
+
+
+def test_an_unplanned_key_goes_where_its_adapter_is_or_a_load_pushes_out_no_planned_adapter_in_use() -> None:
+    """A key whose planned slot paid for a heavy key's copy (placement's unplanned keys): its adapter is loaded on
+    demand, on a replica where that pushes out no planned adapter a request used within idle_s."""
+    pool = planned_pool()
+    pool.ring.install({"k": ("r1",), "x": ("r1",), "y": ("r1",)})  # k's set names r1, full of planned adapters
+    pool.unplanned = frozenset({"k"})
+    hold(pool, "r1", "x")
+    hold(pool, "r1", "y")
+    hold(pool, "r0", "p")
+    hold(pool, "r0", "q")
+    pool.residency.plan["r0"] = frozenset({"p", "q"})
+    hold(pool, "r2", "s")
+    hold(pool, "r2", "t")  # r2 full too, of adapters planned nowhere
+    assert pool.explain("k", "a").chosen == "r2"  # the only one where its load pushes out no planned adapter
+    hold(pool, "r0", "a")
+    assert pool.explain("k", "a").chosen in ("r0", "r2")  # resident on r0 now: that may serve too
+    pool.unplanned = frozenset()
+    assert pool.explain("k", "a").chosen == "r1"  # planned there: confined to its set below the bound
+
+
+def test_with_the_pools_seats_stated_a_spill_may_leave_once_every_planned_replica_runs_that_many() -> None:
+    pool = planned_pool()
+    pool.plan_bound = PlanBound(queue=0, margin_ms=100.0, idle_s=5.0)  # 0: the pool's seats, else capacity_floor
+    hold(pool, "r0", "a")
+    pool.replicas["r0"].in_flight = 60  # r0 about 640 ms; r2 cold about 510 ms, and free
+    pool.seats = 64
+    assert pool.explain("k", "a").chosen == "r0"  # below the seats: the planned replica only
+    pool.seats = 4
+    assert pool.explain("k", "a").chosen == "r2"
+    pool.seats, pool.capacity_floor = 0, 100
+    assert pool.explain("k", "a").chosen == "r0"  # not stated: the capacity floor bounds it

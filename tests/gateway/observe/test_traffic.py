@@ -91,6 +91,18 @@ def test_figures_survive_their_wire_form_to_four_significant_digits() -> None:
     assert spilling["llama"].keys["acme"] == Rate(4, 40, 1.5)
     # A gateway of the version before spills writes two figures per key: read as no spills.
     assert decode('{"llama": [4, 40, {"acme": [4, 40]}]}')["llama"].keys["acme"] == Rate(4, 40, 0.0)
+    # Requests in flight come fourth, after the spills (0 where it has none).
+    busy = decode(encode({"llama": PoolTraffic(Rate(4, 40), {"acme": Rate(4, 40, 0.0, 2.5)})}))
+    assert busy["llama"].keys["acme"] == Rate(4, 40, 0.0, 2.5)
+
+
+def test_a_keys_requests_in_flight_are_the_seconds_its_requests_held_per_second() -> None:
+    clock = Clock(0.0)
+    m = meter(clock, window_s=1e-9)  # the average is the last interval's figure
+    for _ in range(10):
+        m.record("llama", "acme", 1, busy_s=0.3)  # ten requests of 0.3 s in a second: 3 in flight on average
+    clock.advance(1)
+    assert m.fold()["llama"].keys["acme"].in_flight == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +115,7 @@ def test_figures_survive_their_wire_form_to_four_significant_digits() -> None:
         '{"llama": [1, 2, {"k": [1]}]}',
         '{"llama": [1, "x", {}]}',
         '{"llama": [1, 2, []]}',
-        '{"llama": [1, 2, {"k": [1, 2, 3, 4]}]}',
+        '{"llama": [1, 2, {"k": [1, 2, 3, 4, 5]}]}',
     ],
     ids=["list", "junk", "number", "short", "short-key", "not-a-number", "keys-not-an-object", "long-key"],
 )

@@ -27,6 +27,7 @@ from gateway.placement.placer import Placer
 from gateway.placement.store import LocalHomesStore, RedisHomesStore
 from gateway.placement.table import PoolTable
 from gateway.placement.table import decode as decode_table
+from gateway.placement.table import encode as encode_table
 from gateway.redis_client import make_client
 from loadtests.fleet import gateway_config, simulated_replicas, write_adapters
 from loadtests.processes import free_port
@@ -481,3 +482,36 @@ def test_a_table_nested_past_the_parsers_depth_is_unreadable() -> None:
     other table that does not decode (a RecursionError went past the store's handling, and failed the poll)."""
     with pytest.raises(ValueError):
         decode_table('{"sets": ' + "[" * 100_000)
+
+
+async def test_a_key_sized_by_seats_unplans_the_lightest_key_in_the_table_the_fill_and_routing(
+    adapters: dict[str, str],
+) -> None:
+    """8 tenants fill 4 replicas of 2 slots; the pool states 4 seats a replica and one tenant holds 3 requests in
+    flight: its set grows, the lightest tenant planned alone elsewhere is unplanned in the published table (which
+    carries it through its wire form), the fill plans nothing for its adapter, and the pool knows it (plan_bound.py
+    routes it where a load pushes out no planned adapter in use)."""
+    raw = gateway_config(REPLICAS, TENANTS, adapters, port=free_port(), max_adapters=2,
+                         extra={"placement": {"max_moves": 4}})  # fmt: skip
+    raw["routing"]["home_placement"] = "traffic"
+    raw["pools"][0]["seats"] = 4
+    settings = GatewayConfig.model_validate(raw)
+    fleet = Fleet(settings)
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    llama = fleet.pools["llama"]
+    heavy = "t3"
+    light = {t: Rate(0.5, 0.0, 0.0, 0.1) for t in TENANTS} | {"t6": Rate(0.1, 0.0, 0.0, 0.05)}
+    keys = light | {heavy: Rate(5.0, 0.0, 0.0, 3.0)}
+    traffic = {"llama": PoolTraffic(Rate(sum(r.requests_per_s for r in keys.values()), 0.0), keys)}
+    try:
+        await placer.tick(settings, fleet, traffic)
+        table = placer.table.pools["llama"]
+        assert len(table.homes[heavy]) == 2 and table.why[heavy].startswith("seats")
+        assert table.unplanned == frozenset({"t6"}) and table.why["t6"].startswith("unplanned")
+        assert decode_table(encode_table(placer.table)).pools["llama"].unplanned == frozenset({"t6"})
+        assert llama.unplanned == frozenset({"t6"})
+        assert all("a6" not in {a.engine_name for a in refs} for refs in llama.fill.values())
+        assert all("a6" not in planned for planned in llama.residency.plan.values())
+    finally:
+        await placer.close()
+        await fleet.close()

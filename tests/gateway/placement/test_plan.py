@@ -297,3 +297,94 @@ def test_keys_without_traffic_leave_a_gone_replica_for_the_replicas_with_fewest_
     result = plan(PlanInput(REPLICAS[1:], {}, {}, ring_home, known=list(RING), slots=4), PlanSettings(max_moves=4))
     assert {c.key for c in result.changes} == {"t0", "t1", "t2", "t3"}
     assert sorted(result.adapters.values()) == [5, 5, 6]
+
+
+def test_a_key_sized_by_seats_gains_a_copy_paid_for_by_the_lightest_key_planned_alone() -> None:
+    """16 keys fill 4 replicas of 4 slots; t5's requests in flight (3 of 4 seats) are past half of r1's seats: it
+    gains a second replica although no slot is free, and the lightest key planned alone elsewhere (t14 on r3) gives
+    its planned slot up: unplanned, it keeps its set for routing."""
+    loads = {key: 0.5 for key in RING} | {"t5": 3.0, "t14": 0.1}
+    in_flight = {key: 0.1 for key in RING} | {"t5": 3.0}
+    grown = plan(given_input(loads, slots=4, in_flight=in_flight, seats=4), PlanSettings(grow_above=100.0))
+    assert grown.homes["t5"] == ("r1", "r3")
+    assert grown.unplanned == {"t14"}
+    assert grown.adapters == {"r0": 4, "r1": 4, "r2": 4, "r3": 4}  # the planned copies still fill the 16 slots
+    assert {c.key: c.why.split(":")[0] for c in grown.changes} == {"t5": "seats", "t14": "unplanned"}
+    # Without the seats stated, or with the key's demand within half of them, nothing changes (slots are full).
+    assert plan(given_input(loads, slots=4, in_flight=in_flight), PlanSettings(grow_above=100.0)).changes == []
+    calm = in_flight | {"t5": 1.5}
+    assert plan(given_input(loads, slots=4, in_flight=calm, seats=4), PlanSettings(grow_above=100.0)).changes == []
+    # A busy replica whose keys are many and even sizes none of them by seats: each takes under half the seats.
+    even = {key: 0.7 for key in RING}
+    assert plan(given_input(loads, slots=4, in_flight=even, seats=4), PlanSettings(grow_above=100.0)).changes == []
+    # A key busier than unplan_below_rps (a request every 5 s) does not pay: each of its requests would find its
+    # adapter pushed out by its neighbours' (collide's light tenants at 0.7 req/s cost 54-55 cold loads in 30 s).
+    busy_light = loads | {"t14": 0.5}
+    given_busy = given_input(busy_light, slots=4, in_flight=in_flight, seats=4)
+    assert plan(given_busy, PlanSettings(grow_above=100.0)).changes == []
+    # Below it by less than the noise of a short window (0.15 req/s over 4 s: a 0.7 req/s tenant's dip) is not enough.
+    noisy = loads | {"t14": 0.15}
+    given_noisy = given_input(noisy, slots=4, in_flight=in_flight, seats=4)
+    assert plan(given_noisy, PlanSettings(grow_above=100.0, window_s=4.0)).changes == []
+    assert plan(given_noisy, PlanSettings(grow_above=100.0, window_s=600.0)).unplanned == {"t14"}
+    # No key lighter than the share the copy takes: no key pays, the key queues on its set.
+    heavy_all = {key: 2.0 for key in RING} | {"t5": 3.0}
+    given_heavy = given_input(heavy_all, slots=4, in_flight=in_flight, seats=4)
+    assert plan(given_heavy, PlanSettings(grow_above=100.0)).changes == []
+
+
+def test_an_unplanned_key_is_planned_again_once_the_copy_it_paid_for_is_given_back() -> None:
+    loads = {key: 0.5 for key in RING} | {"t5": 3.0, "t14": 0.1}
+    in_flight = {key: 0.1 for key in RING} | {"t5": 3.0}
+    settings_ = PlanSettings(grow_above=100.0, shrink_after_s=0.0)
+    grown = plan(given_input(loads, slots=4, in_flight=in_flight, seats=4), settings_)
+    # The key cools (its rate and requests in flight): it gives the copy back, and the next interval t14 is
+    # planned again at its home, whose slot is free again.
+    cool = loads | {"t5": 0.5}
+    cooled = plan(given_input(cool, grown.homes, slots=4, in_flight={}, seats=4, unplanned=grown.unplanned), settings_)
+    assert cooled.homes.get("t5", ("r1",)) == ("r1",)
+    assert cooled.unplanned == {"t14"}
+    again = plan(given_input(cool, cooled.homes, slots=4, seats=4, unplanned=cooled.unplanned), settings_)
+    assert again.unplanned == set() and again.homes.get("t14", ("r3",)) == ("r3",)
+    assert [c.why.split(":")[0] for c in again.changes] == ["planned again"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    loads=st.dictionaries(st.sampled_from(sorted(RING)), st.floats(0, 60), max_size=16),
+    in_flight=st.dictionaries(st.sampled_from(sorted(RING)), st.floats(0, 40), max_size=16),
+    seats=st.sampled_from([0, 1, 4, 64]),
+    slots=st.integers(4, 6),
+    down=st.integers(0, 1),
+    rounds=st.integers(1, 6),
+)
+def test_keys_sized_by_seats_keep_the_planned_copies_within_the_slot_budget(
+    loads: dict[str, float], in_flight: dict[str, float], seats: int, slots: int, down: int, rounds: int
+) -> None:
+    """Whatever the traffic and seats, the planned copies (unplanned keys hold none) stay within ``slots`` x
+    replicas, every planned key keeps a set of at least one, an unplanned key still has a set to be routed by,
+    and no more keys are unplanned than the copies beyond one per key that they paid for while a slot is free."""
+    settings_ = PlanSettings(min_gain=0.0, shrink_after_s=0.0, sigmas=0.0, replicate_min_rps=0.0, grow_above=1.0)
+    current: dict[str, Homes] = {}
+    unplanned: set[str] = set()
+    for step in range(rounds):
+        replicas = REPLICAS[down:] if step else REPLICAS
+        given_ = PlanInput(
+            replicas, loads, current, ring_home, known=sorted(RING), now=float(step), slots=slots,
+            in_flight=in_flight, seats=seats, unplanned=unplanned,
+        )  # fmt: skip
+        result = plan(given_, settings_)
+        sets = {key: result.homes.get(key, (ring_home(key),)) for key in RING}
+        assert all(len(members) >= 1 for members in sets.values())
+        planned = {key: [r for r in members if r in replicas] for key, members in sets.items()}
+        planned = {key: members for key, members in planned.items() if key not in result.unplanned}
+        copies = sum(len(members) for members in planned.values())
+        if len(RING) <= slots * len(replicas):
+            assert copies <= slots * len(replicas), (sets, result.unplanned)
+        # An unplanned key paid for a copy beyond one, or finds no free slot (keys outnumber the slots), or the copy
+        # it paid for was given back this interval (it is planned again the next).
+        extra = sum(max(len(members) - 1, 0) for members in planned.values())
+        given_back = sum(1 for change in result.changes if change.why.startswith(("cooled", "slot budget")))
+        room = copies < slots * len(replicas)
+        assert len(result.unplanned) <= extra + given_back or not room, (sets, result.unplanned)
+        current, unplanned = result.homes, result.unplanned
