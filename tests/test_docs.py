@@ -934,3 +934,26 @@ def test_the_readmes_slot_budget_figures_are_the_benchmarks_tables() -> None:
     cold_loads = f"{spread(cold)[0]:.0f} against {spread(balanced)[0]:.0f}, {main_cold:.0f} on main's traffic homes"
     assert f"({cold_loads})" in prose
     assert f"spills past the bound go cold: {rows['hot, traffic homes, this code, v2'][4]} streams" in prose
+
+
+def test_the_readmes_seat_sizing_figures_are_the_benchmarks_table() -> None:
+    """README, Homes from traffic: hot's and collide's figures with a heavy key sized by seats are what
+    docs/benchmarks.md's "Sized by seats" table says."""
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    section = benchmarks[benchmarks.index("### Sized by seats") :]
+    section = section[: section.index("\n### ")]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith(("| collide ", "| hot ")):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[", ".join(cells[:2])] = cells[2:]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    hot_now, hot_main = rows["hot, traffic homes, this code"][1], rows["hot, traffic homes, main"][1]
+    hot_balanced = rows["hot, balanced homes, this code"][1]
+    assert f"hot's TTFT p99 with traffic homes is {hot_now} against {hot_main} on main" in readme
+    assert f"and {hot_balanced} with balanced homes" in readme
+    collide, balanced = rows["collide, traffic homes, this code"], rows["collide, balanced homes, this code"]
+    assert f"collide's TTFT p99 with traffic homes is {collide[1]} against balanced homes' {balanced[1]}" in readme
+    assert f"its cold loads {collide[0]} against {balanced[0]}" in readme
+    light, light_balanced = collide[3].split(" (")[0], balanced[3].split(" (")[0]
+    assert f"light tenants' p99 {light} against {light_balanced}" in readme
