@@ -25,15 +25,18 @@ from gateway.residency.store import StoreUnavailable
 
 def key_placement(fleet: Fleet, pool: Pool, key: str) -> dict[str, Any]:
     """Where ``key`` lives in ``pool``: the replica set requests go to, the planned one (new members warming
-    included) and why; ``why`` is "balanced" or "ring" for a key the table does not place."""
+    included; none for a key the plan left without a slot, ``unplanned``) and why; ``why`` is "balanced" or "ring"
+    for a key the table does not place."""
     homes = fleet.homes
     routed = pool.ring.replica_set(key)
-    planned = homes.planned.get(pool.name, {}).get(key, routed)
+    unplanned = key in pool.unplanned
+    planned = () if unplanned else homes.planned.get(pool.name, {}).get(key, routed)
     default = "balanced" if fleet.config.routing.home_placement != "ring" else "ring"
     return {
         "replicas": list(routed),
         "planned": list(planned),
         "warming": [r for r in planned if r not in routed],
+        "unplanned": unplanned,
         "why": homes.why.get(pool.name, {}).get(key, default),
         "version": homes.version,
     }

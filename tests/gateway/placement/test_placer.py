@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from gateway.admin.placement import key_placement
 from gateway.config import GatewayConfig
 from gateway.fleet.fleet import Fleet
 from gateway.observe.traffic import PoolTraffic, Rate, Traffic
@@ -510,6 +511,8 @@ async def test_a_key_sized_by_seats_unplans_the_lightest_key_in_the_table_the_fi
         assert table.unplanned == frozenset({"t6"}) and table.why["t6"].startswith("unplanned")
         assert decode_table(encode_table(placer.table)).pools["llama"].unplanned == frozenset({"t6"})
         assert llama.unplanned == frozenset({"t6"})
+        shown = key_placement(fleet, llama, "t6")
+        assert shown["unplanned"] and shown["planned"] == [] and shown["why"].startswith("unplanned")
         assert all("a6" not in {a.engine_name for a in refs} for refs in llama.fill.values())
         assert all("a6" not in planned for planned in llama.residency.plan.values())
     finally:
