@@ -289,8 +289,7 @@ async def test_a_stored_entry_of_another_versions_schema_is_refused_alone(
     a running one, so its subscription, which resyncs first, fell over every second and it applied no change from
     then on (a447658's known_entity checks only what names the entity, f363687 caught only ValidationError)."""
     prefix = f"test-{uuid.uuid4().hex}"
-    writer = Registry(redis_server.url, prefix=prefix, signing_key=KEY, resync_s=3600)
-    await writer.start(on_change=lambda: None)
+    writer = Registry(redis_server.url, prefix=prefix, signing_key=KEY, resync_s=3600)  # stores only: not started
     revoked = hash_key(api_key("globex"))
     try:
         await writer._store({"kind": "add_key", "tenant_id": "globex", "key_hash": hash_key("second")})
@@ -330,8 +329,8 @@ async def test_a_signed_entry_of_a_kind_or_shape_this_version_lacks_is_refused_a
     revoked at run time worked on it again), refused every resync, and could make no change; the message raised
     KeyError out of the subscription (another shape) or was counted forged."""
     prefix = f"test-{uuid.uuid4().hex}"
+    # Neither follows the channel (start's tasks): what is tested is start's first step, the resync, and a change.
     writer = Registry(redis_server.url, prefix=prefix, signing_key=KEY, resync_s=3600)
-    await writer.start(on_change=lambda: None)
     raw = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
     revoked = hash_key(api_key("globex"))
     signer = Signer(KEY)
@@ -346,7 +345,8 @@ async def test_a_signed_entry_of_a_kind_or_shape_this_version_lacks_is_refused_a
             await raw.set(f"{prefix}:{{registry}}:head", json.dumps(signer.head(head_version + 1, versions)))
         metrics = GatewayMetrics()
         fresh = Registry(redis_server.url, prefix=prefix, signing_key=KEY, resync_s=3600, metrics=metrics)
-        await fresh.start(on_change=lambda: None)
+        fresh._on_change = lambda: None
+        await fresh._resync()  # what start does first
         try:
             assert revoked in fresh.state.revoked and fresh.state.keys.get(hash_key("second")) == "globex"
             assert refused(metrics, "invalid", "stored") >= 1 and refused(metrics, "altered", "stored") == 0
