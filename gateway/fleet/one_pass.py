@@ -28,7 +28,6 @@ from collections import OrderedDict
 from collections.abc import Collection
 from typing import Protocol
 
-from gateway.config import PoolConfig
 from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.replica import Replica
 from gateway.residency.lifecycle import PoolResidency, ReplicaView, among_newest
@@ -42,7 +41,7 @@ class Pool(Protocol):
     """What the one pass reads of a pool (fleet/pool.py's Pool), attributes only: one attribute read each."""
 
     name: str
-    config: PoolConfig
+    policy: str
     replicas: dict[str, Replica]
     residency: PoolResidency
     reservations: HomeReservations
@@ -128,7 +127,7 @@ def decide_plain(
         # used_reservation, predictions, snapshot, resident_on, kept, warm_ahead, warm_ahead_due, order): every
         # candidate kept, no snapshot.
         return RoutingDecision(
-            pool.name, pool.config.policy, key, order[0], order[0], ["home"], {}, None, capacity,
+            pool.name, pool.policy, key, order[0], order[0], ["home"], {}, None, capacity,
             standing.holds_reservation, {}, (), resident, (), None, False, order,
         )  # fmt: skip
     assert scoring is not None
@@ -255,7 +254,7 @@ def decide_plain(
             ahead, due = cold_id, cold_ms < best_ms
     # As above; the chosen replica's prediction only.
     return RoutingDecision(
-        pool.name, pool.config.policy, key, home, best_id, ["home" if best_id == home else "spill:faster"], {}, None,
+        pool.name, pool.policy, key, home, best_id, ["home" if best_id == home else "spill:faster"], {}, None,
         capacity, False, {best_id: _new(Prediction, (best_regime, best_load, NO_PARTS, best_ms))}, (), resident, (),
         ahead, due, order,
     )  # fmt: skip

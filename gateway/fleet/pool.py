@@ -62,6 +62,8 @@ class Pool:
     ) -> None:
         self.config = config
         self.name = config.name
+        # Read per decision: plain attributes, not the config's (a pydantic model's, each read through its hook).
+        self.policy: str = config.policy
         self.driver = driver
         self.residency = residency
         self.balance_factor = routing.balance_factor
@@ -69,6 +71,7 @@ class Pool:
         self.max_in_flight_per_replica = max_in_flight_per_replica
         self.prefer_resident = routing.prefer_resident
         self.candidate_count = routing.candidates
+        self._spreading = config.policy in _SPREADING
         # The engine's view of load, when routing.load_view is "engine": how stale a scrape may be before the
         # gateway routes on its own count again.
         self.engine_view_max_age_s = 3 * routing.load_scrape_interval_s if routing.load_view == "engine" else None
@@ -237,10 +240,10 @@ class Pool:
         if recent is None:
             if len(keys) >= _RECENT_KEYS:
                 keys.popitem(last=False)
-            recent = keys[key] = {}
+            keys[key] = {replica_id: time.monotonic()}
         else:
             keys.move_to_end(key)
-        recent[replica_id] = time.monotonic()
+            recent[replica_id] = time.monotonic()
 
     def _used(self, engine_model: str) -> None:
         now = time.monotonic()
@@ -445,7 +448,7 @@ class Pool:
         rest of the key's placement replica set (``Ring.also_home``) and the one pass's entries for the candidates
         (one_pass.Entry), as ``_Candidates``."""
         ring = self.ring
-        if self.config.policy in _SPREADING:
+        if self._spreading:
             order = ring.preference(key)
             return resident, ring.version, order, ring.also_home(key), (), _NOWHERE
         # Built here when the key's last answer is missing or stale (_decide looks it up: it holds while the ring and
@@ -456,7 +459,7 @@ class Pool:
         if resident and room:
             # The first K/2 resident replicas by name outside the head. With none inside it, the first K/2 by name
             # (a slice of the names kept per resident set); else a walk of the names that stops at K/2.
-            by_name = self._by_name(resident)
+            by_name = self._resident_order.get(resident) or self._by_name(resident)
             if resident.isdisjoint(order):
                 warm = by_name[:room]
             else:
@@ -470,7 +473,8 @@ class Pool:
                 warm = tuple(found)
             if warm:
                 order = order[: count - len(warm)] + warm
-        also_home = ring.also_home(key)
+        # The rest of the key's replica set (Ring.also_home, inline): none without a placement table.
+        also_home = ring.also_homes.get(key, _NOWHERE) if ring.also_homes else _NOWHERE
         if len(self._orders) >= _RECENT_KEYS:
             self._orders.clear()
         # The candidates' entries by one itemgetter (one C call: half a list comprehension's cost at 8 candidates).

@@ -89,12 +89,14 @@ class HomeReservations:
         if self.window_s <= 0:  # not ``enabled``: a property call per request
             return
         state = self._keys.get(key)
-        if state is None:
-            state = self._keys[key] = _KeyState(home, 0, 0, self._clock())
-            self.by_replica[home] += 1
-        else:
-            state.last_active = self._clock()
-            self._keys.move_to_end(key)
+        if state is None:  # its first request: its reservation is held from now on, taken by this request at home
+            at_home = chosen == home
+            self._keys[key] = _KeyState(home, 1, 1 if at_home else 0, self._clock())
+            if not at_home:
+                self.by_replica[home] += 1
+            return
+        state.last_active = self._clock()
+        self._keys.move_to_end(key)
         state.in_flight += 1
         if chosen == state.home:
             if state.in_flight_at_home == 0:

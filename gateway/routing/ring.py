@@ -87,7 +87,8 @@ class Ring:
         self._homes: dict[str, str] = {}  # balanced homes that differ from the ring's
         # Replica sets from the placement table (homes from traffic), home first: they come before the ring's order.
         self._sets: dict[str, tuple[str, ...]] = {}
-        self._also_home: dict[str, frozenset[str]] = {}
+        # Per key, its set beyond its home, where that is not empty (``also_home``; read inline by the pool).
+        self.also_homes: dict[str, frozenset[str]] = {}
 
     def preference(self, key: str) -> tuple[str, ...]:
         """Every replica once: the key's home first, then the rest clockwise from the key's point (O(points): for
@@ -133,13 +134,13 @@ class Ring:
         its order, home first; replicas the pool does not have are left out."""
         known = set(self.replica_ids)
         self._sets = {key: kept for key, members in sets.items() if (kept := tuple(r for r in members if r in known))}
-        self._also_home = {key: frozenset(kept[1:]) for key, kept in self._sets.items() if len(kept) > 1}
+        self.also_homes = {key: frozenset(kept[1:]) for key, kept in self._sets.items() if len(kept) > 1}
         self._heads.clear()
         self.version = next(_VERSIONS)
 
     def also_home(self, key: str) -> frozenset[str]:
         """The key's replica set beyond its home (empty without a placement table, or for a set of one)."""
-        return self._also_home.get(key, _NONE)
+        return self.also_homes.get(key, _NONE)
 
     def replica_set(self, key: str) -> tuple[str, ...]:
         """The key's replica set as routing reads it: the table's, else its one (balanced or ring) home."""
