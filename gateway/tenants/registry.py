@@ -50,6 +50,15 @@ log = logging.getLogger(__name__)
 _UNREADABLE = (ValidationError, KeyError, TypeError)
 
 
+def _text(change: dict[str, Any], field: str) -> str:
+    """A change's name field, checked: a number or a list there (another version's shape) was kept as it was, and
+    a key's tenant that is not a string raised out of every merge later (TypeError: unhashable), not here."""
+    value = change[field]
+    if not isinstance(value, str):
+        raise TypeError(f"{field} is {type(value).__name__}, not a string")
+    return value
+
+
 @dataclass
 class RegistryState:
     tenants: dict[str, TenantConfig] = field(default_factory=dict)
@@ -85,19 +94,22 @@ class RegistryState:
             self.adapters[adapter.name] = adapter
             self.retired.discard(adapter.name)
         elif kind == "retire_adapter":
-            self.adapters.pop(change["name"], None)
-            self.retired.add(change["name"])
+            name = _text(change, "name")
+            self.adapters.pop(name, None)
+            self.retired.add(name)
         elif kind == "add_tenant":
             tenant = TenantConfig.model_validate(change["tenant"])
             self.tenants[tenant.id] = tenant
         elif kind == "remove_tenant":
-            self.tenants.pop(change["tenant_id"], None)
+            self.tenants.pop(_text(change, "tenant_id"), None)
         elif kind == "add_key":
-            self.keys[change["key_hash"]] = change["tenant_id"]
-            self.revoked.discard(change["key_hash"])
+            key_hash, tenant_id = _text(change, "key_hash"), _text(change, "tenant_id")
+            self.keys[key_hash] = tenant_id
+            self.revoked.discard(key_hash)
         elif kind == "revoke_key":
-            self.keys.pop(change["key_hash"], None)
-            self.revoked.add(change["key_hash"])
+            key_hash = _text(change, "key_hash")
+            self.keys.pop(key_hash, None)
+            self.revoked.add(key_hash)
 
     def merged(self, base: GatewayConfig, *, lenient: bool = False) -> GatewayConfig:
         """The config the gateway serves: the file's tenants and these, keys added and revoked. ``lenient``: a

@@ -276,6 +276,7 @@ async def test_a_change_whose_message_was_lost_arrives_at_the_next_resync(redis_
         ),
         pytest.param({"kind": "add_key", "key_hash": hash_key("initech-key"), "tenant": "initech"}, id="key's tenant"),
         pytest.param({"kind": "add_key", "key_hash": [hash_key("initech-key")], "tenant_id": "initech"}, id="key list"),
+        pytest.param({"kind": "add_key", "key_hash": hash_key("initech-key"), "tenant_id": ["initech"]}, id="tenants"),
     ],
 )
 async def test_a_stored_entry_of_another_versions_schema_is_refused_alone(
@@ -302,13 +303,14 @@ async def test_a_stored_entry_of_another_versions_schema_is_refused_alone(
     await fresh.start(on_change=lambda: None)
     try:
         assert revoked in fresh.state.revoked and fresh.state.keys.get(hash_key("second")) == "globex"
-        assert "initech" not in fresh.state.tenants and "initech" not in fresh.state.keys.values()
+        assert "initech" not in fresh.state.tenants and hash_key("initech-key") not in fresh.state.keys
         assert refused(metrics, "invalid", "stored") >= 1  # counted at every resync it is read again
+        fresh.state.merged(base_config(), lenient=True)  # what the gateway serves: a tenant list raised TypeError
         await fresh._resync()  # and again at every resync, without raising
         assert revoked in fresh.state.revoked
         fresh._message(json.dumps(Signer(KEY).envelope(newer, stored + 10)))  # published: refused alone too
         assert refused(metrics, "invalid", "message") == 1
-        assert "initech" not in fresh.state.tenants and "initech" not in fresh.state.keys.values()
+        assert "initech" not in fresh.state.tenants and hash_key("initech-key") not in fresh.state.keys
     finally:
         await fresh.close()
 
