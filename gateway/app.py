@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -46,6 +45,7 @@ from gateway.residency.timed import TimedStore
 from gateway.serving import ingress
 from gateway.serving.connections import request_began
 from gateway.state import GatewayState, Serving
+from gateway.tasks import cancel_and_wait
 from gateway.tenants.admission import Admission
 from gateway.tenants.directory import TenantDirectory
 from gateway.tenants.rate_buckets import RedisBuckets
@@ -89,9 +89,7 @@ def _every(
     async def context(app: web.Application) -> AsyncIterator[None]:
         ticks = asyncio.create_task(every(interval_s, work, what), name=what)
         yield
-        ticks.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticks
+        await cancel_and_wait([ticks])
         await close()
 
     return context
@@ -235,19 +233,15 @@ def create_app(
         if every_s is not None:
             rediscovery = asyncio.create_task(every(every_s, lambda: rediscover(app), "discovery"), name="discovery")
         yield
-        if rediscovery is not None:
-            rediscovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await rediscovery
+        await cancel_and_wait([rediscovery])
         await registry.close()
         await close_retiring()
         await state.serving.fleet.close()
         if state.scrapes is not None:
             state.scrapes.close()
         if slots is not None and following is not None:
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await following
+            slots.stop()
+            await cancel_and_wait([following])
             await slots.close()
         await store.close()
         if buckets is not None:

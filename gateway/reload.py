@@ -29,6 +29,7 @@ from gateway.fleet.fleet import Fleet
 from gateway.reload_fanout import FANOUT, GATEWAY_ID
 from gateway.residency.store import StoreUnavailable
 from gateway.state import Serving
+from gateway.tasks import cancel_and_wait
 from gateway.tenants.directory import TenantDirectory
 
 log = logging.getLogger(__name__)
@@ -164,10 +165,7 @@ async def _rebuild(app: web.Application, config: GatewayConfig, base: GatewayCon
 
 async def close_retiring() -> None:
     """At shutdown: the fleets still finishing requests after a reload are closed too."""
-    for task in list(_retiring):
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(_retiring)
 
 
 def restart_required(running: GatewayConfig, new: GatewayConfig) -> list[str]:

@@ -32,6 +32,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Fanout:
     ) -> None:
         self._reload_here = reload_here
         self._timeout_s = operation_timeout_s
+        self._closing = False  # the loops stop retrying: a cancellation they lost cannot keep them alive
         self._answer_wait_s = answer_wait_s  # a reload builds and warms a fleet: allow it seconds
         self._client = make_client(redis_url, operation_timeout_s, cluster=cluster, access=access)
         self._subscriber = make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster, access=access)
@@ -89,11 +91,8 @@ class Fanout:
             asyncio.create_task(self._heartbeat(), name="gateway heartbeat"),
         ]
         yield
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._closing = True
+        await cancel_and_wait(tasks)
         with contextlib.suppress(StoreUnavailable):  # gone at once, rather than waited for until it ages out
             async with redis_call("gateway leave", self._timeout_s):
                 await self._client.zrem(self._members, GATEWAY_ID)
@@ -137,6 +136,8 @@ class Fanout:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: follow again shortly (a reload meanwhile reaches this one later)
+                if self._closing:  # a cancellation lost in the call: nothing else would end this loop
+                    return
                 log.warning("reload fan-out: not following (%s); retrying", exc)
                 await asyncio.sleep(1.0)
 
@@ -149,7 +150,7 @@ class Fanout:
             await self._client.publish(request["reply"], json.dumps(answer))
 
     async def _heartbeat(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 async with redis_call("gateway heartbeat", self._timeout_s):
                     await cast(Awaitable[Any], self._beat(keys=[self._members], args=[GATEWAY_ID, 10 * ALIVE_S]))

@@ -23,6 +23,7 @@ from gateway.appkeys import STATE
 from gateway.fleet.fleet import Fleet
 from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,5 @@ async def following(app: web.Application) -> AsyncIterator[None]:
         drains.apply(app[STATE].serving.fleet)
     task = asyncio.get_running_loop().create_task(_follow(app), name="drains") if drains.shared else None
     yield
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait([task])
     await drains.close()

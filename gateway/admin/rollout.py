@@ -39,6 +39,7 @@ from gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from gateway.fleet.fleet import prewarm_homes
 from gateway.observe.activity import Activity
 from gateway.state import GatewayState
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +231,7 @@ async def rollback(request: web.Request) -> web.Response:
     if running is None:
         raise ModelNotFound("No rollout of that name.", param="name")
     rollout, task = running
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait([task])
     try:
         await _set_share(request.app[STATE], rollout, 0.0)
     except ConfigError as exc:
@@ -242,10 +241,7 @@ async def rollback(request: web.Request) -> web.Response:
 
 
 async def _cancel_all(app: web.Application) -> None:
-    for _, task in app[ROLLOUTS].values():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(task for _, task in app[ROLLOUTS].values())
 
 
 def add_routes(app: web.Application) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from gateway.residency.redis import RedisStore
 from gateway.residency.signal import NO_SIGNAL, Signal
 from gateway.residency.store import ResidencyStore
 from gateway.residency.timed import TimedStore
+from gateway.tasks import cancel_and_wait
 from gateway.tenants.directory import keyed_targets
 
 log = logging.getLogger(__name__)
@@ -268,9 +268,7 @@ class Fleet:
 
     async def close(self, close_store: bool = True) -> None:
         self.stop_background()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await asyncio.gather(*(pool.residency.flush_uses() for pool in self.pools.values()), return_exceptions=True)
         for pool in self.pools.values():
             pool.residency.detach()  # its requests are over: it holds nothing another gateway should hear of

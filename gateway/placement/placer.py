@@ -36,6 +36,7 @@ from gateway.placement.plan import Homes, PlanInput, PlanSettings, plan
 from gateway.placement.store import HomesStore, Operator
 from gateway.placement.table import EMPTY, HomesTable, PoolTable
 from gateway.residency.store import StoreUnavailable
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -304,9 +305,7 @@ class Placer:
 
     async def close(self) -> None:
         tasks = [*self._warming.values(), *([self._switch] if self._switch is not None else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         await self.store.close()
 
 

@@ -70,6 +70,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from gateway.observe.metrics import GatewayMetrics
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -409,9 +410,7 @@ class SlotSignal:
                 self._announce(key, wait)
 
     async def close(self) -> None:
-        for task in list(self._sending):
-            task.cancel()
-        await asyncio.gather(*self._sending, return_exceptions=True)
+        await cancel_and_wait(self._sending)
 
     # --- inside -------------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from gateway.observe.metrics import GatewayMetrics
 from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
 from gateway.residency.signal import RENEW_S, SHARE_S, SlotSignal
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class RedisSlotChannel:
         self._subscriber = make_client(url, operation_timeout_s, subscriber=True, cluster=cluster, access=access)
         self._channel = f"{prefix}:slots"
         self.signal = SlotSignal(self._publish, metrics)
+        self._stopping = False
 
     async def _publish(self, body: str) -> None:
         async with redis_call("slot signal publish", self._timeout_s):
@@ -57,9 +59,12 @@ class RedisSlotChannel:
         try:
             await self._follow()
         finally:
-            for timer in timers:
-                timer.cancel()
-            await asyncio.gather(*timers, return_exceptions=True)
+            await cancel_and_wait(timers)
+
+    def stop(self) -> None:
+        """Before ``run`` is cancelled: the subscription stops retrying, so a cancellation lost in a Redis call
+        cannot keep it alive."""
+        self._stopping = True
 
     async def close(self) -> None:
         await self.signal.close()
@@ -77,6 +82,8 @@ class RedisSlotChannel:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away, or the connection dropped: subscribe again shortly
+                if self._stopping:
+                    return
                 log.debug("slot signal: subscription lost: %r", exc)
             self.signal.subscribed(False)
             await asyncio.sleep(RECONNECT_S)

@@ -36,7 +36,6 @@ status-page session; probes and metric scrapes never do, so they count as unauth
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import resource
 import socket
@@ -48,6 +47,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import ListenConfig
 from gateway.observe.metrics import GatewayMetrics
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -178,10 +178,7 @@ class ConnectionGuard:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="client connection deadlines")
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await cancel_and_wait([self._sweeper])
 
 
 class HandlerSite(web.TCPSite):

@@ -39,6 +39,7 @@ from gateway.config import AdapterConfig, ConfigError, GatewayConfig, SplitConfi
 from gateway.observe.metrics import GatewayMetrics
 from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
+from gateway.tasks import cancel_and_wait
 from gateway.tenants.signing import Refused, Signer, digest, entity, known_entity
 
 log = logging.getLogger(__name__)
@@ -239,6 +240,7 @@ class Registry:
         self._unlock = self._client.register_script(_UNLOCK) if self._client is not None else None
         self._on_change: Callable[[], None] = lambda: None
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False  # the loops below stop retrying: a cancellation they lost cannot keep them alive
 
     @property
     def _channel(self) -> str:
@@ -269,11 +271,8 @@ class Registry:
         ]
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._closing = True
+        await cancel_and_wait(self._tasks)
         if self._client is not None and self._subscriber is not None:
             await self._client.aclose()
             await self._subscriber.aclose()
@@ -425,11 +424,13 @@ class Registry:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: try again shortly; the resync loop repairs the rest
+                if self._closing:
+                    return
                 log.warning("registry: not following changes (%s); retrying", exc)
                 await asyncio.sleep(1.0)
 
     async def _resync_forever(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self._resync_s)
             try:
                 await self._resync()
