@@ -28,10 +28,26 @@ from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
+# A stored table's version, the digits before its first space: 0 (unreadable, so the leader publishes over it) when
+# missing or longer than 15 digits. Lua's numbers are doubles: a version of 2^63 or more comes back to Redis as
+# -2^63, and one above 2^53 no longer counts up, so a table written with such a version (by hand, or by a gateway
+# of another format) would refuse every leader's publish for good.
+_READABLE_VERSION = """
+local function readable_version(stored)
+  local digits = string.match(stored, '^(%d+) ')
+  if not digits or #digits > 15 then
+    return 0
+  end
+  return tonumber(digits)
+end
+"""
+
 # KEYS: the lease, the table, the operator's settings. ARGV: this gateway's id, the version it has, the lease's
 # ttl (ms). Returns {1 if this gateway leads else 0, the table's version, the operator's settings (a flat
 # hash), the table (only when newer)}.
-_POLL = """
+_POLL = (
+    _READABLE_VERSION
+    + """
 local holder = redis.call('GET', KEYS[1])
 local leads = 0
 if holder == ARGV[1] then
@@ -46,25 +62,29 @@ local stored = redis.call('GET', KEYS[2])
 if not stored then
   return {leads, 0, operator}
 end
-local version = tonumber(string.match(stored, '^(%d+) ')) or 0
+local version = readable_version(stored)
 if version <= tonumber(ARGV[2]) then
   return {leads, version, operator}
 end
 return {leads, version, operator, string.sub(stored, string.find(stored, ' ') + 1)}
 """
+)
 
 # KEYS: the lease, the table. ARGV: this gateway's id, the new version, the table. 1: written; 0: refused.
-_PUBLISH = """
+_PUBLISH = (
+    _READABLE_VERSION
+    + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 local stored = redis.call('GET', KEYS[2])
-if stored and (tonumber(string.match(stored, '^(%d+) ')) or 0) >= tonumber(ARGV[2]) then
+if stored and readable_version(stored) >= tonumber(ARGV[2]) then
   return 0
 end
 redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. ARGV[3])
 return 1
 """
+)
 
 
 @dataclass(frozen=True)
