@@ -50,6 +50,8 @@ QUEUE_LINES = 10_000
 # 5: each wake-up takes the GIL from the event loop and back (make bench-overhead's realistic load: about 9 us of
 # CPU per request less), and at ~2,000 lines a second a batch of ~100 lines stays far below QUEUE_LINES.
 BATCH_S = 0.05
+# Fill functions whose dict the writer keeps (one per function: the access log has one): a bound, not a size to tune.
+MAX_FILLS = 64
 
 
 def json_formatter(static_fields: dict[str, Any] | None = None) -> logging.Formatter:
@@ -187,6 +189,10 @@ class _Listener(QueueListener):
         fill(text, *args)
         text["time"] = _utc(created)
         encoded = orjson.dumps(text, option=_LINE_OPTIONS).decode()
+        if len(self._lines) >= MAX_FILLS and fill not in self._lines:
+            # A caller making a fill function per line (a lambda, a closure) would grow this without end: start
+            # over (each kept fill's next line makes its dict afresh, as its first did).
+            self._lines.clear()
         self._lines[fill] = (text, len(text))  # only once it was filled and encoded without an error
         return encoded
 
@@ -260,7 +266,9 @@ def access_line(logger: logging.Logger, message: str, fill: Fill, *args: Any) ->
     """Log an INFO line on ``logger`` whose fields ``fill(fields, *args)`` sets in the dict ``fields``, on the
     writer's thread: straight onto the writer's queue when nothing else would see the record (the module docstring
     says why), else as a record through logging. ``fill`` must set the same keys, in the same order, on every call
-    (the writer reuses one dict per fill function: a key it left out would keep the previous line's value)."""
+    (the writer reuses one dict per fill function: a key it left out would keep the previous line's value), and be
+    one function for the process's life, not one made per line (the writer keeps at most ``MAX_FILLS`` such dicts:
+    more start it over, each line still right but made afresh)."""
     writer = _writer
     if writer is not None and _only_to(logger, writer.handler):
         writer.handler.handle_line((logger.name, message, time.time(), fill, args))

@@ -191,6 +191,27 @@ def test_lines_of_one_fill_function_each_carry_their_own_values(root_logging: No
         assert list(line.items()) == list(expected.items())
 
 
+def test_fill_functions_made_per_line_keep_the_writers_dicts_bounded(root_logging: None) -> None:
+    """A caller that makes a fill function per line (a closure) gets every line right, and the writer keeps at most
+    ``MAX_FILLS`` dicts rather than one per line."""
+    stream = io.StringIO()
+    logs.configure(stream=stream)
+    writer = logs._writer
+    assert writer is not None
+    access = logging.getLogger("tenantgate.access")
+    count = 3 * logs.MAX_FILLS
+    for number in range(count):
+
+        def fill(line: dict[str, object], value: int = number) -> None:
+            line["number"] = value
+
+        logs.access_line(access, "request", fill)
+    logs.shutdown()
+    numbers = [json.loads(text)["number"] for text in stream.getvalue().splitlines()]
+    assert numbers == list(range(count))
+    assert 0 < len(writer.listener._lines) <= logs.MAX_FILLS
+
+
 def test_a_line_logged_after_shutdown_is_written_by_its_caller(root_logging: None) -> None:
     stream = io.StringIO()
     logs.configure(stream=stream)
