@@ -8,7 +8,7 @@ import redis
 
 from tests.redis_server import RedisServer
 
-LEFT_BEHIND = {"tg:{llama:r0}:resident": "lora-a", "tg:rl:{t0:requests}": "tokens", "tg:{registry}:tenants": "t9"}
+LEFT_BEHIND = {"tg:{llama:r0}:resident": "lora-a", "tg:rl:{t0:requests}:600": "tokens", "tg:{registry}:tenants": "t9"}
 
 
 def test_a_test_leaves_keys_behind(redis_server: RedisServer) -> None:

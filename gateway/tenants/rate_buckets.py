@@ -1,8 +1,14 @@
 """Token buckets in Redis that several gateways lease from (gateway/tenants/admission.py says why leases).
 
-Layout: ``{prefix}:rl:{{tenant:kind}}`` HASH {tokens, at}, refilled in the script by Redis' own clock (``TIME``),
-so gateways' clocks never disagree; it expires once it would be full again anyway. A debt (tokens a request used
-beyond its lease) takes the bucket below zero, and every gateway's next lease waits it out.
+Layout: ``{prefix}:rl:{{tenant:kind}}:{per_minute}`` HASH {tokens, at}, refilled in the script by Redis' own clock
+(``TIME``), so gateways' clocks never disagree; it expires once it would be full again anyway. A debt (tokens a
+request used beyond its lease) takes the bucket below zero, and every gateway's next lease waits it out.
+
+The limit is part of the key: gateways whose configs give a tenant different limits (a rolling config change, or
+configs that differ) each lease from the bucket of their own limit, shared with the gateways that have the same one.
+One bucket for all had the stricter capacity clamp the looser gateways' refill and their leases drain what the
+stricter counted on, so the lowest limit throttled every gateway's traffic. Each limit holds for the traffic of
+the gateways configured with it; while two limits are live the tenant may get both (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -76,16 +82,20 @@ class RedisBuckets:
         self._lease = self._client.register_script(_LEASE)
         self._debit = self._client.register_script(_DEBIT)
 
+    def bucket(self, key: str, capacity: float) -> str:
+        """The Redis key of ``key``'s bucket at this capacity (the per-minute limit)."""
+        return f"{self._prefix}:rl:{{{key}}}:{capacity:.0f}"
+
     async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
         async with redis_call("lease", self._timeout_s):
             granted, wait = cast(
-                list[str], await self._lease(keys=[f"{self._prefix}:rl:{{{key}}}"], args=[want, need, capacity, per_s])
+                list[str], await self._lease(keys=[self.bucket(key, capacity)], args=[want, need, capacity, per_s])
             )
         return float(granted), float(wait)
 
     async def debit(self, key: str, amount: float, capacity: float, per_s: float) -> None:
         async with redis_call("debit", self._timeout_s):
-            await self._debit(keys=[f"{self._prefix}:rl:{{{key}}}"], args=[amount, capacity, per_s])
+            await self._debit(keys=[self.bucket(key, capacity)], args=[amount, capacity, per_s])
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -408,7 +408,7 @@ def test_a_redis_cluster_master_killed_under_load(tmp_path: Path) -> None:
             for t in (f"limited-{i}" for i in range(100))
             if cluster.master_of(cluster.keyslot(f"tg:rl:{{{t}:requests}}")) == victim
         )
-        bucket = f"tg:rl:{{{limited}:requests}}"
+        bucket = f"tg:rl:{{{limited}:requests}}:10"  # its limit, 10 a minute
         slot = cluster.keyslot(bucket)
         config = config_for(tmp_path, replicas, {**TENANTS, limited: ["lora-t0"]})
         config["state"] = {"redis_url": cluster.url, "cluster": True}

@@ -208,6 +208,25 @@ async def test_a_debt_larger_than_the_limit_is_waited_out_not_a_lock_out(redis_s
         await shared.close()
 
 
+async def test_gateways_with_different_limits_for_a_tenant_lease_from_a_bucket_each(redis_server: RedisServer) -> None:
+    """Two gateways' configs give one tenant different limits (a rolling config change, or configs that differ):
+    each leases from the bucket of its own limit, shared with the gateways that have the same one. One bucket for
+    both had the stricter capacity clamp the looser one's refill and its leases take what the other counted on:
+    the gateway allowing 6,000 tokens a minute was refused 1,000 after the one allowing 60 had leased 6."""
+    shared = RedisBuckets(redis_server.url, prefix=f"test-{uuid.uuid4().hex}", operation_timeout_s=5)
+    try:
+        strict, loose = RateLimit("acme:tokens", 60, shared), RateLimit("acme:tokens", 6000, shared)
+        same = RateLimit("acme:tokens", 60, shared)  # a third gateway with the strict gateway's limit
+        assert await strict.take(6) == 0  # leases 6 of 60
+        assert await loose.take(1000) == 0  # from its own bucket of 6,000
+        assert await loose.take(5000) == 0
+        assert await strict.take(1) == 0 and strict.leased == 5  # the loose gateway took nothing of the strict's
+        assert await same.take(48) == 0  # the strict bucket's 48 left, shared by the gateways with that limit
+        assert await same.take(10) > 0
+    finally:
+        await shared.close()
+
+
 async def test_a_debt_stays_with_the_local_bucket_when_redis_cannot_take_it() -> None:
     class Down:
         async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
@@ -278,7 +297,7 @@ async def test_a_bucket_another_writer_left_unreadable_still_leases(
     prefix = f"test-{uuid.uuid4().hex}"
     shared = RedisBuckets(redis_server.url, prefix=prefix, operation_timeout_s=5)
     writer = redis.asyncio.Redis.from_url(redis_server.url)
-    bucket = f"{prefix}:rl:{{acme:requests}}"
+    bucket = shared.bucket("acme:requests", 60)
     try:
         await writer.hset(bucket, mapping={"tokens": tokens, "at": "0"})
         granted, wait = await shared.lease("acme:requests", 6, 1, 60, 1.0)
