@@ -281,12 +281,19 @@ class Registry:
         """Validate a change against the merged config, store and publish it; returns the new merged config."""
         trial = self.state.copy()
         try:
+            where = entity(change)
             trial.apply(change)
+            merged = trial.merged(base)  # raises ConfigError: refused whole
+        except ConfigError:
+            raise
         except ValidationError as exc:
             raise ConfigError("tenant", describe_errors(exc)) from exc
-        merged = trial.merged(base)  # raises ConfigError: refused whole
+        except Exception as exc:  # any change that fails to apply is refused (a 400), not a 500
+            # A change missing its body (KeyError), naming something by a list (TypeError), of an unknown kind
+            # (Refused): the admin API answered 500 for these, as only pydantic's errors were caught.
+            raise ConfigError("tenant", [f"the change cannot be applied: {exc!r}"]) from exc
         version = await self._store(change) if self._client is not None else self.state.version + 1
-        trial.versions[entity(change)] = version
+        trial.versions[where] = version
         trial.version = max(trial.version, version)
         self.state = trial
         self._on_change()

@@ -59,6 +59,26 @@ async def test_a_change_keeps_the_run_time_splits() -> None:
     assert "support@ab" in registry.state.splits
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"kind": "add_tenant", "tenant_id": "initech"}, id="no tenant: KeyError"),
+        pytest.param({"kind": "add_key", "tenant_id": "acme", "key_hash": ["sha256:" + "0" * 64]}, id="TypeError"),
+        pytest.param({"kind": "set_split"}, id="no split: KeyError"),
+        pytest.param({"kind": "rename_tenant", "tenant_id": "acme"}, id="unknown kind: Refused"),
+        pytest.param({"tenant_id": "acme"}, id="no kind: KeyError"),
+    ],
+)
+async def test_a_change_that_fails_to_apply_in_any_way_is_refused_as_a_config_error(change: dict[str, object]) -> None:
+    """Registry.change caught only pydantic's ValidationError from apply: a change missing its body (KeyError) or
+    naming a key by a list (TypeError) went past it, and the admin API answered 500 instead of the 400 of any
+    refused change. The registry is left as it was."""
+    registry = Registry(None)
+    with pytest.raises(ConfigError, match="tenant"):
+        await registry.change(change, base_config())
+    assert registry.state.version == 0 and not registry.state.keys and not registry.state.tenants
+
+
 def test_a_bad_tenant_is_refused_whole() -> None:
     state = RegistryState()
     state.apply({"kind": "add_tenant", "tenant": {"id": "initech", "api_keys": [hash_key("k")], "adapters": ["nope"]}})
