@@ -215,7 +215,7 @@ def create_app(
             await state.scrapes.start(took_scrape)
         discovered = await discover(config, {})
         serving_config = state.compose(config, discovered)
-        store = state.residency_store = TimedStore(make_store(config, access), metrics)
+        store = state.residency_store = TimedStore(make_store(config, access, metrics), metrics)
         slots, following = None, None
         if redis_url is not None:  # one gateway alone sees its own slot releases: no signal to follow
             slots = RedisSlotChannel(

@@ -31,12 +31,18 @@ from gateway.tenants.directory import keyed_targets
 log = logging.getLogger(__name__)
 
 
-def make_store(config: GatewayConfig, access: RedisAccess = NO_ACCESS) -> ResidencyStore:
+def make_store(
+    config: GatewayConfig, access: RedisAccess = NO_ACCESS, metrics: GatewayMetrics | None = None
+) -> ResidencyStore:
     state = config.state
     if state.redis_url is None:
         return MemoryStore()
     return RedisStore(
-        state.redis_url, operation_timeout_s=state.operation_timeout_s, cluster=state.cluster, access=access
+        state.redis_url,
+        operation_timeout_s=state.operation_timeout_s,
+        cluster=state.cluster,
+        access=access,
+        metrics=metrics,
     )
 
 
@@ -98,7 +104,7 @@ class Fleet:
         self.scrapes = scrapes
         self.metrics = metrics or GatewayMetrics()
         self._owns_store = store is None
-        self.store = store if store is not None else TimedStore(make_store(config), self.metrics)
+        self.store = store if store is not None else TimedStore(make_store(config, metrics=self.metrics), self.metrics)
         self.pools: dict[str, Pool] = {}
         for pool_config in config.pools:
             driver = make_driver(pool_config, self.metrics)

@@ -137,6 +137,9 @@ class PoolResidency:
         self._slot_wanted_at: dict[str, float] = {}
         self.counters = ResidencyCounters()
         self.store_up = True
+        # Replicas whose record the store found a key of another type in, and repaired: rebuilt from their engines
+        # at the next sync (``_read_record``).
+        self._repaired: set[str] = set()
         self.metrics = metrics or GatewayMetrics()
         self._hits = adder(self.metrics.residency_lookups.labels(pool, "hit"))  # once per request: no checks
         self._misses = self.metrics.residency_lookups.labels(pool, "miss")
@@ -763,6 +766,12 @@ class PoolResidency:
         the store answered."""
         before = self._forgets  # counted before the read: a forget while it is under way is not undone
         record = await self.store.record(self.pool, replica_id)
+        if record.repaired:
+            # A key of the record held another type (someone else's write) and the store deleted it: what it held
+            # is lost, not gone from the engine. The view is kept; the next sync rebuilds the record from the
+            # engine's listing. (The whole pool's store counted as down over such a key before.)
+            self._repaired.add(replica_id)
+            return record
         self._adopt(replica_id, record, before)
         return record
 
@@ -817,6 +826,17 @@ class PoolResidency:
                 return
         if not was_up:
             await self.reconcile()  # the store may have restarted empty: rebuild it from the engines
+        elif self._repaired:
+            repaired, self._repaired = sorted(self._repaired), set()
+            pins = {replica_id: set(self.views[replica_id].pinned) for replica_id in repaired}
+            await self.reconcile(repaired)
+            for replica_id in repaired:  # a repaired pinned set lost its pins: this view's put back
+                view = self.views[replica_id]
+                for name in sorted(pins[replica_id] & view.resident.keys()):
+                    view.pinned.add(name)
+                    await self._store_call(
+                        self.store.add(self.pool, replica_id, name, view.resident[name], pinned=True)
+                    )
 
     async def break_dead_locks(self) -> None:
         """At start-up: give back the replicas' store locks that this process's dead predecessor held (the same

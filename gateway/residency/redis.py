@@ -11,8 +11,15 @@ a transaction or script may touch them together (``{prefix}:{{pool:replica}}`` i
 Last-use times only move forward (``ZADD GT``); ``touch`` never re-adds an evicted adapter (``ZADD XX GT``); the
 lock is ``SET NX PX`` (re-taken by its holder, which refreshes the ttl), renewed by compare-and-``PEXPIRE`` while
 its holder works, and given back by compare-and-delete; every
-change to more than one key is a MULTI/EXEC or one Lua script. The client does not retry: each operation is
+change to more than one key is one Lua script (a touch's ZADDs aside). The client does not retry: each operation is
 bounded by ``operation_timeout_s``, and any Redis error or timeout becomes ``StoreUnavailable``.
+
+The gateway owns these keys. One of another type (someone SET a string where the resident ZSET lives) is deleted by
+the script that meets it, which says so (``ReplicaRecord.repaired``; logged, and counted in
+``tenantgate_residency_store_repairs_total{key}``): the lifecycle rebuilds that replica's record from its engine's
+listing at its next sync. Before, every call on the replica raised WRONGTYPE, which is ``StoreUnavailable``: the
+pool's store counted as down (routing from the local view, ``/readyz`` saying so) until an operator deleted the key.
+A touch (``ZADD XX``) skips such a key: the next read repairs it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from collections.abc import Awaitable, Collection
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
+from redis.exceptions import ResponseError
+
+from gateway.observe.metrics import GatewayMetrics
 from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, Uses
 
@@ -33,41 +43,79 @@ log = logging.getLogger(__name__)
 # offset is kept. Far wider than any skew between hosts whose clocks are kept at all.
 MAX_CLOCK_GAP_S = 86_400.0
 
+# Every script begins with this: ``owned(i, type)`` deletes KEYS[i] if it holds another type than the gateway writes
+# there, and notes it in ``repaired`` ("key type", the script's answer's last item: ``_repairs``). A lock of another
+# type is held by no gateway; a resident or pinned key of another type holds nothing this version can read.
+_OWNED = """
+local repaired = {}
+local function owned(i, kind)
+  local found = redis.call('TYPE', KEYS[i])['ok']
+  if found ~= 'none' and found ~= kind then
+    redis.call('DEL', KEYS[i])
+    repaired[#repaired + 1] = KEYS[i] .. ' ' .. found
+  end
+end
+"""
+
 # KEYS: lock; ARGV: holder, ttl in ms. 1 when the holder has the lock (taken, or re-taken with its ttl refreshed).
 _ACQUIRE = """
+owned(1, 'string')
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
+  return {1, repaired}
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  return {1, repaired}
 end
-return 0
+return {0, repaired}
 """
 
 # KEYS: lock; ARGV: holder, ttl in ms. Pushes the expiry out only while the holder holds the lock: 1, else 0.
 _RENEW = """
+owned(1, 'string')
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {redis.call('PEXPIRE', KEYS[1], ARGV[2]), repaired}
 end
-return 0
+return {0, repaired}
 """
 
 # KEYS: lock; ARGV: holder. Deletes the lock only if the holder still holds it.
 _RELEASE = """
+owned(1, 'string')
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  return {redis.call('DEL', KEYS[1]), repaired}
 end
-return 0
+return {0, repaired}
 """
 
 # KEYS: lock; ARGV: a prefix, an exception. Deletes the lock if its holder begins with the first and not the second.
 _BREAK = """
+owned(1, 'string')
 local holder = redis.call('GET', KEYS[1])
 if holder and string.sub(holder, 1, #ARGV[1]) == ARGV[1] and string.sub(holder, 1, #ARGV[2]) ~= ARGV[2] then
-  return redis.call('DEL', KEYS[1])
+  return {redis.call('DEL', KEYS[1]), repaired}
 end
-return 0
+return {0, repaired}
+"""
+
+# KEYS: resident, pinned; ARGV: last use, adapter, "1" to pin it. The adapter recorded (its last use only forward).
+_ADD = """
+owned(1, 'zset')
+owned(2, 'set')
+redis.call('ZADD', KEYS[1], 'GT', ARGV[1], ARGV[2])
+if ARGV[3] == '1' then
+  redis.call('SADD', KEYS[2], ARGV[2])
+end
+return {0, repaired}
+"""
+
+# KEYS: resident, pinned; ARGV: adapters. Forgets them, resident entry and pin together.
+_REMOVE = """
+owned(1, 'zset')
+owned(2, 'set')
+redis.call('ZREM', KEYS[1], unpack(ARGV))
+redis.call('SREM', KEYS[2], unpack(ARGV))
+return {0, repaired}
 """
 
 # KEYS: resident, pinned, lock; ARGV: now, then the adapters on the engine.
@@ -75,6 +123,9 @@ return 0
 # adapters on the engine (known last uses kept, newcomers at now; a last use more than FUTURE_MARK_S after now is
 # set to now: see ``FUTURE_MARK_S``) and drops the pins of the adapters gone.
 _RECONCILE = """
+owned(1, 'zset')
+owned(2, 'set')
+owned(3, 'string')
 local resident = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 local pinned = redis.call('SMEMBERS', KEYS[2])
 local holder = redis.call('GET', KEYS[3])
@@ -101,7 +152,7 @@ for _, adapter in ipairs(pinned) do
     redis.call('SREM', KEYS[2], adapter)
   end
 end
-return {resident, pinned, holder}
+return {resident, pinned, holder, repaired}
 """
 
 _RECONCILE = _RECONCILE.replace("FUTURE_MARK_S", repr(FUTURE_MARK_S))
@@ -113,82 +164,107 @@ return redis.call('TIME')
 
 # KEYS: resident, pinned, lock. The record in one atomic read ({member, score, ...}, {pinned...}, holder or nil).
 _RECORD = """
-return {redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('SMEMBERS', KEYS[2]), redis.call('GET', KEYS[3])}
+owned(1, 'zset')
+owned(2, 'set')
+owned(3, 'string')
+return {
+  redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('SMEMBERS', KEYS[2]), redis.call('GET', KEYS[3]),
+  repaired
+}
 """
+
+
+# The last part of each key of a replica's record, and the ``key`` label of its repairs.
+RECORD_KEYS = ("resident", "pinned", "lock")
 
 
 class RedisStore:
     def __init__(
         self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False,
-        access: RedisAccess = NO_ACCESS,
+        access: RedisAccess = NO_ACCESS, metrics: GatewayMetrics | None = None,
     ) -> None:  # fmt: skip
         self._prefix = prefix
         self._timeout_s = operation_timeout_s
+        self._repairs_counted = metrics.store_repairs if metrics is not None else None
+        self._repairs_logged: set[str] = set()
         # No retries: a store that does not answer must fail fast, the caller falls back to its local view.
         self._client = make_client(url, operation_timeout_s, cluster=cluster, access=access)
-        self._acquire = self._client.register_script(_ACQUIRE)
-        self._release = self._client.register_script(_RELEASE)
-        self._renew = self._client.register_script(_RENEW)
-        self._break = self._client.register_script(_BREAK)
-        self._reconcile = self._client.register_script(_RECONCILE)
-        self._record = self._client.register_script(_RECORD)
-        self._clock = self._client.register_script(_CLOCK)
+        script = self._client.register_script
+        self._acquire, self._release = script(_OWNED + _ACQUIRE), script(_OWNED + _RELEASE)
+        self._renew, self._break = script(_OWNED + _RENEW), script(_OWNED + _BREAK)
+        self._add, self._remove = script(_OWNED + _ADD), script(_OWNED + _REMOVE)
+        self._reconcile, self._record = script(_OWNED + _RECONCILE), script(_OWNED + _RECORD)
+        self._clock = script(_CLOCK)
 
     def _keys(self, pool: str, replica: str) -> tuple[str, str, str]:
         """The replica's resident, pinned and lock keys."""
         base = f"{self._prefix}:{{{pool}:{replica}}}"
-        return f"{base}:resident", f"{base}:pinned", f"{base}:lock"
+        resident, pinned, lock = RECORD_KEYS
+        return f"{base}:{resident}", f"{base}:{pinned}", f"{base}:{lock}"
 
     def _call(self, what: str) -> AbstractAsyncContextManager[None]:
         return redis_call(what, self._timeout_s)
+
+    def _repaired(self, reply: list[Any]) -> tuple[Any, frozenset[str]]:
+        """A script's answer (``{result..., repaired}``) as its first item and the kinds of key it repaired (resident,
+        pinned, lock); each repair counted, and logged the first time for each key."""
+        found = cast(list[str], reply[-1])
+        kinds = set()
+        for entry in found:
+            key, _, held = entry.rpartition(" ")
+            kind = key.rpartition(":")[2]
+            kinds.add(kind)
+            if self._repairs_counted is not None:
+                self._repairs_counted.labels(kind).inc()
+            if key not in self._repairs_logged:
+                self._repairs_logged.add(key)
+                log.warning("residency store: %s held a %s, not what the gateway writes there: deleted (the replica's "
+                            "record is rebuilt from its engine)", key, held)  # fmt: skip
+        return reply[0], frozenset(kinds)
 
     async def record(self, pool: str, replica: str) -> ReplicaRecord:
         async with self._call("record"):
             # A script, not MULTI: one atomic read that works the same on a Redis Cluster (one slot per replica).
             reply = await cast(Awaitable[list[Any]], self._record(keys=list(self._keys(pool, replica))))
-        return _record_from(reply)
+        return _record_from(reply, self._repaired(reply)[1])
 
     async def acquire(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
         lock_key = self._keys(pool, replica)[2]
         ttl_ms = max(1, math.ceil(ttl_s * 1000))
         async with self._call("acquire"):
-            taken = await cast(Awaitable[Any], self._acquire(keys=[lock_key], args=[holder, ttl_ms]))
-        return bool(taken)
+            reply = await cast(Awaitable[list[Any]], self._acquire(keys=[lock_key], args=[holder, ttl_ms]))
+        return bool(self._repaired(reply)[0])
 
     async def renew(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
         lock_key = self._keys(pool, replica)[2]
         ttl_ms = max(1, math.ceil(ttl_s * 1000))
         async with self._call("renew"):
-            kept = await cast(Awaitable[Any], self._renew(keys=[lock_key], args=[holder, ttl_ms]))
-        return bool(kept)
+            reply = await cast(Awaitable[list[Any]], self._renew(keys=[lock_key], args=[holder, ttl_ms]))
+        return bool(self._repaired(reply)[0])
 
     async def release(self, pool: str, replica: str, holder: str) -> None:
         lock_key = self._keys(pool, replica)[2]
         async with self._call("release"):
-            await cast(Awaitable[Any], self._release(keys=[lock_key], args=[holder]))
+            self._repaired(await cast(Awaitable[list[Any]], self._release(keys=[lock_key], args=[holder])))
 
     async def break_lock(self, pool: str, replica: str, owned_by: str, unless: str) -> bool:
         lock_key = self._keys(pool, replica)[2]
         async with self._call("break_lock"):
-            broken = await cast(Awaitable[Any], self._break(keys=[lock_key], args=[owned_by, unless]))
-        return bool(broken)
+            reply = await cast(Awaitable[list[Any]], self._break(keys=[lock_key], args=[owned_by, unless]))
+        return bool(self._repaired(reply)[0])
 
     async def add(self, pool: str, replica: str, adapter: str, used_at: float, *, pinned: bool = False) -> None:
-        resident_key, pinned_key, _ = self._keys(pool, replica)
-        async with self._call("add"), self._client.pipeline(transaction=True) as pipe:
-            pipe.zadd(resident_key, {adapter: used_at}, gt=True)
-            if pinned:
-                pipe.sadd(pinned_key, adapter)
-            await pipe.execute()
+        keys = list(self._keys(pool, replica)[:2])
+        async with self._call("add"):
+            reply = await cast(Awaitable[list[Any]], self._add(keys=keys, args=[used_at, adapter, int(pinned)]))
+        self._repaired(reply)
 
     async def remove(self, pool: str, replica: str, adapters: Collection[str]) -> None:
         if not adapters:
             return
-        resident_key, pinned_key, _ = self._keys(pool, replica)
-        async with self._call("remove"), self._client.pipeline(transaction=True) as pipe:
-            pipe.zrem(resident_key, *adapters)
-            pipe.srem(pinned_key, *adapters)
-            await pipe.execute()
+        keys = list(self._keys(pool, replica)[:2])
+        async with self._call("remove"):
+            self._repaired(await cast(Awaitable[list[Any]], self._remove(keys=keys, args=list(adapters))))
 
     async def touch(self, uses: Uses) -> None:
         if not uses:
@@ -201,7 +277,10 @@ class RedisStore:
         async with self._call("touch"), self._client.pipeline(transaction=False) as pipe:
             for (pool, replica), members in by_replica.items():
                 pipe.zadd(self._keys(pool, replica)[0], members, xx=True, gt=True)
-            await pipe.execute()
+            for answer in await pipe.execute(raise_on_error=False):
+                # A key of another type holds nothing to touch: skipped, the next read of its record repairs it.
+                if isinstance(answer, Exception) and not _wrong_type(answer):
+                    raise answer
 
     async def reconcile(self, pool: str, replica: str, on_engine: Collection[str], now: float) -> ReplicaRecord:
         keys = self._keys(pool, replica)
@@ -209,7 +288,7 @@ class RedisStore:
             reply = await cast(
                 Awaitable[list[Any]], self._reconcile(keys=list(keys), args=[now, *dict.fromkeys(on_engine)])
             )
-        return _record_from(reply)
+        return _record_from(reply, self._repaired(reply)[1])
 
     async def clock(self) -> float | None:
         """Redis' TIME, or None (logged) for an answer that is no time: not two integers, or a day or more from this
@@ -240,8 +319,12 @@ class RedisStore:
             await self._client.aclose()
 
 
-def _record_from(reply: list[Any]) -> ReplicaRecord:
+def _record_from(reply: list[Any], repaired: frozenset[str]) -> ReplicaRecord:
     """A script's {member, score, ...}, {pinned...}, holder-or-nil as a record."""
     flat, pinned, holder = cast(list[str], reply[0]), cast(list[str], reply[1]), cast(str | None, reply[2])
     resident = {flat[i]: float(flat[i + 1]) for i in range(0, len(flat), 2)}
-    return ReplicaRecord(resident, frozenset(pinned), holder)
+    return ReplicaRecord(resident, frozenset(pinned), holder, repaired)
+
+
+def _wrong_type(error: Exception) -> bool:
+    return isinstance(error, ResponseError) and str(error).startswith("WRONGTYPE")
