@@ -97,8 +97,12 @@ MAX_RATE = 1e9
 def _figure(value: Any) -> float:
     """A rate: finite, not negative, at most ``MAX_RATE`` (one infinite rate had the plan swap keys back and forth
     every interval; two finite ones near a double's top, 1e308 each, summed to infinity in ``merge`` and did the
-    same)."""
-    figure = float(value)
+    same). An integer past a double (valid JSON) is unreadable too: float() raised OverflowError, past the tick's
+    handling, and every gateway's traffic tick failed while the entry was fresh."""
+    try:
+        figure = float(value)
+    except OverflowError as exc:
+        raise ValueError("not a rate: an integer past a double's range") from exc
     if not 0 <= figure <= MAX_RATE:  # NaN fails it too
         raise ValueError(f"not a rate: {value!r}")
     return figure
@@ -181,7 +185,7 @@ class FleetTraffic:
                 continue  # its own figures: ``own`` already, without the rounding
             try:
                 views.append(decode(text))
-            except (ValueError, TypeError) as exc:  # a figure another version wrote, or noise: left out, said once
+            except Exception as exc:  # a figure another version wrote, or noise: left out, said once
                 if gateway_id not in self._unreadable:
                     self._unreadable.add(gateway_id)
                     log.warning("traffic figures of gateway %s unreadable: %s", gateway_id, exc)

@@ -161,3 +161,38 @@ def test_figures_nested_past_the_parsers_depth_are_unreadable() -> None:
     RecursionError went past the exchange's handling, and failed the traffic read)."""
     with pytest.raises(ValueError):
         decode('{"llama": ' + "[" * 100_000)
+
+
+MALFORMED = [
+    pytest.param('{"llama": [1' + "0" * 400 + ", 1, {}]}", id="an integer past a double: OverflowError"),
+    pytest.param('{"llama": [1, 1, {"acme": [1' + "0" * 400 + ", 1]}]}", id="a key's integer past a double"),
+    pytest.param('{"llama": {"a": 1, "b": 2, "c": 3}}', id="a pool of three fields"),
+    pytest.param('{"llama": "abc"}', id="a pool of three characters"),
+    pytest.param('{"llama": null}', id="a pool of null"),
+    pytest.param('{"llama": [1, 1, {"acme": {"a": 1, "b": 2}}]}', id="a key of an object"),
+    pytest.param('{"llama": [[1], 1, {}]}', id="a figure of a list"),
+    pytest.param("", id="nothing"),
+]
+
+
+@pytest.mark.parametrize("text", MALFORMED)
+async def test_a_malformed_entry_of_another_gateway_is_left_out_and_the_others_merge(
+    redis_server: RedisServer, probe: redis.asyncio.Redis, text: str
+) -> None:
+    """Another gateway's entry (another version's, or anyone's with Redis access) that is not figures: left out
+    alone, the fleet's figure still merged from every other gateway's. An integer past a double (valid JSON) raised
+    OverflowError out of float(), past the tick's handling: every gateway's traffic tick failed while the entry was
+    fresh, so the fleet's figure, which placement and the fill read, stayed as it was."""
+    prefix, clock = f"test-{uuid.uuid4().hex}", Clock(0.0)
+    a, b = gateway(redis_server.url, prefix, "gw-a", clock), gateway(redis_server.url, prefix, "gw-b", clock)
+    try:
+        a.meter.record("llama", "acme", 10)
+        b.meter.record("llama", "globex", 10)
+        clock.advance(10)
+        await b.tick()
+        await probe.hset(f"{prefix}:{{traffic}}:by_gateway", "gw-junk", "9" * 13 + " " + text)
+        await a.tick()
+        assert a.gateways == 2 and set(a.fleet["llama"].keys) == {"acme", "globex"}
+    finally:
+        await a.close()
+        await b.close()
