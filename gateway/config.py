@@ -699,6 +699,9 @@ class LimitsConfig(_Frozen):
     # The prompt (or all messages' text) in characters, and how deeply a JSON body may nest.
     max_prompt_chars: int = Field(default=200_000, ge=1)
     max_json_depth: int = Field(default=32, ge=2, le=254)  # 254: orjson's limit writing it back
+    # Arrays and objects one JSON body may hold, counted before it is parsed: each costs the event loop its parse,
+    # and a 1 MB body of 340,000 empty arrays held it ~1 s (gateway/serving/json_body.py).
+    max_json_containers: int = Field(default=10_000, ge=2)
     # The completions one request may ask for: its prompts (a completions batch) times n (or best_of). The engine
     # schedules every one as a sequence of its own, and the tenant limits count requests, not sequences: one batch of
     # 1,000 prompts took a replica for 7.6 s, another tenant's TTFT there 29 ms -> 3.6 s. 128: OpenAI's bound on n.

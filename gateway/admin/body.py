@@ -16,4 +16,5 @@ async def json_object(request: web.Request, *, empty_is: dict[str, Any] | None =
     raw = await read_body(request)
     if not raw and empty_is is not None:
         return empty_is
-    return parse_object(raw, request.app[STATE].config.limits.max_json_depth)
+    limits = request.app[STATE].config.limits
+    return parse_object(raw, limits.max_json_depth, limits.max_json_containers)

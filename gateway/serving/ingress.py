@@ -56,7 +56,7 @@ async def _serve(
                 body = await read_body(request)
         inference: InferenceRequest = parse_inference(
             body, kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars,
-            max_choices=limits.max_choices,
+            max_choices=limits.max_choices, max_containers=limits.max_json_containers,
         )  # fmt: skip
         record.stream = inference.stream
         session_id = request.headers.get("x-session-id") or inference.user

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from gateway.adapter_sources import public_host
 from gateway.errors import InvalidRequest
-from gateway.serving.json_body import RefusedInput, dumps, parse_object
+from gateway.serving.json_body import MAX_CONTAINERS, RefusedInput, dumps, parse_object
 
 Kind = Literal["completions", "chat"]
 
@@ -100,9 +100,10 @@ class InferenceRequest(NamedTuple):  # immutable, and built per request at a thi
 
 
 def parse_inference(
-    raw: bytes, kind: Kind, *, max_depth: int = 32, max_prompt_chars: int = 200_000, max_choices: int = 128
-) -> InferenceRequest:
-    body = parse_object(raw, max_depth)
+    raw: bytes, kind: Kind, *, max_depth: int = 32, max_prompt_chars: int = 200_000, max_choices: int = 128,
+    max_containers: int = MAX_CONTAINERS,
+) -> InferenceRequest:  # fmt: skip
+    body = parse_object(raw, max_depth, max_containers)
     allowed = _ALLOWED[kind]
     # Each of the body's few keys looked up in the allow-list: ``body.keys() - allowed`` walked the whole list (about
     # 5,000 instructions a request, for nothing in the usual case).
