@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -104,3 +105,41 @@ def test_the_fast_checks_decide_as_the_plain_ones(
         body = {**body, "messages": messages}
     raw = orjson.dumps(body)
     assert outcome(parse_inference, raw, kind) == outcome(plain, raw, kind)
+
+
+def python_events(call: Any, *args: Any) -> int:
+    """How many Python-level calls and generator resumptions ``call`` makes (sys.setprofile's ``call`` events):
+    what a C loop does not add per item."""
+    import sys
+
+    events = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal events
+        events += event == "call"
+
+    sys.setprofile(count)
+    try:
+        call(*args)
+    finally:
+        sys.setprofile(None)
+    return events
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        pytest.param([1] * 300_000, id="token ids"),
+        pytest.param(["ab"] * 300_000, id="strings"),
+        pytest.param(["ab", *[7] * 300_000], id="mixed"),
+    ],
+)
+def test_a_long_prompt_list_is_read_without_a_python_step_per_item(prompt: list[object]) -> None:
+    """300,000 token ids in a completions prompt (600 KB, within max_body_bytes): _check_prompt's all() and sum()
+    resumed a generator per item, twice, ~95 ms of the event loop for one request, which was then refused (longer
+    than max_prompt_chars) or not. The same figures now, read by C loops."""
+    expected = sum(len(p) if isinstance(p, str) else 4 for p in prompt)
+    assert _check_prompt(prompt) == expected
+    assert python_events(_check_prompt, prompt) < 20
+    assert python_events(_prompts, prompt) < 20
+    assert _prompts(prompt) == (len(prompt) if all(isinstance(p, str) for p in prompt) else 1)
