@@ -33,6 +33,9 @@ from gateway.routing.scorers import ScorerSettings, Scoring, build_scoring
 
 log = logging.getLogger(__name__)
 
+# The most seats an engine's report may raise pools[].seats to: the config's own bound.
+_MOST_SEATS = 1_000_000
+
 # Policies that spread requests over the whole pool by design: they weigh every replica.
 _SPREADING = frozenset({"round_robin", "least_loaded"})
 # Policies that keep a slot at an active key's home (routing/reservations.py).
@@ -155,6 +158,9 @@ class Pool:
         self.plan_bound: PlanBound | None = None
         # Keys the placement table left without a planned slot (placement's Plan.unplanned; plan_bound.py).
         self.unplanned: frozenset[str] = frozenset()
+        # The requests one replica runs at once: pools[].seats, raised to what an engine reports running at once
+        # where that is more (``took_scrape``): the config's figure proven wrong, placement and the spill bound read
+        # this one.
         self.seats = config.seats
         # Set once no request is in flight, made only while someone waits for that (wait_idle): a retired pool
         # waits before it closes. Not an Event kept set and cleared: that cost two calls per request.
@@ -587,10 +593,27 @@ class Pool:
                 continue
             if load is not None and not math.isfinite(load.running + load.waiting + load.kv_cache_usage):
                 load = None  # NaN or inf on the engine's page is no reading (routing rounds the queue: it raised)
+            if load is not None and 0 < self.seats < load.running <= _MOST_SEATS:
+                self._more_seats(replica_id, math.ceil(load.running))
             replica.engine_load = load
             replica.health.progress.scraped(load, replica.health.clock())
             replica.scraped_at = at
             replica.in_flight_at_scrape = replica.in_flight
+
+    def _more_seats(self, replica_id: str, running: int) -> None:
+        """An engine ran more requests at once than ``seats`` says one runs: the figure is below its --max-num-seqs.
+        Stated far below it (4 where engines run 64), every key with more than 2 requests in flight per replica
+        counted as queued: homes from traffic sized it by seats and grew its set, where every slot was planned
+        paying with a quiet key's planned slot (its adapter then loaded on the request path), and spills left their
+        planned replicas once each ran 4. The larger figure holds
+        from now on (a quieter engine later does not lower it); said once per pool, with the config's figure."""
+        if self.seats == self.config.seats:
+            log.warning(
+                "pool %s: %s runs more requests at once than pools[].seats (%d seen, %d stated): the seats figure is "
+                "below the engine's --max-num-seqs; routing and placement use what the engines show",
+                self.name, replica_id, running, self.config.seats,
+            )  # fmt: skip
+        self.seats = running
 
     async def _welcome_back(self, replica: Replica) -> None:
         """A replica back from down has lost its adapters: reset its record from the engine, warm, fill its free

@@ -187,3 +187,34 @@ async def test_the_next_round_neither_waits_for_a_slow_read_nor_starts_another()
     _, loads = await pool.scrape_engines()
     assert set(loads) == {"r0", "r1", "r2"} and driver.slow_reads == 2
     driver.answer.set()
+
+
+async def test_a_seats_figure_below_what_an_engine_runs_at_once_is_raised_to_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """pools[].seats is the engine's --max-num-seqs. Stated far below it (seats 4 on engines that run 64), every
+    key with more than 2 requests in flight per replica counted as queued (placement.seat_share 0.5): homes from
+    traffic sized it by seats and grew its set, where every slot was planned paying with a quiet key's planned slot
+    (that key's adapter then loaded on demand, on the request path), and a spill left its planned replicas once
+    each had 4 in flight. An engine that reports more requests running
+    at once than the seats figure proves it wrong: the pool takes the larger (said once), which the placement's plan
+    and the spill bound read; the config's figure stays the floor."""
+    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(3)]
+    config = PoolConfig.model_validate(
+        {"name": "llama", "backend": "vllm", "base_model": "m", "seats": 4, "replicas": replicas}
+    )
+    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
+    driver = FakeDriver(FakeEngine(), load=EngineLoad(running=37.0, waiting=0, kv_cache_usage=0.5))
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    pool = Pool(config, RoutingConfig(), driver, residency)
+    assert pool.seats == 4
+    await pool.scrape_engines()
+    assert pool.seats == 37
+    driver.load = EngineLoad(running=64.0, waiting=3, kv_cache_usage=0.9)
+    await pool.scrape_engines()
+    driver.load = EngineLoad(running=2.0, waiting=0, kv_cache_usage=0.1)  # quieter later: the seats stay
+    await pool.scrape_engines()
+    assert pool.seats == 64
+    assert caplog.text.count("runs more requests at once than pools[].seats") == 1
