@@ -206,13 +206,18 @@ def create_app(
         if state.started and (serving_pool := state.serving.fleet.pools.get(pool)) is not None:
             serving_pool.took_scrape(at, loads)
 
+    def took_probes(pool: str, healthy: dict[str, bool]) -> None:
+        """A probe round the host's probing worker shared (gateway/fleet/host_scrape.py), for the serving fleet."""
+        if state.started and (serving_pool := state.serving.fleet.pools.get(pool)) is not None:
+            serving_pool.took_probes(healthy)
+
     async def fleet_context(app: web.Application) -> AsyncIterator[None]:
         if config.state.identity_dir is not None:  # before any fleet names itself on a lock
             owner.claim(Path(config.state.identity_dir))
         await registry.start(on_change=state.refresh_tenants)
-        if worker is not None and worker.workers > 1:  # one worker scrapes the engines for the host's workers
+        if worker is not None and worker.workers > 1:  # one worker scrapes and probes the engines for the host's
             state.scrapes = HostScrapes(worker)
-            await state.scrapes.start(took_scrape)
+            await state.scrapes.start(took_scrape, took_probes)
         discovered = await discover(config, {})
         serving_config = state.compose(config, discovered)
         store = state.residency_store = TimedStore(make_store(config, access, metrics), metrics)

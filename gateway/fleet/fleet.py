@@ -187,7 +187,7 @@ class Fleet:
         for pool in self.pools.values():
             life = pool.residency
             loops: list[tuple[float, Callable[[], Awaitable[None]], str]] = [
-                (pool.config.health.interval_s, pool.probe, "health probe"),
+                (pool.config.health.interval_s, partial(self._probe, pool), "health probe"),
                 (residency.use_flush_interval_s, life.flush_uses, "use flush"),
                 (residency.use_flush_interval_s, partial(life.trim_over_bound, pool.is_healthy), "over-bound trim"),
                 (residency.sync_interval_s, life.sync, "residency sync"),
@@ -199,6 +199,21 @@ class Fleet:
                 asyncio.create_task(every(interval, work, f"{what} of pool {pool.name}"), name=f"{what} {pool.name}")
                 for interval, work, what in loops
             ]
+
+    async def _probe(self, pool: Pool) -> None:
+        """Probe the pool's replicas, unless another worker on this host does it for this one (its rounds arrive
+        through ``scrapes``) and its latest came recently; the worker that probes shares each round with the
+        others."""
+        scrapes = self.scrapes
+        if scrapes is not None and not scrapes.leading:
+            health = pool.config.health
+            if scrapes.probes_heard(pool.name, 3 * (health.interval_s + health.timeout_s)):
+                return
+            await pool.probe()  # the leader's rounds stopped coming: this worker probes for itself meanwhile
+            return
+        healthy = await pool.probe()
+        if scrapes is not None:
+            scrapes.publish_probes(pool.name, healthy)
 
     async def _scrape(self, pool: Pool) -> None:
         """Scrape the pool's engines, unless another worker on this host does it for this one (then its scrapes

@@ -1,4 +1,5 @@
-"""Under ``serve --workers``: the engines' /metrics are scraped once per host, not once per worker.
+"""Under ``serve --workers``: the engines' /metrics are scraped, and their health probed, once per host, not once per
+worker.
 
 One worker leads: the one holding an exclusive ``flock`` on the supervisor's directory's ``scrapes.lock``. Each
 worker waits for that lock in a thread of its own (a blocking ``flock``: no polling), so when the leader dies the
@@ -11,6 +12,14 @@ load view is then the engine's figure plus this worker's own change since, as af
 (``Replica.load_view``). Nothing changes when the
 leader is slow or gone: the view goes stale after three intervals and routing falls back to the worker's own count,
 visibly (``tenantgate_engine_scrape_age_seconds``).
+
+Health probes go the same way: the leader probes every replica each ``health.interval_s`` and sends each pool's
+results (replica: answered healthy) to the others, which take them as their own probe (thresholds and the welcome
+back stay each worker's own bookkeeping, on the same results). A follower that has heard no probe round of a pool
+for three rounds' time (``3 x (interval_s + timeout_s)``) probes it itself until the leader's come again, so a
+leader that is alive but not probing (stopped, its loop stuck, a reload that dropped the pool) never leaves the
+others blind. Each worker probing every replica itself was, at 4 replicas and 0.5 s, 8 requests a second per
+worker through aiohttp's client and as many for the replicas to answer, on the cores the requests are served from.
 
 Why not the supervisor or Redis: the supervisor holds no fleet (no drivers, no discovery, no reloads) and would
 have to grow one; Redis would add a write per interval and a read per interval per worker, and a lag of up to an
@@ -25,9 +34,11 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import socket
 import threading
+import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -40,6 +51,8 @@ log = logging.getLogger(__name__)
 
 # What a worker does with a scrape its leader sent: (pool, when it answered (time.monotonic), loads by replica).
 Apply = Callable[[str, float, dict[str, EngineLoad | None]], None]
+# What a worker does with a probe round its leader sent: (pool, healthy by replica).
+ApplyProbes = Callable[[str, dict[str, bool]], None]
 _LOCK = "scrapes.lock"
 _SOCKET = "scrapes"
 _MAX_DATAGRAM = 1 << 20  # what one receive takes; a larger datagram is refused by the sender (logged there)
@@ -48,6 +61,7 @@ _MAX_DATAGRAM = 1 << 20  # what one receive takes; a larger datagram is refused 
 # per replica) was refused whole past some 800 replicas, and one socket sending to several siblings ran out of room
 # once the first few held a datagram each (the others missed the scrape). zlib at level 1: 0.3 ms for 1,000 replicas.
 _LEVEL = 1
+_PROBES = "probes"  # a message's kind: a probe round (a scrape has no kind: what every worker sent before probes)
 # A sibling that cannot take a datagram now: not started yet, dead, being replaced, or its queue is full (busy).
 _GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.ENOBUFS)
 
@@ -60,12 +74,37 @@ def encode(pool: str, at: float, worker: int, loads: Mapping[str, EngineLoad | N
     return zlib.compress(json.dumps({"pool": pool, "at": at, "worker": worker, "replicas": replicas}).encode(), _LEVEL)
 
 
-def decode(data: bytes) -> tuple[str, float, int, dict[str, EngineLoad | None]]:
-    """(pool, at, the worker that scraped, loads); ValueError (KeyError, TypeError) on what no sibling sends."""
+def encode_probes(pool: str, worker: int, healthy: Mapping[str, bool]) -> bytes:
+    return zlib.compress(json.dumps({"kind": _PROBES, "pool": pool, "worker": worker, "healthy": healthy}).encode())
+
+
+def _message(data: bytes) -> dict[str, Any]:
     try:
         message: dict[str, Any] = json.loads(zlib.decompress(data))
     except zlib.error as exc:
-        raise ValueError(f"not a compressed scrape: {exc}") from exc
+        raise ValueError(f"not a compressed message: {exc}") from exc
+    return message
+
+
+def decode(data: bytes) -> tuple[str, float, int, dict[str, EngineLoad | None]]:
+    """(pool, at, the worker that scraped, loads); ValueError (KeyError, TypeError) on what no sibling sends."""
+    return _scrape(_message(data))
+
+
+def decode_probes(data: bytes) -> tuple[str, int, dict[str, bool]]:
+    """(pool, the worker that probed, healthy by replica); ValueError (KeyError, TypeError) as ``decode``."""
+    message = _message(data)
+    if message.get("kind") != _PROBES:
+        raise ValueError("not a probe round")
+    return _probes(message)
+
+
+def _probes(message: dict[str, Any]) -> tuple[str, int, dict[str, bool]]:
+    healthy = {str(replica): bool(ok) for replica, ok in message["healthy"].items()}
+    return str(message["pool"]), int(message["worker"]), healthy
+
+
+def _scrape(message: dict[str, Any]) -> tuple[str, float, int, dict[str, EngineLoad | None]]:
     loads: dict[str, EngineLoad | None] = {}
     for replica, load in message["replicas"].items():
         if load is None:
@@ -85,12 +124,16 @@ class HostScrapes:
         self._inbox: socket.socket | None = None
         self._outboxes: dict[int, socket.socket] | None = None  # one per sibling (see _LEVEL), once started
         self._apply: Apply | None = None
+        self._apply_probes: ApplyProbes | None = None
+        # When (time.monotonic) each pool's latest probe round came from the leader.
+        self._probed_at: dict[str, float] = {}
         self._lock_fd: int | None = None
         self._too_large_logged = False
 
-    async def start(self, apply: Apply) -> None:
-        """Listen for the leader's scrapes (``apply`` takes each one) and start waiting to lead."""
-        self._apply = apply
+    async def start(self, apply: Apply, apply_probes: ApplyProbes) -> None:
+        """Listen for the leader's scrapes and probe rounds (``apply`` and ``apply_probes`` take each one) and start
+        waiting to lead."""
+        self._apply, self._apply_probes = apply, apply_probes
         path = self.sockets.socket_path(_SOCKET)
         path.unlink(missing_ok=True)  # a previous worker with this number left it
         inbox = self._inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -112,13 +155,24 @@ class HostScrapes:
         self.leading = True
         log.info("worker %d scrapes the engines for every worker on this host", self.sockets.worker)
 
+    def probes_heard(self, pool: str, within_s: float) -> bool:
+        """Whether the leader's probe round of ``pool`` came within the last ``within_s`` (else probe it here)."""
+        return time.monotonic() - self._probed_at.get(pool, -math.inf) <= within_s
+
     def publish(self, pool: str, at: float, loads: Mapping[str, EngineLoad | None]) -> None:
         """Send one pool's scrape to every other worker (non-blocking; a sibling that cannot take it now misses it:
         its view goes stale after three intervals unless the next scrape reaches it)."""
+        self._send(pool, "scrape", encode(pool, at, self.sockets.worker, loads))
+
+    def publish_probes(self, pool: str, healthy: Mapping[str, bool]) -> None:
+        """Send one pool's probe round to every other worker (as ``publish``; one that misses it probes the pool
+        itself once the leader's rounds have not come for a while: ``probes_heard``)."""
+        self._send(pool, "probe round", encode_probes(pool, self.sockets.worker, healthy))
+
+    def _send(self, pool: str, what: str, data: bytes) -> None:
         outboxes = self._outboxes
         if outboxes is None:
             return
-        data = encode(pool, at, self.sockets.worker, loads)
         for sibling in self.sockets.siblings():
             outbox = outboxes.get(sibling)
             if outbox is None:
@@ -129,23 +183,30 @@ class HostScrapes:
             except OSError as exc:
                 if exc.errno == errno.EMSGSIZE and not self._too_large_logged:
                     self._too_large_logged = True
-                    log.error("pool %s's scrape (%d bytes) is too large to share: each worker routes on its own "
-                              "count", pool, len(data))  # fmt: skip
+                    log.error("pool %s's %s (%d bytes) is too large to share: each worker reads the engines "
+                              "itself or routes on its own count", pool, what, len(data))  # fmt: skip
                 elif exc.errno not in _GONE and exc.errno != errno.EMSGSIZE:
-                    log.warning("sharing pool %s's scrape with worker %d failed: %s", pool, sibling, exc)
+                    log.warning("sharing pool %s's %s with worker %d failed: %s", pool, what, sibling, exc)
 
     def _received(self) -> None:
-        inbox, apply = self._inbox, self._apply
-        assert inbox is not None and apply is not None
+        inbox, apply, apply_probes = self._inbox, self._apply, self._apply_probes
+        assert inbox is not None and apply is not None and apply_probes is not None
         while True:
             try:
                 data = inbox.recv(_MAX_DATAGRAM)
             except BlockingIOError:
                 return
             try:
-                pool, at, _, loads = decode(data)
+                message = _message(data)
+                if message.get("kind") == _PROBES:
+                    pool, _, healthy = _probes(message)
+                    if not self.leading:  # a leader that just took over may still receive its predecessor's last
+                        self._probed_at[pool] = time.monotonic()
+                        apply_probes(pool, healthy)
+                    continue
+                pool, at, _, loads = _scrape(message)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                log.warning("an unreadable scrape from a sibling worker was ignored: %s", exc)
+                log.warning("an unreadable message from a sibling worker was ignored: %s", exc)
                 continue
             if not self.leading:  # a leader that just took over may still receive its predecessor's last one
                 apply(pool, at, loads)

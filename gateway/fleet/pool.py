@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from functools import partial
 from operator import itemgetter
 
@@ -507,10 +507,22 @@ class Pool:
     def any_healthy(self) -> bool:
         return any(replica.healthy for replica in self.replicas.values())
 
-    async def probe(self) -> None:
-        results = await asyncio.gather(*(self.driver.healthy(r.endpoint) for r in self.replicas.values()))
-        for replica, ok in zip(self.replicas.values(), results, strict=True):
-            replica_id, health = replica.endpoint.id, replica.health
+    async def probe(self) -> dict[str, bool]:
+        """Probe every replica's health and take the results; returns them (replica: answered healthy)."""
+        replicas = list(self.replicas.values())
+        results = await asyncio.gather(*(self.driver.healthy(r.endpoint) for r in replicas))
+        healthy = {replica.endpoint.id: ok for replica, ok in zip(replicas, results, strict=True)}
+        self.took_probes(healthy)
+        return healthy
+
+    def took_probes(self, healthy: Mapping[str, bool]) -> None:
+        """Take a probe round: this gateway's own, or under serve --workers the one its host's probing worker shared
+        (gateway/fleet/host_scrape.py). A replica the round does not name is left as it is."""
+        for replica_id, ok in healthy.items():
+            replica = self.replicas.get(replica_id)
+            if replica is None:  # a sibling worker serving another config for a moment (a reload under way)
+                continue
+            health = replica.health
             if health.returning:
                 continue
             change = health.probed(ok)

@@ -41,6 +41,8 @@ class SimStats:
     request_headers: deque[dict[str, str]] = field(default_factory=lambda: deque(maxlen=64))
     # GET /metrics answered: how often routers scrape the engine.
     metrics_scrapes: int = 0
+    # GET /health answered: how often routers probe the engine.
+    health_probes: int = 0
     # The latest cold loads, oldest first, for benchmarks that ask where they come from: the wall-clock time
     # (``time.monotonic``), the adapter, why it was read from disk (``load``: the runtime LoRA API registered it;
     # ``request``: a request's adapter had fallen out of host memory) and the adapters it evicted from host memory.
@@ -78,5 +80,6 @@ class SimStats:
             "traceparents": list(self.traceparents),
             "request_headers": list(self.request_headers),
             "metrics_scrapes": self.metrics_scrapes,
+            "health_probes": self.health_probes,
             "cold_load_log": [list(event) for event in self.cold_load_log],
         }

@@ -356,6 +356,7 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    request.app[ENGINE].stats.health_probes += 1
     return web.Response(status=200)
 
 

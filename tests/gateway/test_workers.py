@@ -1,7 +1,8 @@
 """`tenantgate serve --workers N`: real processes on 127.0.0.1, a real redis-server and a simulated replica. Two
 workers serve one port; a killed worker is replaced while the other takes every connection, and only its own
 requests in flight fail; /metrics sums the workers' counters; the admin API answers for both; the engine is scraped
-once per interval, not once per worker; SIGTERM drains both; more than one worker without Redis is refused."""
+and probed once per interval, not once per worker; SIGTERM drains both; more than one worker without Redis is
+refused."""
 
 from __future__ import annotations
 
@@ -409,6 +410,75 @@ def test_two_workers_scrape_the_engine_once_and_both_route_on_it(sim_engine: Eng
         while _engine(sim_engine)["metrics_scrapes"] < scrapes + 3:  # bounded by the deadline
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def _until_probed(sim: EngineProcess, more: int, deadline: float) -> float:
+    """Until the engine has answered ``more`` health probes from now; when that was."""
+    first = _engine(sim)["health_probes"]
+    while _engine(sim)["health_probes"] < first + more:  # bounded by the deadline
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return time.monotonic()
+
+
+def test_two_workers_probe_a_replica_once_per_interval_and_both_take_the_rounds(
+    sim_engine: EngineProcess, tmp_path: Path
+) -> None:
+    interval, timeout = 0.1, 0.3
+    with supervised(tmp_path, sim_engine) as gateway:
+        config = yaml.safe_load(gateway.config_path.read_text())
+        config["pools"][0]["health"] = {"interval_s": interval, "timeout_s": timeout}
+        gateway.config_path.write_text(yaml.safe_dump(config))
+        gateway.process.send_signal(signal.SIGHUP)  # the new interval: every worker's fleet is swapped
+        deadline = time.monotonic() + 60
+        _until_probed(sim_engine, 5, deadline)
+        started = time.monotonic()
+        # One prober sleeps an interval between its rounds: 20 probes take at least 19 intervals (with each worker
+        # probing for itself, they took 10).
+        assert _until_probed(sim_engine, 20, deadline) - started >= 15 * interval
+        [leader] = [w for w in _admin(gateway, "/admin/state")["workers"] if w["scrapes_engines"]]
+
+        def health() -> dict[str, bool]:
+            by_worker = _replica(_admin(gateway, "/admin/state"))["by_worker"]
+            return {worker: view["healthy"] for worker, view in by_worker.items()}
+
+        def until_health(expected: dict[str, bool]) -> None:
+            while (seen := health()) != expected:  # bounded by the deadline
+                assert time.monotonic() < deadline, seen
+                time.sleep(0.05)
+
+        # The engine stops answering: the leader's probes fail, and both workers take it out.
+        httpx.post(sim_engine.url + "/sim/control", json={"faults": {"hang": True}}, timeout=10)
+        try:
+            until_health({"0": False, "1": False})
+        finally:
+            httpx.post(sim_engine.url + "/sim/control", json={"faults": {"hang": False}}, timeout=10)
+        until_health({"0": True, "1": True})
+
+        # The leader stopped (alive, its lock held): the other worker probes for itself once its rounds stop coming.
+        os.kill(leader["pid"], signal.SIGSTOP)
+        try:
+            _until_probed(sim_engine, 5, deadline)
+        finally:
+            os.kill(leader["pid"], signal.SIGCONT)
+
+        # The leader killed: the other takes the host's lock over, and probes and shares (the replacement follows).
+        os.kill(leader["pid"], signal.SIGKILL)
+        while True:  # bounded by the deadline
+            workers = _admin(gateway, "/admin/state")["workers"]
+            if len(workers) == 2 and [w["worker"] for w in workers if w["scrapes_engines"]] == [1 - leader["worker"]]:
+                break
+            assert time.monotonic() < deadline, workers
+            time.sleep(0.05)
+        started = _until_probed(sim_engine, 1, deadline)
+        assert _until_probed(sim_engine, 20, deadline) - started >= 15 * interval
+
+
+def test_a_shared_probe_round_reads_back_as_probed() -> None:
+    healthy = {"r0": True, "r1": False}
+    assert host_scrape.decode_probes(host_scrape.encode_probes("p", 1, healthy)) == ("p", 1, healthy)
+    with pytest.raises(ValueError):
+        host_scrape.decode_probes(host_scrape.encode("p", 12.5, 1, {}))
 
 
 def test_a_killed_worker_fails_only_its_own_requests_and_admin_answers_for_both(
