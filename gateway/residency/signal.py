@@ -49,7 +49,8 @@ carries its requests in flight per replica (``load_elsewhere``: what ``routing.l
 gateway's own count). Batched, never per request: every ``SHARE_S`` a
 gateway whose held sets or counts changed since its last message publishes all of them (absolute, so a lost message
 is made good by the next; at most ``MAX_SHARED_PAIRS`` entries), and repeats them every ``RENEW_S`` while it holds
-something; a gateway that holds nothing says so once, then stays silent. Another gateway's sets not heard again
+something; a gateway that holds nothing says so once, then stays silent (and its timer sleeps until a request or
+a load starts). Another gateway's sets not heard again
 within ``REMOTE_TTL_S`` are forgotten (it stopped, or died).
 
 The transport is a callable that publishes one message (gateway/residency/signal_redis.py: Redis pub/sub); the
@@ -171,6 +172,8 @@ class SlotSignal:
         self._flying_sent: tuple[object, object, object] = ({}, {}, {})
         self._flying_sent_at = float("-inf")
         self._said_flying = False
+        # Set while the share timer waits for something to say (``until_flying``).
+        self._quiet: asyncio.Future[None] | None = None
         # Other gateways' in-flight adapters and requests: per sender its sets, counts and when heard, the newest
         # message's number, per (pool, adapter) how many senders hold it on each replica, and per pool their
         # requests per replica (what routing reads: one lookup a decision).
@@ -219,6 +222,8 @@ class SlotSignal:
     def changed(self, pool: str, replica: str, *, freed: bool) -> None:
         """This gateway's held set on the replica changed (``freed``: a slot freed, an adapter's last request here
         ended or it was unloaded). A dict lookup unless another gateway waits there; then one publish."""
+        if self._quiet is not None:  # the first request in flight since share had nothing to say
+            self._stir()
         if not self._remote_waits or not self.remote_waiting(pool, replica):
             return
         holding = self._held(pool, replica)
@@ -257,6 +262,7 @@ class SlotSignal:
             self._loading_here.pop((pool, replica), None)
         else:
             self._loading_here[(pool, replica)] = entry
+            self._stir()
 
     def loading_elsewhere(self, pool: str) -> Mapping[str, Loading]:
         """Per replica of the pool, the adapter loads other gateways have under way there (as they last shared them:
@@ -273,10 +279,13 @@ class SlotSignal:
         key = (pool, replica)
         return frozenset().union(*(sets.get(key, _NOWHERE) for sets, _, _, _ in self._flying_from.values()))
 
-    def share(self) -> None:
+    def share(self) -> bool:
         """Publish this gateway's in-flight adapters and requests per replica if they changed since the last
         message, or again every ``RENEW_S`` while it has any (the transport calls this every ``SHARE_S``): one pass
-        over the replicas' in-flight tables, never a message per request."""
+        over the replicas' in-flight tables, never a message per request. Whether the next call may have something
+        to say: False once nothing is in flight or loading and that was said, and then the transport waits in
+        ``until_flying`` instead of calling every ``SHARE_S`` (an idle gateway, or the idle worker beside a busy one
+        under serve --workers, woke 20 times a second for nothing)."""
         now = self._clock()
         held: dict[str, dict[str, list[str]]] = {}
         counts: dict[str, dict[str, int]] = {}
@@ -295,16 +304,31 @@ class SlotSignal:
         loading = dict(list(self._loading_here.items())[: max(0, MAX_SHARED_PAIRS - pairs)])
         due = self._said_flying and now - self._flying_sent_at >= RENEW_S
         if (held, counts, loading) == self._flying_sent and not due:
-            return
+            return self._said_flying
         self._flying_sent = (held, counts, loading)
         if not held and not loading and not self._said_flying:
-            return  # silence already says so
+            return False  # silence already says so
         self._flying_sent_at, self._said_flying = now, bool(held or loading)
         loads: dict[str, dict[str, list[float | None]]] = {}
         for (pool, replica), (queued, running) in loading.items():
             ran_ms = None if running is None else round(1000.0 * max(0.0, now - running), 1)
             loads.setdefault(pool, {})[replica] = [queued, ran_ms]
         self._send({"t": "flying", "h": held, "c": counts, "l": loads}, None)
+        return True
+
+    async def until_flying(self) -> None:
+        """Until this gateway has a request in flight for an adapter, or an adapter load under way, where ``share``
+        said it had none: what ends it is ``changed`` (an adapter's first request on a replica) and ``loading``."""
+        self._quiet = asyncio.get_running_loop().create_future()
+        try:
+            await self._quiet
+        finally:
+            self._quiet = None
+
+    def _stir(self) -> None:
+        quiet = self._quiet
+        if quiet is not None and not quiet.done():
+            quiet.set_result(None)
 
     def remote_holds(self, pool: str, replica: str) -> frozenset[str] | None:
         """The adapters other gateways hold on the replica, once this gateway waits there and every listening

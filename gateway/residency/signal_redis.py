@@ -54,7 +54,7 @@ class RedisSlotChannel:
         """Follow the channel and renew this gateway's waits until cancelled."""
         timers = [
             asyncio.create_task(self._every(RENEW_S, self.signal.renew), name="slot signal renewal"),
-            asyncio.create_task(self._every(SHARE_S, self.signal.share), name="in-flight adapters shared"),
+            asyncio.create_task(self._share(), name="in-flight adapters shared"),
         ]
         try:
             await self._follow()
@@ -87,6 +87,14 @@ class RedisSlotChannel:
                 log.debug("slot signal: subscription lost: %r", exc)
             self.signal.subscribed(False)
             await asyncio.sleep(RECONNECT_S)
+
+    async def _share(self) -> None:
+        """The in-flight adapters shared every ``SHARE_S`` while there is something to say, else nothing until a
+        request is in flight or a load under way (then within ``SHARE_S`` of it, as before)."""
+        while True:
+            await asyncio.sleep(SHARE_S)
+            if not self.signal.share():
+                await self.signal.until_flying()
 
     @staticmethod
     async def _every(interval_s: float, work: Callable[[], None]) -> None:

@@ -483,6 +483,35 @@ async def test_in_flight_adapters_are_shared_in_batches_never_per_request() -> N
     assert flying(bus) == [{"llama": {"r0": ["x", "y"]}}, {"llama": {"r0": ["x", "y"]}}, {}]
 
 
+async def test_the_share_timer_sleeps_while_nothing_is_in_flight_and_wakes_when_a_request_or_a_load_starts() -> None:
+    """``share`` says whether it may have something to say at its next call: an idle gateway's transport then waits
+    in ``until_flying`` rather than calling it every SHARE_S, until an adapter's first request begins on a replica
+    (``changed``) or a load starts (``loading``)."""
+    bus, clock = Bus(), Clock(100.0)
+    signal, holder = bus.signal(clock), Holding()
+    signal.attach("llama", holder)
+    assert not signal.share()  # idle from the start: nothing to say
+    quiet = asyncio.ensure_future(signal.until_flying())
+    await asyncio.sleep(0)
+    assert not quiet.done()
+    holder.held = frozenset({"x"})
+    signal.changed("llama", "r0", freed=False)  # a request began
+    await asyncio.sleep(0)
+    assert quiet.done()
+    assert signal.share() and signal.share()  # said, then renewals are due while it holds it
+    holder.held = frozenset()
+    signal.changed("llama", "r0", freed=True)
+    assert signal.share()  # said once, empty
+    assert not signal.share()
+    quiet = asyncio.ensure_future(signal.until_flying())
+    await asyncio.sleep(0)
+    signal.loading("llama", "r0", (1, None))  # a load queued: shared with the in-flight adapters
+    await asyncio.sleep(0)
+    assert quiet.done() and signal.share()
+    await asyncio.sleep(0)
+    assert flying(bus) == [{"llama": {"r0": ["x"]}}, {}, {}]
+
+
 async def test_a_gateway_that_stops_sharing_is_forgotten_and_an_older_message_never_replaces_a_newer_one() -> None:
     clock = Clock(100.0)
     signal = Bus().signal(clock)
