@@ -8,6 +8,11 @@ descriptor) for ever. This layer adds, per connection (``listen.*`` in the confi
   come, must have sent its whole head within ``header_timeout_s``;
 - **body rate**: once the head is in, the body must arrive at ``min_body_bytes_per_s`` on average from its start,
   after a grace of ``body_grace_s`` (a large prompt on a slow link is legitimate; a trickle is not);
+- **body framing**: the bytes received for a body may exceed the body's own by a quarter and ``FRAMING_SLACK_BYTES``
+  (chunked encoding's framing, a few bytes a chunk); past that the connection is closed (``body_framing``). aiohttp's
+  parser hands each chunk to the request's stream, a Python call each: a 1 MB body in 1-byte chunks (6 MB on the
+  wire) took ~0.7 s of the event loop, ~10,000 chunks per socket read, from anyone (a request answered before its
+  body was read, a 401, still reads the rest: aiohttp lingers);
 - **idle keep-alive**: a connection with no request for ``idle_timeout_s`` is closed (aiohttp's own keep-alive
   timer is set a little longer, as a backstop: ``keepalive_timeout``);
 - **caps**: at most ``max_connections`` open (never more than half the process's file limit: the rest is for the
@@ -42,7 +47,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import ListenConfig
@@ -59,6 +64,12 @@ def keepalive_timeout(config: ListenConfig) -> float:
     return config.idle_timeout_s + 5.0
 
 
+# What a body's framing may add to it: a quarter of the body, and this much (chunk sizes, line ends, extensions of a
+# body sent in chunks of a few dozen bytes or more; a socket read's worth of anything).
+FRAMING_SLACK_BYTES = 65_536
+FRAMING_SHARE = 1.25
+
+
 class GuardedHandler(RequestHandler):
     """aiohttp's request handler (one per connection) with what the guard needs to know about it."""
 
@@ -73,6 +84,9 @@ class GuardedHandler(RequestHandler):
         self.current: web.BaseRequest | None = None
         self.head_at = 0.0
         self.requests = 0
+        # The body being received (until its end, after its request was answered too) and the bytes received since.
+        self.receiving: StreamReader | None = None
+        self.received = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -87,10 +101,19 @@ class GuardedHandler(RequestHandler):
         if data and self.current is None and self.first_byte_at is None:
             self.first_byte_at = self.guard.now()
         super().data_received(data)
+        body = self.receiving
+        if body is not None:
+            self.received += len(data)
+            if body.is_eof():
+                self.receiving = None
+            elif self.received > FRAMING_SLACK_BYTES + FRAMING_SHARE * body.total_bytes:
+                self.receiving = None
+                self.guard.close(self, "body_framing")
 
     def began(self, request: web.BaseRequest) -> None:
         self.current, self.head_at, self.first_byte_at = request, self.guard.now(), None
         self.requests += 1
+        self.receiving, self.received = (None if request.content.is_eof() else request.content), 0
 
     def ended(self) -> None:
         self.current, self.idle_since = None, self.guard.now()
@@ -130,6 +153,11 @@ class ConnectionGuard:
 
     def authenticated(self, connection: GuardedHandler) -> None:
         self.unauthenticated.pop(connection, None)
+
+    def close(self, connection: GuardedHandler, reason: str) -> None:
+        """Close ``connection`` now, counted under ``reason`` (and logged)."""
+        log.info("closing a client connection: %s", reason)
+        self._close(connection, reason)
 
     def _close(self, connection: GuardedHandler, reason: str) -> None:
         self.lost(connection)

@@ -210,3 +210,40 @@ async def test_the_gauge_counts_open_and_unauthenticated_connections(serve: Call
     assert state() == (3, 2)
     for _, writer in stalled:
         writer.close()
+
+
+def chunked_head(key: str = "") -> bytes:
+    extra = f"x-key: {key}\r\n" if key else ""
+    return f"POST / HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n{extra}\r\n".encode()
+
+
+@pytest.mark.parametrize("chunk", [b"1\r\nx\r\n", b"1;" + b"e" * 40 + b"\r\nx\r\n"], ids=["1-byte", "extension"])
+async def test_a_body_of_tiny_chunks_is_closed_when_its_framing_outweighs_it(
+    serve: Callable[..., Any], chunk: bytes
+) -> None:
+    """A body sent as 1-byte chunks (6 bytes on the wire for each body byte), or padded with chunk extensions: the
+    parser hands each chunk to the request's stream, a Python call each, so 1,000,000 such chunks (a 1 MB body,
+    within max_body_bytes) took ~0.7 s of the event loop, at a socket read's worth (~10,000 chunks) at a time, from
+    whoever sent them (a 401 answered first reads the rest: aiohttp lingers). The connection is closed once the
+    bytes received for a body pass its own by more than the slack (``body_framing``); a body in chunks of a few
+    hundred bytes is served."""
+    server = await serve()
+    reader, writer = await server.connect()
+    writer.write(chunked_head())
+    sent = 0
+    try:
+        for _ in range(200):  # up to 200 x 5,000 chunks
+            writer.write(chunk * 5_000)
+            await writer.drain()
+            sent += 5_000
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    answer = await closed_by_server(reader)
+    assert server.closed("body_framing") == 1 and sent < 200 * 5_000
+    assert b"HTTP/1.1 200" not in answer
+    writer.close()
+    reader, writer = await server.connect()  # a body in 300-byte chunks: framing of ~2%
+    writer.write(chunked_head(GOOD_KEY) + (b"12c\r\n" + b"y" * 300 + b"\r\n") * 3_000 + b"0\r\n\r\n")
+    await writer.drain()
+    assert (await reader.readuntil(b"900000")).startswith(b"HTTP/1.1 200")
+    writer.close()
