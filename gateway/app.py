@@ -77,6 +77,7 @@ def _fleet_traffic(config: GatewayConfig, access: RedisAccess) -> FleetTraffic:
         exchange = TrafficExchange(
             config.state.redis_url, operation_timeout_s=config.state.operation_timeout_s,
             stale_after_s=3 * settings.interval_s, cluster=config.state.cluster, access=access,
+            max_keys=settings.max_keys,
         )  # fmt: skip
     return FleetTraffic(meter, GATEWAY_ID, settings.max_keys, exchange)
 

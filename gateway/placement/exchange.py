@@ -3,7 +3,10 @@
 Every ``traffic.interval_s`` each gateway folds its meter (gateway/observe/traffic.py) and makes one Redis call:
 a script that writes this gateway's figures into the hash ``{prefix}:{{traffic}}:by_gateway`` (field: the
 gateway's id; value: the Redis clock's milliseconds at the write, a space, then the figures as JSON), drops the
-entries not rewritten within three intervals (a gateway gone), and returns the rest. The sum of those is the
+entries not rewritten within three intervals (a gateway gone) and those stamped further ahead of Redis' clock than
+that (a clock set back: they were never older, and a gateway gone stayed counted until the clock caught up), and
+returns the rest but those larger than this gateway's own figures can be (``max_entry_bytes``: every gateway reads
+and parses every entry, on its event loop, each interval; left out, said once). The sum of those is the
 fleet's figure (``merge``). The Redis clock stamps the entries, so gateways' clocks need not agree. One key, so one
 Redis Cluster slot.
 
@@ -24,27 +27,36 @@ from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-# KEYS: the hash; ARGV: this gateway's id, its figures (JSON), how old an entry may be (ms). Returns {id, entry, ...}
-# of the entries that are fresh, this gateway's included.
+# KEYS: the hash; ARGV: this gateway's id, its figures (JSON), how old (or how far ahead) an entry may be (ms), the
+# largest entry read (bytes). Returns {{id, entry, ...}, {id, ...}}: the entries that are fresh, this gateway's
+# included, and the ids of those left out for their size.
 _SWAP = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local oldest = now - tonumber(ARGV[3])
+local oldest, newest = now - tonumber(ARGV[3]), now + tonumber(ARGV[3])
+local largest = tonumber(ARGV[4])
 redis.call('HSET', KEYS[1], ARGV[1], now .. ' ' .. ARGV[2])
 local all = redis.call('HGETALL', KEYS[1])
-local fresh = {}
+local fresh, large = {}, {}
 for i = 1, #all, 2 do
   local written = tonumber(string.match(all[i + 1], '^(%d+) '))
-  if written == nil or written < oldest then
+  if written == nil or written < oldest or written > newest then
     redis.call('HDEL', KEYS[1], all[i])
+  elseif #all[i + 1] > largest then
+    large[#large + 1] = all[i]
   else
     fresh[#fresh + 1] = all[i]
     fresh[#fresh + 1] = all[i + 1]
   end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return fresh
+return {fresh, large}
 """
+
+# The bytes a key's figures may take in an entry (``encode``'s are ~30-50), for the largest entry read: 256 per key of
+# this gateway's traffic.max_keys, and at least MIN_ENTRY_BYTES.
+ENTRY_BYTES_PER_KEY = 256
+MIN_ENTRY_BYTES = 1 << 20
 
 
 def encode(traffic: Traffic) -> str:
@@ -120,20 +132,26 @@ class TrafficExchange:
         cluster: bool = False,
         prefix: str = "tg",
         access: RedisAccess = NO_ACCESS,
+        max_keys: int = 2000,
     ) -> None:
         self._client = make_client(redis_url, operation_timeout_s, cluster=cluster, access=access)
         self._timeout_s = operation_timeout_s
         self._stale_ms = max(1, round(1000 * stale_after_s))
+        self.max_entry_bytes = max(MIN_ENTRY_BYTES, ENTRY_BYTES_PER_KEY * max_keys)
+        self._large: set[str] = set()  # gateways whose entry was left out for its size, each said once
         self.key = f"{prefix}:{{traffic}}:by_gateway"
         self._swap = self._client.register_script(_SWAP)
 
     async def swap(self, gateway_id: str, figures: str) -> dict[str, str]:
         """Write ``figures`` as this gateway's; every fresh gateway's figures by id (StoreUnavailable on failure)."""
+        args: list[str | int] = [gateway_id, figures, self._stale_ms, self.max_entry_bytes]
         async with redis_call("traffic swap", self._timeout_s):
-            reply = await cast(
-                Awaitable[list[str]], self._swap(keys=[self.key], args=[gateway_id, figures, self._stale_ms])
-            )
-        entries = reply
+            reply = await cast(Awaitable[list[list[str]]], self._swap(keys=[self.key], args=args))
+        entries, large = reply
+        for other in large:
+            if other not in self._large:
+                self._large.add(other)
+                log.warning("traffic figures of gateway %s larger than %d bytes: left out", other, self.max_entry_bytes)
         return {entries[i]: entries[i + 1].partition(" ")[2] for i in range(0, len(entries) - 1, 2)}
 
     async def close(self) -> None:

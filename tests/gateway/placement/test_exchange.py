@@ -190,9 +190,60 @@ async def test_a_malformed_entry_of_another_gateway_is_left_out_and_the_others_m
         b.meter.record("llama", "globex", 10)
         clock.advance(10)
         await b.tick()
-        await probe.hset(f"{prefix}:{{traffic}}:by_gateway", "gw-junk", "9" * 13 + " " + text)
+        seconds, _ = await probe.time()  # stamped now: read, not dropped as stale
+        await probe.hset(f"{prefix}:{{traffic}}:by_gateway", "gw-junk", f"{seconds * 1000} {text}")
         await a.tick()
         assert a.gateways == 2 and set(a.fleet["llama"].keys) == {"acme", "globex"}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_an_entry_stamped_in_redis_future_is_dropped_as_stale(
+    redis_server: RedisServer, probe: redis.asyncio.Redis
+) -> None:
+    """Entries are stamped by Redis' clock and dropped once older than three intervals; one stamped ahead of it (a
+    Redis whose clock was set back, a failover to a host behind, or any writer) was never older, so a gateway gone
+    since stayed in the fleet's figure until Redis' clock caught up with the stamp, placement moving keys by its
+    ghost traffic. An entry stamped more than the staleness ahead of Redis' clock counts as stale too."""
+    prefix, clock = f"test-{uuid.uuid4().hex}", Clock(0.0)
+    a = gateway(redis_server.url, prefix, "gw-a", clock)
+    try:
+        a.meter.record("llama", "acme", 10)
+        clock.advance(10)
+        seconds, micros = await probe.time()
+        ahead_ms = seconds * 1000 + micros // 1000 + 3_600_000  # an hour ahead
+        ghost = '{"llama": [50, 500, {"ghost": [50, 500]}]}'
+        await probe.hset(f"{prefix}:{{traffic}}:by_gateway", "gw-gone", f"{ahead_ms} {ghost}")
+        await a.tick()
+        assert a.gateways == 1 and "ghost" not in a.fleet["llama"].keys
+        assert not await probe.hexists(f"{prefix}:{{traffic}}:by_gateway", "gw-gone")
+    finally:
+        await a.close()
+
+
+async def test_an_entry_larger_than_any_gateways_figures_is_not_read(
+    redis_server: RedisServer, probe: redis.asyncio.Redis
+) -> None:
+    """Every gateway reads every entry each interval and decodes it on its event loop: one entry of tens of MB (any
+    writer's; Redis takes 512 MB) cost each gateway its transfer, its memory and its parse every interval, for as
+    long as it was rewritten. An entry larger than this gateway's own figures can be at its traffic.max_keys (256
+    bytes a key, at least 1 MiB) is left out by the script, not sent, and said once."""
+    prefix, clock = f"test-{uuid.uuid4().hex}", Clock(0.0)
+    a, b = gateway(redis_server.url, prefix, "gw-a", clock), gateway(redis_server.url, prefix, "gw-b", clock)
+    try:
+        a.meter.record("llama", "acme", 10)
+        b.meter.record("llama", "globex", 10)
+        clock.advance(10)
+        await b.tick()
+        keys = ",".join(f'"k{i}": [1, 1]' for i in range(150_000))  # ~2.4 MB of readable figures
+        seconds, _ = await probe.time()
+        await probe.hset(
+            f"{prefix}:{{traffic}}:by_gateway", "gw-huge", f"{seconds * 1000} " + '{"llama": [1, 1, {' + keys + "}]}"
+        )
+        await a.tick()
+        assert a.gateways == 2 and set(a.fleet["llama"].keys) == {"acme", "globex"}
+        assert a.bytes_read < 1 << 20
     finally:
         await a.close()
         await b.close()
