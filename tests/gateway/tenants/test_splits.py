@@ -67,3 +67,19 @@ def test_each_response_names_its_variant_and_users_stay_on_theirs(tmp_path: Path
     assert all(len(variants) == 1 for variants in seen.values())  # sticky per user
     assert {v for variants in seen.values() for v in variants} == {"support-a", "support-b"}
     assert 'adapter="support-a"' in metrics and 'adapter="support-b"' in metrics  # labelled by variant
+
+
+def test_a_session_id_header_of_bytes_that_are_not_utf8_routes_like_any_other() -> None:
+    """aiohttp hands a header's bytes that are not UTF-8 on as lone surrogates (``b"\\xff"`` is ``"\\udcff"``), which
+    ``str.encode`` refuses: an x-session-id of such bytes raised UnicodeEncodeError out of the variant's pick and the
+    session's ring key, a 500 and a traceback for any client under a split or routing.affinity: session. The id's
+    bytes are hashed as they came: the same bytes, the same variant and key; other ids as before."""
+    directory = TenantDirectory(config(routing={"affinity": "session"}))
+    acme = directory.tenant("acme")
+    assert acme is not None
+    raw = "\udcff\udcfeab"  # aiohttp's reading of the header bytes ff fe 61 62
+    routed = [directory.route(acme, "support", raw, config().routing.model_copy(update={"affinity": "session"}))]
+    routed.append(directory.route(acme, "support", raw, config().routing.model_copy(update={"affinity": "session"})))
+    assert routed[0].target.model == routed[1].target.model and routed[0].key == routed[1].key != "acme"
+    plain = directory.route(acme, "support", "user-1", config().routing.model_copy(update={"affinity": "session"}))
+    assert plain.key.startswith("acme/")
