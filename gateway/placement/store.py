@@ -12,6 +12,11 @@ What operators set at run time (freeze, pins: the admin API) lives in the hash `
 which the poll returns to every gateway (the leader plans by it; the others report it to operators, whose request
 may land on any of them). Without Redis (``LocalHomesStore``) the gateway is its own leader and
 its table and operator settings live in the process.
+
+The gateway owns these keys: the poll deletes one of another Redis type than it writes there (someone SET a string
+where the operator's hash lives), whose content no gateway could read, and says so (logged once per key). Before,
+the poll's GET or HGETALL raised WRONGTYPE (``StoreUnavailable``) at every gateway and every interval: placement
+stopped for good, and the first look before serving failed, until an operator deleted the key.
 """
 
 from __future__ import annotations
@@ -44,10 +49,18 @@ end
 
 # KEYS: the lease, the table, the operator's settings. ARGV: this gateway's id, the version it has, the lease's
 # ttl (ms). Returns {1 if this gateway leads else 0, the table's version, the operator's settings (a flat
-# hash), the table (only when newer)}.
+# hash), the keys of another type it deleted ("key type"), the table (only when newer)}.
 _POLL = (
     _READABLE_VERSION
     + """
+local repaired = {}
+for i, kind in ipairs({'string', 'string', 'hash'}) do
+  local found = redis.call('TYPE', KEYS[i])['ok']
+  if found ~= 'none' and found ~= kind then
+    redis.call('DEL', KEYS[i])
+    repaired[#repaired + 1] = KEYS[i] .. ' ' .. found
+  end
+end
 local holder = redis.call('GET', KEYS[1])
 local leads = 0
 if holder == ARGV[1] then
@@ -60,13 +73,13 @@ end
 local operator = redis.call('HGETALL', KEYS[3])
 local stored = redis.call('GET', KEYS[2])
 if not stored then
-  return {leads, 0, operator}
+  return {leads, 0, operator, repaired}
 end
 local version = readable_version(stored)
 if version <= tonumber(ARGV[2]) then
-  return {leads, version, operator}
+  return {leads, version, operator, repaired}
 end
-return {leads, version, operator, string.sub(stored, string.find(stored, ' ') + 1)}
+return {leads, version, operator, repaired, string.sub(stored, string.find(stored, ' ') + 1)}
 """
 )
 
@@ -185,6 +198,7 @@ class RedisHomesStore:
         self._operator_key = f"{prefix}:{{placement}}:operator"
         self._poll = self._client.register_script(_POLL)
         self._publish = self._client.register_script(_PUBLISH)
+        self._repaired: set[str] = set()  # keys the poll found of another type, each said once
 
     async def poll(self, gateway_id: str, known_version: int) -> Polled:
         """Take or renew the lease; the table when newer than ``known_version`` (StoreUnavailable on failure). A
@@ -196,7 +210,12 @@ class RedisHomesStore:
                 self._poll(keys=[*self.keys, self._operator_key], args=[gateway_id, known_version, self._lease_ms]),
             )
         leads, version, flat = bool(int(reply[0])), int(reply[1]), [str(item) for item in reply[2]]
-        text = str(reply[3]) if len(reply) > 3 else None
+        for entry in reply[3]:
+            key, _, held = str(entry).rpartition(" ")
+            if key not in self._repaired:
+                self._repaired.add(key)
+                log.warning("placement store: %s held a %s, not what the gateway writes there: deleted", key, held)
+        text = str(reply[4]) if len(reply) > 4 else None
         operator = _operator(dict(zip(flat[::2], flat[1::2], strict=True)))
         table = None
         if text is not None:

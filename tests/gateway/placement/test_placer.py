@@ -525,3 +525,41 @@ async def test_a_key_sized_by_seats_unplans_the_lightest_key_in_the_table_the_fi
     finally:
         await placer.close()
         await fleet.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "write"),
+    [
+        pytest.param("homes", lambda c, k: c.hset(k, "version", "7"), id="table a hash"),
+        pytest.param("leader", lambda c, k: c.sadd(k, "gw-x"), id="lease a set"),
+        pytest.param("operator", lambda c, k: c.set(k, "frozen"), id="operator settings a string"),
+    ],
+)
+async def test_a_placement_key_of_another_type_is_repaired_not_the_store_down(
+    redis_server: RedisServer, adapters: dict[str, str], key: str, write: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone writes another Redis type where the table, the leader's lease or the operator's settings live: the
+    poll's GET or HGETALL raised WRONGTYPE, which is StoreUnavailable, at every gateway and every interval, so
+    placement stopped for good (no leader, no table read, the first look before serving failed) until an operator
+    deleted the key. The gateway owns these keys: the poll deletes one of another type (its content was unreadable
+    anyway), says so once, and placement goes on: a leader publishes, every gateway reads its table."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    settings = config(REPLICAS, adapters)
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    await write(client, f"{prefix}:{{placement}}:{key}")
+    store = RedisHomesStore(make_client(redis_server.url, 2.0), operation_timeout_s=2.0, lease_s=30.0, prefix=prefix)
+    fleet = Fleet(settings)
+    placer = Placer(store, "gw-a", clock=Clock(1000.0))
+    try:
+        await placer.first_look(fleet)
+        await placer.tick(settings, fleet, {})
+        assert placer.store_up and placer.leads and placer.table.version == 1
+        polled = await store.poll("gw-b", 0)
+        assert polled.version == 1 and polled.table is not None and polled.table.leader == "gw-a"
+        await store.set_frozen(True)
+        assert (await store.operator()).frozen
+        assert caplog.text.count(f"{key} held a") == 1
+    finally:
+        await client.aclose()
+        await placer.close()
+        await fleet.close()
