@@ -22,10 +22,19 @@ from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 # infinite), which another writer may have left. Minus infinity, or a debt past what PEXPIRE takes in milliseconds,
 # was written back, then failed the PEXPIRE: such a bucket never healed, and every gateway fell back on its local one
 # for good (the tenant's limit times the gateways).
+#
+# A key of another type than the HASH this writes (someone SET a string there) is deleted first: read as no bucket,
+# a full one, and written over. Its HMGET raised WRONGTYPE, which is StoreUnavailable, and the first lease to meet
+# it sent every limit of the gateway (the outage is shared by every tenant's) to its local bucket for FALLBACK_S,
+# again and again while the key stayed.
 _FINITE = """
 local function finite(x)
   if x == nil or x ~= x or x == math.huge or x == -math.huge then return nil end
   return x
+end
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  redis.call('DEL', KEYS[1])
 end
 """
 

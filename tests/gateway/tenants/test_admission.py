@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -305,6 +306,34 @@ async def test_a_bucket_another_writer_left_unreadable_still_leases(
         await shared.debit("acme:requests", 1, 60, 1.0)
         assert -3600 <= float(await writer.hget(bucket, "tokens") or "nan") <= 60
         assert 0 < await writer.pttl(bucket) <= 1000 * (60 + 3600) + 1000  # refilled from the floor, and a second
+    finally:
+        await writer.aclose()
+        await shared.close()
+
+
+@pytest.mark.parametrize(
+    "write", [lambda c, k: c.set(k, "5"), lambda c, k: c.sadd(k, "tokens")], ids=["a string", "a set"]
+)
+async def test_a_bucket_key_of_another_type_is_replaced_not_every_limit_local(
+    redis_server: RedisServer, write: Any
+) -> None:
+    """Someone SETs a string where a tenant's bucket HASH lives: both scripts' HMGET raised WRONGTYPE, which is
+    StoreUnavailable, and the first lease to meet it sent every limit of the gateway (each tenant's: the outage is
+    shared) to its local bucket for FALLBACK_S, again and again while the key stayed: every tenant's limit times
+    the gateways, with a warning every 5 s. The gateway owns the key: a key of another type is read as no bucket
+    (a full one), and written over."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    shared = RedisBuckets(redis_server.url, prefix=prefix, operation_timeout_s=5)
+    writer = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    bucket = shared.bucket("acme:requests", 60)
+    try:
+        await write(writer, bucket)
+        granted, wait = await shared.lease("acme:requests", 6, 1, 60, 1.0)
+        assert granted == 6.0 and wait == 0.0
+        await writer.delete(bucket)
+        await write(writer, bucket)
+        await shared.debit("acme:requests", 1, 60, 1.0)
+        assert await writer.type(bucket) == "hash"
     finally:
         await writer.aclose()
         await shared.close()
