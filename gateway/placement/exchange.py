@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 # largest entry read (bytes). Returns {{id, entry, ...}, {id, ...}}: the entries that are fresh, this gateway's
 # included, and the ids of those left out for their size.
 _SWAP = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  redis.call('DEL', KEYS[1])  -- another type (someone SET a string there): every gateway's swap failed for good
+end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local oldest, newest = now - tonumber(ARGV[3]), now + tonumber(ARGV[3])

@@ -247,3 +247,24 @@ async def test_an_entry_larger_than_any_gateways_figures_is_not_read(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_figures_key_of_another_type_is_replaced_not_the_exchange_down(
+    redis_server: RedisServer, probe: redis.asyncio.Redis
+) -> None:
+    """Someone SETs a string where the figures' hash lives: every gateway's swap raised WRONGTYPE (StoreUnavailable)
+    at every interval, and each placed by its own figures alone for good. The gateway owns the key: one of another
+    type is deleted and written again."""
+    prefix, clock = f"test-{uuid.uuid4().hex}", Clock(0.0)
+    a, b = gateway(redis_server.url, prefix, "gw-a", clock), gateway(redis_server.url, prefix, "gw-b", clock)
+    try:
+        a.meter.record("llama", "acme", 10)
+        b.meter.record("llama", "globex", 10)
+        clock.advance(10)
+        await probe.set(f"{prefix}:{{traffic}}:by_gateway", "not a hash")
+        await b.tick()
+        await a.tick()
+        assert a.exchange_up and a.gateways == 2 and set(a.fleet["llama"].keys) == {"acme", "globex"}
+    finally:
+        await a.close()
+        await b.close()
