@@ -43,6 +43,16 @@ ALIVE_S = 3 * HEARTBEAT_S  # a gateway not seen for this long is not waited for
 
 Answer = dict[str, Any]
 
+# Both scripts begin with this: the members key of another type than the gateway writes (someone SET a string
+# there) is deleted, read as no gateway yet, and the next heartbeats write it again. Its WRONGTYPE was every
+# heartbeat's and every reload's (StoreUnavailable): no reload reached another gateway, none listed missing.
+_OWNED = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'zset' then
+  redis.call('DEL', KEYS[1])
+end
+"""
+
 # KEYS: the members set; ARGV: this gateway's id, how long (s) a silent member is kept. Scores the heartbeat and
 # prunes on Redis' clock, in one script: every gateway reads the set by the same clock.
 _BEAT = """
@@ -81,8 +91,8 @@ class Fanout:
         self._subscriber = make_client(redis_url, operation_timeout_s, subscriber=True, cluster=cluster, access=access)
         self._channel = f"{prefix}:reload"
         self._members = f"{prefix}:gateways"
-        self._beat = self._client.register_script(_BEAT)
-        self._alive = self._client.register_script(_ALIVE)
+        self._beat = self._client.register_script(_OWNED + _BEAT)
+        self._alive = self._client.register_script(_OWNED + _ALIVE)
 
     async def running(self, app: web.Application) -> AsyncIterator[None]:
         """The app's cleanup context: follow the channel and keep this gateway's heartbeat while it serves."""

@@ -262,3 +262,30 @@ async def test_a_gateway_whose_clock_is_skewed_waits_for_the_live_and_prunes_nob
         await client.aclose()
         await fanout._client.aclose()
         await fanout._subscriber.aclose()
+
+
+async def test_a_members_key_of_another_type_is_replaced_and_the_reload_still_answers(
+    redis_server: RedisServer,
+) -> None:
+    """Someone SETs a string where the gateways' sorted set lives: every heartbeat and every reload's read of the
+    live gateways raised WRONGTYPE (StoreUnavailable), so no gateway's reload reached the others (and none was
+    listed missing) until an operator deleted the key. The gateway owns the key: one of another type is deleted,
+    and the heartbeat writes it again."""
+    prefix = f"test-{uuid.uuid4().hex}"
+
+    async def reload_here() -> dict[str, Any]:
+        return {"gateway": "here", "status": "reloaded"}
+
+    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=0.3)
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        await client.set(f"{prefix}:gateways", "not a sorted set")
+        answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
+        assert [a["gateway"] for a in answer["gateways"]] == ["here"] and answer["missing"] == []
+        await client.set(f"{prefix}:gateways", "not a sorted set")
+        await fanout._beat(keys=[f"{prefix}:gateways"], args=["gw-x", 150])
+        assert await client.zrange(f"{prefix}:gateways", 0, -1) == ["gw-x"]
+    finally:
+        await client.aclose()
+        await fanout._client.aclose()
+        await fanout._subscriber.aclose()
