@@ -6,7 +6,10 @@ replicas beside the fleet, as ``pool/replica`` names, and applies them to every 
 serves. With Redis the set lives in ``{prefix}:{drains}`` (a SET; the braces keep it in one Cluster slot): a drain
 is written there first (refused, and not made, while Redis does not answer), and every gateway reads the set
 every ``SYNC_S`` and applies it, so a drain or undrain through any gateway reaches all of them within that time.
-A replica the set names that the fleet does not have is ignored (it may come back with a reload).
+A replica the set names that the fleet does not have is ignored (it may come back with a reload). The gateway owns
+the key: one of another type (someone SET a string there) is deleted by the script that meets it, read as no drain,
+and written again by the next one. Its WRONGTYPE was every read's and every drain's: the last set known stayed, and
+no drain or undrain could be made, until an operator deleted the key.
 """
 
 from __future__ import annotations
@@ -29,6 +32,20 @@ log = logging.getLogger(__name__)
 
 SYNC_S = 1.0
 
+# KEYS: the set; ARGV: "add", "remove" or "read", then a name. The set's members (after the change).
+_DRAINS = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'set' then
+  redis.call('DEL', KEYS[1])
+end
+if ARGV[1] == 'add' then
+  redis.call('SADD', KEYS[1], ARGV[2])
+elseif ARGV[1] == 'remove' then
+  redis.call('SREM', KEYS[1], ARGV[2])
+end
+return redis.call('SMEMBERS', KEYS[1])
+"""
+
 
 class Drains:
     def __init__(
@@ -47,6 +64,7 @@ class Drains:
             if redis_url is None
             else make_client(redis_url, operation_timeout_s, cluster=cluster, access=access or NO_ACCESS)
         )
+        self._script = self._client.register_script(_DRAINS) if self._client is not None else None
 
     @property
     def shared(self) -> bool:
@@ -60,10 +78,9 @@ class Drains:
     async def set(self, pool: str, replica: str, drained: bool) -> None:
         """Drain or undrain; with Redis, every gateway's set first (``StoreUnavailable``: not made anywhere)."""
         name = self.name(pool, replica)
-        if self._client is not None:
+        if self._script is not None:
             async with redis_call("drain", self._timeout_s):
-                change = self._client.sadd(self._key, name) if drained else self._client.srem(self._key, name)
-                await cast(Awaitable[Any], change)
+                await cast(Awaitable[Any], self._script(keys=[self._key], args=["add" if drained else "remove", name]))
         if drained:
             self.drained.add(name)
         else:
@@ -71,10 +88,10 @@ class Drains:
 
     async def sync(self) -> None:
         """The shared set, when Redis answers (else the last one known stays)."""
-        if self._client is None:
+        if self._script is None:
             return
         async with redis_call("drains", self._timeout_s):
-            members = await cast(Awaitable[set[str]], self._client.smembers(self._key))
+            members = await cast(Awaitable[list[str]], self._script(keys=[self._key], args=["read", ""]))
         self.drained = set(members)
 
     def apply(self, fleet: Fleet) -> None:

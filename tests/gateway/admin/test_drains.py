@@ -12,8 +12,10 @@ from typing import Any
 
 import openai
 import pytest
+import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
+from gateway.admin.drains import Drains
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from loadtests.faultkit import GatewayUnderTest, SimReplica, sim_replicas
@@ -141,3 +143,24 @@ async def test_the_set_is_followed_only_where_other_gateways_change_it(
     async with TestClient(TestServer(create_app(GatewayConfig.model_validate(raw)))):
         followers = [task for task in asyncio.all_tasks() if task.get_name() == "drains" and not task.done()]
         assert len(followers) == (1 if shared else 0)
+
+
+async def test_a_drains_key_of_another_type_is_replaced_and_drains_work_again(redis_server: RedisServer) -> None:
+    """Someone SETs a string where the drained replicas' SET lives: every gateway's read of it (each second) and
+    every drain raised WRONGTYPE (StoreUnavailable): the last set known stayed, and no drain or undrain could be
+    made, until an operator deleted the key. The gateway owns the key: one of another type is read as no drain
+    (what it held was unreadable anyway), and the next drain writes it again."""
+    here, there = Drains(redis_server.url, prefix="t-drains"), Drains(redis_server.url, prefix="t-drains")
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        await client.set("t-drains:{drains}", "not a set")
+        await here.set("llama", "r0", True)
+        await there.sync()
+        assert there.drained == {"llama/r0"}
+        await client.set("t-drains:{drains}", "not a set")
+        await there.sync()
+        assert there.drained == set()
+    finally:
+        await client.aclose()
+        await here.close()
+        await there.close()
