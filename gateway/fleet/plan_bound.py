@@ -12,7 +12,17 @@ leaves only once every planned replica queues; else ``capacity_floor``). Past th
 too, where taking it pushes out no other key's planned adapter still in use: the adapter is already resident there
 beside every adapter planned there, a slot is free, or the adapter a load there would push out (the engine's least
 recently used idle one) is not planned there or no request used it for ``idle_s``. The pool then takes the off-set
-replica only when predicted faster than the best planned one by ``margin_ms`` (Pool._decide_confined). A request
+replica only when predicted faster than the best planned one by ``margin_ms`` (Pool._decide_confined).
+
+Where the pool states its seats, the rest of the off-set replicas compete too (``displace``): those where a load
+pushes out a planned adapter in use. Without them a key whose planned replicas are over their seats queues there
+without bound while every other slot holds a planned adapter in use: on the collide trace (16 adapters in 16 slots)
+both heavy tenants, confined to the count-balanced home they shared until the plan's first split six seconds in,
+queued 39 deep there while the other replicas ran 0-2 (TTFT p99 2.9-4.0 s against 0.65 s with balanced homes;
+docs/benchmarks.md). Such a replica is taken only when predicted faster than the best planned one by ``margin_ms``
+plus one adapter load (``PoolResidency.load_ms``): what the neighbour whose adapter it pushes out pays at its next
+request. Where seats are not stated a queue cannot be told from a batch (a noisy tenant's 32 streams on replicas
+that run 64 at once), and the bound stays as it was. A request
 whose planned replicas are all down, avoided (a retry) or at their cap is not confined.
 
 A key the plan left without a planned slot (``Pool.unplanned``: its slot paid for a heavy key's copy) goes to the
@@ -25,7 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from gateway.config import PlacementConfig
 from gateway.fleet.replica import Replica
@@ -60,6 +70,16 @@ class Pool(Protocol):
     def routed_load(self, replica_id: str, now: float) -> int: ...
 
 
+class Confined(NamedTuple):
+    """A confined request's candidates: its planned replicas (in the set's order), the replicas off the set it may
+    take too (empty until the queue bound is passed), and of those the ones where its load would push out a planned
+    adapter in use (taken only by a wider margin: ``Pool._decide_confined``)."""
+
+    inside: tuple[str, ...]
+    outside: tuple[str, ...] = ()
+    displace: frozenset[str] = frozenset()
+
+
 def split(
     pool: Pool,
     bound: PlanBound,
@@ -68,7 +88,7 @@ def split(
     order: tuple[str, ...],
     resident: frozenset[str],
     avoid: Collection[str],
-) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+) -> Confined | None:
     """The key's planned replicas a request may take (healthy, not avoided, under the per-replica cap), in the set's
     order, and the candidates off the set it may take too (empty until the queue bound is passed); None when the
     request is not confined (no planned replica it may take, or every candidate planned)."""
@@ -86,16 +106,19 @@ def split(
     now = time.monotonic()
     queue = bound.queue or pool.seats or pool.capacity_floor
     if any(pool.routed_load(r, now) < queue for r in inside):
-        return inside, ()
+        return Confined(inside)
     residency = pool.residency
-    outside = tuple(
-        r
-        for r in order
-        if r not in planned
-        and r not in avoid
-        and (_spare(residency, r, engine_model) if r in resident else residency.room_for(r, bound.idle_s))
-    )
-    return inside, outside
+    outside: list[str] = []
+    displace: list[str] = []
+    for r in order:
+        if r in planned or r in avoid:
+            continue
+        if _spare(residency, r, engine_model) if r in resident else residency.room_for(r, bound.idle_s):
+            outside.append(r)
+        elif pool.seats > 0:
+            outside.append(r)
+            displace.append(r)
+    return Confined(inside, tuple(outside), frozenset(displace))
 
 
 def _unplanned(
@@ -105,7 +128,7 @@ def _unplanned(
     order: tuple[str, ...],
     resident: frozenset[str],
     avoid: Collection[str],
-) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+) -> Confined | None:
     """An unplanned key's candidates: those of ``order`` (healthy, not avoided, under the cap) where its adapter is
     resident or a load takes a slot no planned adapter in use holds; None (not confined) where none is, or all."""
     replicas, cap, residency = pool.replicas, pool.max_in_flight_per_replica, pool.residency
@@ -120,7 +143,7 @@ def _unplanned(
     )
     if not room or len(room) == len(order):
         return None
-    return room, ()
+    return Confined(room)
 
 
 def _spare(residency: PoolResidency, replica_id: str, engine_model: str) -> bool:

@@ -19,7 +19,7 @@ from gateway.fleet import rings
 from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.one_pass import Entry, decide_plain
 from gateway.fleet.outlier import Failure
-from gateway.fleet.plan_bound import PlanBound, split
+from gateway.fleet.plan_bound import Confined, PlanBound, split
 from gateway.fleet.replica import Replica
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
@@ -324,7 +324,7 @@ class Pool:
         self,
         key: str,
         engine_model: str,
-        confined: tuple[tuple[str, ...], tuple[str, ...]],
+        confined: Confined,
         homes: frozenset[str],
         resident: frozenset[str],
         avoid: Collection[str],
@@ -332,8 +332,10 @@ class Pool:
     ) -> RoutingDecision:
         """The decision among the key's planned replicas, and, where plan_bound.split let some off the set compete
         (the queue bound passed), among those too: the off-set pick is taken only when predicted faster than the
-        planned one by the bound's margin (a policy that does not predict takes it as its own rule says)."""
-        inside, outside = confined
+        planned one by the bound's margin, and where its load pushes out a planned adapter in use by one adapter
+        load more (what that adapter's key pays at its next request); a policy that does not predict takes a pick
+        that pushes out nothing in use as its own rule says, and no other."""
+        inside, outside, displace = confined
         planned = self._decide_among(key, engine_model, inside, homes, resident, avoid, explain)
         if not outside or planned.chosen is None:
             return planned
@@ -342,10 +344,12 @@ class Pool:
         if chosen is None or chosen in inside:
             return planned
         assert self.plan_bound is not None
+        pushes_out = chosen in displace
+        margin = self.plan_bound.margin_ms + (self.residency.load_ms if pushes_out else 0.0)
         off, on = either.predictions.get(chosen), planned.predictions.get(planned.chosen or "")
-        if off is not None and on is not None and off.total_ms + self.plan_bound.margin_ms >= on.total_ms:
-            return planned
-        return either
+        if off is None or on is None:
+            return planned if pushes_out else either
+        return planned if off.total_ms + margin >= on.total_ms else either
 
     def _decide_among(
         self,

@@ -123,3 +123,25 @@ def test_with_the_pools_seats_stated_a_spill_may_leave_once_every_planned_replic
     assert pool.explain("k", "a").chosen == "r2"
     pool.seats, pool.capacity_floor = 0, 100
     assert pool.explain("k", "a").chosen == "r0"  # not stated: the capacity floor bounds it
+
+
+def test_with_seats_stated_a_planned_replica_far_over_them_may_push_out_a_planned_adapter_in_use() -> None:
+    """collide (docs/benchmarks.md, 2026-12-02 morning): with every off-set slot holding a planned adapter in use,
+    the two heavy keys confined to the home they shared queued 39 deep there while the other replicas ran 0-2. Where
+    the pool states its seats, such a replica competes too, taken when predicted faster than the best planned one
+    by the margin plus one adapter load (what the neighbour pushed out pays at its next request)."""
+    pool = planned_pool()
+    pool.plan_bound = PlanBound(queue=0, margin_ms=100.0, idle_s=5.0)
+    pool.residency.plan["r2"] = frozenset({"p", "q"})
+    for replica_id, names in (("r0", ("a",)), ("r1", ("x", "y")), ("r2", ("p", "q"))):
+        for name in names:
+            hold(pool, replica_id, name)  # every slot off the set: a planned adapter used just now
+    pool.seats = 4
+    load_ms = pool.residency.load_ms  # 460 ms from these priors (cold 500 less kv_cold 40)
+    pool.replicas["r0"].in_flight = 60  # r0 about 620 ms; r1 cold about 510 ms: faster, by less than 100 + 460
+    assert pool.explain("k", "a").chosen == "r0"
+    pool.replicas["r0"].in_flight = 60 + int((100 + load_ms) / 10)  # now faster by more than the margin and a load
+    assert pool.explain("k", "a").chosen in ("r1", "r2")
+    assert pool.place("k", "a").chosen in ("r1", "r2")
+    pool.seats = 0  # not stated: a queue cannot be told from a batch, the bound stays as it was
+    assert pool.explain("k", "a").chosen == "r0"
