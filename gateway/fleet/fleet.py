@@ -207,9 +207,15 @@ class Fleet:
         scrapes = self.scrapes
         if scrapes is not None and not scrapes.leading:
             health = pool.config.health
-            if scrapes.probes_heard(pool.name, 3 * (health.interval_s + health.timeout_s)):
+            if not scrapes.probes_heard(pool.name, 3 * (health.interval_s + health.timeout_s)):
+                await pool.probe()  # the leader's rounds stopped coming: this worker probes for itself meanwhile
                 return
-            await pool.probe()  # the leader's rounds stopped coming: this worker probes for itself meanwhile
+            # Replicas the leader's rounds do not name (its discovery or config differs from this worker's, e.g. a
+            # reload with ?scope=local): probed here, else their health stayed what the start-up probe said.
+            named = scrapes.probes_named(pool.name)
+            unnamed = [r.endpoint.id for r in pool.replicas.values() if r.endpoint.url not in named]
+            if unnamed:
+                await pool.probe(unnamed)
             return
         healthy = await pool.probe()
         if scrapes is not None:

@@ -14,8 +14,9 @@ leader is slow or gone: the view goes stale after three intervals and routing fa
 visibly (``tenantgate_engine_scrape_age_seconds``).
 
 Health probes go the same way: the leader probes every replica each ``health.interval_s`` and sends each pool's
-results (replica: answered healthy) to the others, which take them as their own probe (thresholds and the welcome
-back stay each worker's own bookkeeping, on the same results). A follower that has heard no probe round of a pool
+results (URL probed: answered healthy) to the others, which take them as their own probe (thresholds and the welcome
+back stay each worker's own bookkeeping, on the same results); a replica no round names (the workers' discovery or
+config differing for a while) is probed by the worker that has it. A follower that has heard no probe round of a pool
 for three rounds' time (``3 x (interval_s + timeout_s)``) probes it itself until the leader's come again, so a
 leader that is alive but not probing (stopped, its loop stuck, a reload that dropped the pool) never leaves the
 others blind. Each worker probing every replica itself was, at 4 replicas and 0.5 s, 8 requests a second per
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 # What a worker does with a scrape its leader sent: (pool, when it answered (time.monotonic), loads by replica).
 Apply = Callable[[str, float, dict[str, EngineLoad | None]], None]
-# What a worker does with a probe round its leader sent: (pool, healthy by replica).
+# What a worker does with a probe round its leader sent: (pool, healthy by the URL probed).
 ApplyProbes = Callable[[str, dict[str, bool]], None]
 _LOCK = "scrapes.lock"
 _SOCKET = "scrapes"
@@ -92,7 +93,7 @@ def decode(data: bytes) -> tuple[str, float, int, dict[str, EngineLoad | None]]:
 
 
 def decode_probes(data: bytes) -> tuple[str, int, dict[str, bool]]:
-    """(pool, the worker that probed, healthy by replica); ValueError (KeyError, TypeError) as ``decode``."""
+    """(pool, the worker that probed, healthy by the URL probed); ValueError (KeyError, TypeError) as ``decode``."""
     message = _message(data)
     if message.get("kind") != _PROBES:
         raise ValueError("not a probe round")
@@ -125,8 +126,9 @@ class HostScrapes:
         self._outboxes: dict[int, socket.socket] | None = None  # one per sibling (see _LEVEL), once started
         self._apply: Apply | None = None
         self._apply_probes: ApplyProbes | None = None
-        # When (time.monotonic) each pool's latest probe round came from the leader.
+        # When (time.monotonic) each pool's latest probe round came from the leader, and the URLs it probed.
         self._probed_at: dict[str, float] = {}
+        self._probed: dict[str, frozenset[str]] = {}
         self._lock_fd: int | None = None
         self._too_large_logged = False
 
@@ -158,6 +160,11 @@ class HostScrapes:
     def probes_heard(self, pool: str, within_s: float) -> bool:
         """Whether the leader's probe round of ``pool`` came within the last ``within_s`` (else probe it here)."""
         return time.monotonic() - self._probed_at.get(pool, -math.inf) <= within_s
+
+    def probes_named(self, pool: str) -> frozenset[str]:
+        """The URLs the leader's latest probe round of ``pool`` probed (a replica at another is this worker's to
+        probe)."""
+        return self._probed.get(pool, frozenset())
 
     def publish(self, pool: str, at: float, loads: Mapping[str, EngineLoad | None]) -> None:
         """Send one pool's scrape to every other worker (non-blocking; a sibling that cannot take it now misses it:
@@ -201,7 +208,7 @@ class HostScrapes:
                 if message.get("kind") == _PROBES:
                     pool, _, healthy = _probes(message)
                     if not self.leading:  # a leader that just took over may still receive its predecessor's last
-                        self._probed_at[pool] = time.monotonic()
+                        self._probed_at[pool], self._probed[pool] = time.monotonic(), frozenset(healthy)
                         apply_probes(pool, healthy)
                     continue
                 pool, at, _, loads = _scrape(message)

@@ -511,21 +511,24 @@ class Pool:
     def any_healthy(self) -> bool:
         return any(replica.healthy for replica in self.replicas.values())
 
-    async def probe(self) -> dict[str, bool]:
-        """Probe every replica's health and take the results; returns them (replica: answered healthy)."""
-        replicas = list(self.replicas.values())
+    async def probe(self, only: Collection[str] | None = None) -> dict[str, bool]:
+        """Probe the replicas (those of the ids in ``only``, else every one) and take the results; returns them by
+        the URL probed (answered healthy), which is what a sibling worker's round names: its replica of the same id
+        may be another, its config or discovery differing from this worker's for a while."""
+        replicas = [r for r in self.replicas.values() if only is None or r.endpoint.id in only]
         results = await asyncio.gather(*(self.driver.healthy(r.endpoint) for r in replicas))
-        healthy = {replica.endpoint.id: ok for replica, ok in zip(replicas, results, strict=True)}
+        healthy = {replica.endpoint.url: ok for replica, ok in zip(replicas, results, strict=True)}
         self.took_probes(healthy)
         return healthy
 
     def took_probes(self, healthy: Mapping[str, bool]) -> None:
-        """Take a probe round: this gateway's own, or under serve --workers the one its host's probing worker shared
-        (gateway/fleet/host_scrape.py). A replica the round does not name is left as it is."""
-        for replica_id, ok in healthy.items():
-            replica = self.replicas.get(replica_id)
-            if replica is None:  # a sibling worker serving another config for a moment (a reload under way)
+        """Take a probe round, by the URL probed: this gateway's own, or under serve --workers the one its host's
+        probing worker shared (gateway/fleet/host_scrape.py). A replica the round does not name is left as it is."""
+        for replica in self.replicas.values():
+            ok = healthy.get(replica.endpoint.url)
+            if ok is None:  # not probed in this round (a sibling's round for another config or discovery)
                 continue
+            replica_id = replica.endpoint.id
             health = replica.health
             if health.returning:
                 continue
