@@ -7,9 +7,10 @@ serves. With Redis the set lives in ``{prefix}:{drains}`` (a SET; the braces kee
 is written there first (refused, and not made, while Redis does not answer), and every gateway reads the set
 every ``SYNC_S`` and applies it, so a drain or undrain through any gateway reaches all of them within that time.
 A replica the set names that the fleet does not have is ignored (it may come back with a reload). The gateway owns
-the key: one of another type (someone SET a string there) is deleted by the script that meets it, read as no drain,
-and written again by the next one. Its WRONGTYPE was every read's and every drain's: the last set known stayed, and
-no drain or undrain could be made, until an operator deleted the key.
+the key: one of another type (someone SET a string there) is replaced by the script that meets it with the drains
+its gateway knows (read as no drain, every drained replica went back into service on every gateway within
+``SYNC_S``). Its WRONGTYPE was every read's and every drain's: the last set known stayed, and no drain or undrain
+could be made, until an operator deleted the key.
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ log = logging.getLogger(__name__)
 
 SYNC_S = 1.0
 
-# KEYS: the set; ARGV: "add", "remove" or "read", then a name. The set's members (after the change).
+# KEYS: the set; ARGV: "add", "remove" or "read", a name, then the drains this gateway knows. The set's members
+# (after the change). A key of another type is replaced by the drains this gateway knows: read as no drain, it put
+# every drained replica back into service on every gateway within SYNC_S.
 _DRAINS = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind ~= 'none' and kind ~= 'set' then
   redis.call('DEL', KEYS[1])
+  if #ARGV > 2 then
+    redis.call('SADD', KEYS[1], unpack(ARGV, 3))
+  end
 end
 if ARGV[1] == 'add' then
   redis.call('SADD', KEYS[1], ARGV[2])
@@ -80,7 +86,8 @@ class Drains:
         name = self.name(pool, replica)
         if self._script is not None:
             async with redis_call("drain", self._timeout_s):
-                await cast(Awaitable[Any], self._script(keys=[self._key], args=["add" if drained else "remove", name]))
+                args = ["add" if drained else "remove", name, *sorted(self.drained)]
+                await cast(Awaitable[Any], self._script(keys=[self._key], args=args))
         if drained:
             self.drained.add(name)
         else:
@@ -91,7 +98,8 @@ class Drains:
         if self._script is None:
             return
         async with redis_call("drains", self._timeout_s):
-            members = await cast(Awaitable[list[str]], self._script(keys=[self._key], args=["read", ""]))
+            args = ["read", "", *sorted(self.drained)]
+            members = await cast(Awaitable[list[str]], self._script(keys=[self._key], args=args))
         self.drained = set(members)
 
     def apply(self, fleet: Fleet) -> None:

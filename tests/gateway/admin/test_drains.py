@@ -148,8 +148,9 @@ async def test_the_set_is_followed_only_where_other_gateways_change_it(
 async def test_a_drains_key_of_another_type_is_replaced_and_drains_work_again(redis_server: RedisServer) -> None:
     """Someone SETs a string where the drained replicas' SET lives: every gateway's read of it (each second) and
     every drain raised WRONGTYPE (StoreUnavailable): the last set known stayed, and no drain or undrain could be
-    made, until an operator deleted the key. The gateway owns the key: one of another type is read as no drain
-    (what it held was unreadable anyway), and the next drain writes it again."""
+    made, until an operator deleted the key. The gateway owns the key: one of another type is replaced by the
+    drains the gateway that meets it knew (read as no drain, it put every drained replica back into service on
+    every gateway within SYNC_S: a replica taken out for maintenance took traffic again), and drains work again."""
     here, there = Drains(redis_server.url, prefix="t-drains"), Drains(redis_server.url, prefix="t-drains")
     client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
     try:
@@ -159,7 +160,14 @@ async def test_a_drains_key_of_another_type_is_replaced_and_drains_work_again(re
         assert there.drained == {"llama/r0"}
         await client.set("t-drains:{drains}", "not a set")
         await there.sync()
-        assert there.drained == set()
+        assert there.drained == {"llama/r0"} and await client.smembers("t-drains:{drains}") == {"llama/r0"}
+        await client.set("t-drains:{drains}", "not a set")
+        await here.set("llama", "r1", True)  # a change meeting it keeps the known drains too
+        await there.sync()
+        assert there.drained == {"llama/r0", "llama/r1"}
+        await here.set("llama", "r0", False)
+        await there.sync()
+        assert there.drained == {"llama/r1"}
     finally:
         await client.aclose()
         await here.close()
