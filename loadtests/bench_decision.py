@@ -26,8 +26,14 @@ work"): its p99 is what the machine alone does to a call that long. The share of
 (20 us: the scheduler issue's target for p99) and the load average over each run are printed too. Each fleet runs
 in a fresh process, so its build time and RSS growth (VmRSS from /proc after the measurements, less VmRSS before
 the pool was built: the pool, its ring and what the calls left behind, such as reservations and memos) are its own.
-Above 100 replicas the sample counts shrink in proportion (``--full`` keeps them) so the default run stays within
-about two minutes on 2 cores; the counts used are printed under the tables.
+Above 100 replicas the seen-before and explain counts shrink in proportion (``--full`` keeps them) so the default
+run stays within about two minutes on 2 cores; the counts used are printed under the tables. The first sights do
+not shrink: they cost little time, and the pool's per-key tables (a key's candidates, reservation and recent
+replicas) double at sizes spaced by powers of two, the first sight that crosses one rehashing all three, so of n
+first sights on a new pool about log2(n) pay it: 8 of 500 (1.6%, enough to be the p99 on their own), 11 of 5,000
+(0.2%). The same count at every fleet size gives every fleet the same share of them. ``--causes`` classes each
+first sight by what it did besides deciding (grew those tables, took a minor page fault) and prints each class's
+share and p50 / p99.
 
     python -m loadtests.bench_decision [--replicas 16,64,256,1000] [--keys 100000] [--calls 20000] [--runs 3]
 """
@@ -43,9 +49,9 @@ import os
 import random
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest, EngineResponse
@@ -62,7 +68,8 @@ RESIDENT_SHARE = 0.10
 # What every replica's engine says of itself when scraped: idle, with vLLM's default --max-loras GPU slots. With
 # predicted_ttft the gateway scrapes every routing.load_scrape_interval_s, so a decision reads a scrape as here.
 IDLE_ENGINE = EngineLoad(running=0, waiting=0, kv_cache_usage=0.0, running_adapters=frozenset(), gpu_slots=1)
-# Above this many replicas the sample counts shrink in proportion (unless --full).
+# Above this many replicas the seen-before and explain counts shrink in proportion (unless --full); first sights do
+# not (see the module docstring).
 FULL_SAMPLES_UP_TO = 100
 
 
@@ -113,6 +120,8 @@ class FleetResult:
     build_s: float
     rss_growth_mb: float
     samples: Samples
+    # With --causes, per first sight what it did besides deciding (CAUSES); else empty.
+    first_sight_causes: list[str] = field(default_factory=list)
 
 
 async def _no_publish(body: str) -> None:
@@ -176,6 +185,38 @@ def _timed(call: Callable[[str], None], keys: Sequence[str], clock: Callable[[],
     return [ns / 1000 for ns in spent]
 
 
+# What a first sight did besides deciding, as --causes classes it: grew the pool's per-key tables (the dicts behind a
+# key's candidates, reservation and recent replicas), took a minor page fault, both, or neither ("").
+CAUSES = ("", "fault", "tables", "tables+fault")
+
+
+def _timed_causes(
+    call: Callable[[str], None], keys: Sequence[str], clock: Callable[[], int], tables: Sequence[Mapping[str, object]]
+) -> tuple[list[float], list[str]]:
+    """``_timed`` with each call's cause (CAUSES): the tables' sizes and the process's minor faults read around each
+    call, outside its clock reads (a system call between calls: a --causes run's timings are its own)."""
+    spent, causes = [0] * len(keys), [""] * len(keys)
+    usage, me = resource.getrusage, resource.RUSAGE_SELF
+
+    def sizeof(table: Mapping[str, object]) -> int:
+        return dict.__sizeof__(table)  # the dict's own table (an OrderedDict's links left out)
+
+    gc.collect()
+    gc.disable()
+    try:
+        for i, key in enumerate(keys):
+            sizes, faults = [sizeof(table) for table in tables], usage(me).ru_minflt
+            started = clock()
+            call(key)
+            spent[i] = clock() - started
+            grew = any(sizeof(table) != size for table, size in zip(tables, sizes, strict=True))
+            faulted = usage(me).ru_minflt > faults
+            causes[i] = "+".join(name for name, hit in (("tables", grew), ("fault", faulted)) if hit)
+    finally:
+        gc.enable()
+    return [ns / 1000 for ns in spent], causes
+
+
 def _work(steps: int) -> int:
     """Pure Python work of a fixed length (the same-length work's body)."""
     total = 0
@@ -205,9 +246,10 @@ def run_fleet(
     clock: str = "wall",
     prefill: int = 0,
     shared: bool = False,
+    causes: bool = False,
 ) -> FleetResult:
     """One fleet, measured in this process (the parent runs each in a fresh one) with ``clock`` (CLOCKS), after
-    ``prefill`` decisions for other keys, each once (untimed)."""
+    ``prefill`` decisions for other keys, each once (untimed); with ``causes``, each first sight's cause too."""
     timer = CLOCKS[clock]
     rng = random.Random(seed)
     tenants = [f"tenant-{i}" for i in range(keys)]
@@ -237,7 +279,12 @@ def run_fleet(
 
     for index in range(prefill):  # a long-running gateway's pool has seen more keys than it remembers
         place_release(f"prefill-{index}")
-    first_sight = _timed(place_release, first_keys, timer)
+    first_causes: list[str] = []
+    if causes:
+        tables = (pool._orders, pool.reservations._keys, pool.recent_served)
+        first_sight, first_causes = _timed_causes(place_release, first_keys, timer, tables)
+    else:
+        first_sight = _timed(place_release, first_keys, timer)
     decided = set(first_keys)
     to_warm = [key for key in dict.fromkeys(drawn) if key not in decided]
     for key in to_warm:  # untimed: every drawn key has been decided once
@@ -248,7 +295,9 @@ def run_fleet(
     rss_growth = _rss_mb() - rss_before
     reference = _same_length_work(_pct(seen_before, 0.5), len(seen_before), timer)
     used = Samples(samples.first_sight, samples.calls, samples.explain, warmed=len(to_warm))
-    return FleetResult(replicas, first_sight, seen_before, explain_us, reference, build_s, rss_growth, used)
+    return FleetResult(
+        replicas, first_sight, seen_before, explain_us, reference, build_s, rss_growth, used, first_causes
+    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -258,7 +307,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def _samples(replicas: int, keys: int, first_sight: int, calls: int, full: bool) -> Samples:
     scale = 1.0 if full else min(1.0, FULL_SAMPLES_UP_TO / replicas)
-    first = max(100, min(keys, round(first_sight * scale)))
+    first = max(100, min(keys, first_sight))
     drawn = max(100, round(calls * scale))
     return Samples(first, drawn, max(100, drawn // 5))
 
@@ -294,8 +343,12 @@ def main() -> None:
                         "requests (as with Redis): the shared load view's lookups run")  # fmt: skip
     parser.add_argument("--prefill", type=int, default=0, help="decide this many other keys first, each "
                         "once (untimed): over the pool's memos (65,536) is a long-running gateway")  # fmt: skip
+    parser.add_argument("--causes", action="store_true", help="class each first sight by what it did besides "
+                        "deciding (grew the pool's per-key tables, took a page fault) and print each class's "
+                        "share and p50 / p99")  # fmt: skip
     parser.add_argument("--target-us", type=float, default=20.0, help="report the share of calls over this")
-    parser.add_argument("--full", action="store_true", help=f"no smaller samples above {FULL_SAMPLES_UP_TO} replicas")
+    parser.add_argument("--full", action="store_true", help="no smaller seen-before "
+                        f"samples above {FULL_SAMPLES_UP_TO} replicas")  # fmt: skip
     args = parser.parse_args()
     sizes = [int(size) for size in args.replicas.split(",")]
     clocks = [clock for clock in args.clock.split(",") if clock]
@@ -331,15 +384,36 @@ def main() -> None:
                         clock,
                         args.prefill,
                         args.shared,
+                        args.causes,
                     ).result()
                 results[replicas].append(result)
                 used[replicas] = result.samples
             loads.append(f"{before:.1f}-{os.getloadavg()[0]:.1f}")
         _print_table(clock, results, args.target_us)
+        if args.causes:
+            _print_causes(results)
         print(f"load average (1 min) at the start and end of each run: {', '.join(loads)}")
     print("samples used (first sight keys / seen-before calls, their drawn keys decided beforehand / explain calls):")
     for replicas, samples in used.items():
         print(f"{replicas:>8}: {samples.first_sight} / {samples.calls}, {samples.warmed} warmed / {samples.explain}")
+
+
+def _print_causes(results: dict[int, list[FleetResult]]) -> None:
+    """Per fleet and class of first sight (CAUSES): its share of the first sights and its p50 / p99, each the
+    lowest-highest over the runs (a run without such first sights leaves the cell's figures out)."""
+    print("first sights by what they did besides deciding: share, p50 / p99 (lowest-highest over the runs)")
+    for replicas, runs in results.items():
+        cells = []
+        for cause in CAUSES:
+            shares = [100 * r.first_sight_causes.count(cause) / len(r.first_sight_causes) for r in runs]
+            times = [
+                [us for us, why in zip(r.first_sight_us, r.first_sight_causes, strict=True) if why == cause]
+                for r in runs
+            ]
+            times = [values for values in times if values]
+            figures = f" {_p50_p99(times)}" if times else ""
+            cells.append(f"{cause or 'neither'} {_span(shares)}%{figures}")
+        print(f"{replicas:>8} | " + " | ".join(cells))
 
 
 def _print_table(clock: str, results: dict[int, list[FleetResult]], target_us: float) -> None:
