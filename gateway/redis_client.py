@@ -44,6 +44,24 @@ class RedisAccess:
 
 NO_ACCESS = RedisAccess()
 
+# The keys the gateway writes are its own. One holding another Redis type than the gateway writes there (someone SET
+# a string where a hash lives) made every command on it raise WRONGTYPE, which is StoreUnavailable: the feature on
+# that key stayed down until an operator deleted it. Every script on such keys begins with this: ``owned(i, kind)``
+# deletes KEYS[i] when it holds another type than ``kind`` (what it held no gateway could read), notes "key type"
+# in ``repaired`` (for a script that reports it) and says whether it did.
+OWNED_LUA = """
+local repaired = {}
+local function owned(i, kind)
+  local found = redis.call('TYPE', KEYS[i])['ok']
+  if found ~= 'none' and found ~= kind then
+    redis.call('DEL', KEYS[i])
+    repaired[#repaired + 1] = KEYS[i] .. ' ' .. found
+    return true
+  end
+  return false
+end
+"""
+
 
 def secret(environ: Mapping[str, str], env: str | None, file: str | None, what: str) -> str | None:
     """A secret from the environment variable ``env`` or the file ``file`` (a mounted Secret; its trailing newline

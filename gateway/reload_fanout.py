@@ -30,7 +30,14 @@ from typing import Any, cast
 from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.redis_client import NO_ACCESS, RedisAccess, channel_messages, make_client, redis_call
+from gateway.redis_client import (
+    NO_ACCESS,
+    OWNED_LUA,
+    RedisAccess,
+    channel_messages,
+    make_client,
+    redis_call,
+)
 from gateway.residency.store import StoreUnavailable
 from gateway.tasks import cancel_and_wait
 
@@ -46,12 +53,7 @@ Answer = dict[str, Any]
 # Both scripts begin with this: the members key of another type than the gateway writes (someone SET a string
 # there) is deleted, read as no gateway yet, and the next heartbeats write it again. Its WRONGTYPE was every
 # heartbeat's and every reload's (StoreUnavailable): no reload reached another gateway, none listed missing.
-_OWNED = """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'none' and kind ~= 'zset' then
-  redis.call('DEL', KEYS[1])
-end
-"""
+_OWNED = OWNED_LUA + "owned(1, 'zset')\n"
 
 # KEYS: the members set; ARGV: this gateway's id, how long (s) a silent member is kept. Scores the heartbeat and
 # prunes on Redis' clock, in one script: every gateway reads the set by the same clock.

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from gateway.appkeys import STATE
 from gateway.fleet.fleet import Fleet
-from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, OWNED_LUA, RedisAccess, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 from gateway.tasks import cancel_and_wait
 
@@ -36,13 +36,11 @@ SYNC_S = 1.0
 # KEYS: the set; ARGV: "add", "remove" or "read", a name, then the drains this gateway knows. The set's members
 # (after the change). A key of another type is replaced by the drains this gateway knows: read as no drain, it put
 # every drained replica back into service on every gateway within SYNC_S.
-_DRAINS = """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'none' and kind ~= 'set' then
-  redis.call('DEL', KEYS[1])
-  if #ARGV > 2 then
-    redis.call('SADD', KEYS[1], unpack(ARGV, 3))
-  end
+_DRAINS = (
+    OWNED_LUA
+    + """
+if owned(1, 'set') and #ARGV > 2 then
+  redis.call('SADD', KEYS[1], unpack(ARGV, 3))
 end
 if ARGV[1] == 'add' then
   redis.call('SADD', KEYS[1], ARGV[2])
@@ -51,6 +49,7 @@ elseif ARGV[1] == 'remove' then
 end
 return redis.call('SMEMBERS', KEYS[1])
 """
+)
 
 
 class Drains:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable
 from typing import Any, cast
 
 from gateway.observe.traffic import PoolTraffic, Rate, Traffic, TrafficMeter, merge
-from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, OWNED_LUA, RedisAccess, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,10 @@ log = logging.getLogger(__name__)
 # KEYS: the hash; ARGV: this gateway's id, its figures (JSON), how old (or how far ahead) an entry may be (ms), the
 # largest entry read (bytes). Returns {{id, entry, ...}, {id, ...}}: the entries that are fresh, this gateway's
 # included, and the ids of those left out for their size.
-_SWAP = """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'none' and kind ~= 'hash' then
-  redis.call('DEL', KEYS[1])  -- another type (someone SET a string there): every gateway's swap failed for good
-end
+_SWAP = (
+    OWNED_LUA
+    + """
+owned(1, 'hash')  -- another type (someone SET a string there): every gateway's swap failed for good
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local oldest, newest = now - tonumber(ARGV[3]), now + tonumber(ARGV[3])
@@ -56,6 +55,7 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {fresh, large}
 """
+)
 
 # The bytes a key's figures may take in an entry (``encode``'s are ~30-50), for the largest entry read: 256 per key of
 # this gateway's traffic.max_keys, and at least MIN_ENTRY_BYTES.

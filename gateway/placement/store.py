@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from gateway.placement.table import HomesTable, decode, encode
-from gateway.redis_client import Client, redis_call
+from gateway.redis_client import OWNED_LUA, Client, redis_call
 from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -52,15 +52,11 @@ end
 # hash), the keys of another type it deleted ("key type"), the table (only when newer)}.
 _POLL = (
     _READABLE_VERSION
+    + OWNED_LUA
     + """
-local repaired = {}
-for i, kind in ipairs({'string', 'string', 'hash'}) do
-  local found = redis.call('TYPE', KEYS[i])['ok']
-  if found ~= 'none' and found ~= kind then
-    redis.call('DEL', KEYS[i])
-    repaired[#repaired + 1] = KEYS[i] .. ' ' .. found
-  end
-end
+owned(1, 'string')
+owned(2, 'string')
+owned(3, 'hash')
 local holder = redis.call('GET', KEYS[1])
 local leads = 0
 if holder == ARGV[1] then

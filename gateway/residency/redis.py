@@ -34,7 +34,7 @@ from typing import Any, cast
 from redis.exceptions import ResponseError
 
 from gateway.observe.metrics import GatewayMetrics
-from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, OWNED_LUA, RedisAccess, make_client, redis_call
 from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, Uses
 
 log = logging.getLogger(__name__)
@@ -43,19 +43,9 @@ log = logging.getLogger(__name__)
 # offset is kept. Far wider than any skew between hosts whose clocks are kept at all.
 MAX_CLOCK_GAP_S = 86_400.0
 
-# Every script begins with this: ``owned(i, type)`` deletes KEYS[i] if it holds another type than the gateway writes
-# there, and notes it in ``repaired`` ("key type", the script's answer's last item: ``_repairs``). A lock of another
-# type is held by no gateway; a resident or pinned key of another type holds nothing this version can read.
-_OWNED = """
-local repaired = {}
-local function owned(i, kind)
-  local found = redis.call('TYPE', KEYS[i])['ok']
-  if found ~= 'none' and found ~= kind then
-    redis.call('DEL', KEYS[i])
-    repaired[#repaired + 1] = KEYS[i] .. ' ' .. found
-  end
-end
-"""
+# Every script begins with OWNED_LUA (gateway/redis_client.py) and answers ``repaired`` as its last item
+# (``_repaired``): a lock of another type is held by no gateway; a resident or pinned key of another type holds
+# nothing this version can read.
 
 # KEYS: lock; ARGV: holder, ttl in ms. 1 when the holder has the lock (taken, or re-taken with its ttl refreshed).
 _ACQUIRE = """
@@ -190,10 +180,10 @@ class RedisStore:
         # No retries: a store that does not answer must fail fast, the caller falls back to its local view.
         self._client = make_client(url, operation_timeout_s, cluster=cluster, access=access)
         script = self._client.register_script
-        self._acquire, self._release = script(_OWNED + _ACQUIRE), script(_OWNED + _RELEASE)
-        self._renew, self._break = script(_OWNED + _RENEW), script(_OWNED + _BREAK)
-        self._add, self._remove = script(_OWNED + _ADD), script(_OWNED + _REMOVE)
-        self._reconcile, self._record = script(_OWNED + _RECONCILE), script(_OWNED + _RECORD)
+        self._acquire, self._release = script(OWNED_LUA + _ACQUIRE), script(OWNED_LUA + _RELEASE)
+        self._renew, self._break = script(OWNED_LUA + _RENEW), script(OWNED_LUA + _BREAK)
+        self._add, self._remove = script(OWNED_LUA + _ADD), script(OWNED_LUA + _REMOVE)
+        self._reconcile, self._record = script(OWNED_LUA + _RECONCILE), script(OWNED_LUA + _RECORD)
         self._clock = script(_CLOCK)
 
     def _keys(self, pool: str, replica: str) -> tuple[str, str, str]:

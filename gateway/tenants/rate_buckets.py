@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, OWNED_LUA, RedisAccess, make_client, redis_call
 
 # Both scripts read a field that is not a finite number as missing, and keep a debt to at most an hour's refill (60
 # times the per-minute capacity): Lua's tonumber takes "inf", "-inf" and "nan" (and a figure past a double as
@@ -27,16 +27,16 @@ from gateway.redis_client import NO_ACCESS, RedisAccess, make_client, redis_call
 # a full one, and written over. Its HMGET raised WRONGTYPE, which is StoreUnavailable, and the first lease to meet
 # it sent every limit of the gateway (the outage is shared by every tenant's) to its local bucket for FALLBACK_S,
 # again and again while the key stayed.
-_FINITE = """
+_FINITE = (
+    OWNED_LUA
+    + """
 local function finite(x)
   if x == nil or x ~= x or x == math.huge or x == -math.huge then return nil end
   return x
 end
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'none' and kind ~= 'hash' then
-  redis.call('DEL', KEYS[1])
-end
+owned(1, 'hash')
 """
+)
 
 # KEYS: bucket; ARGV: want, need, capacity, per_s. Returns {granted, wait_s} as strings (floats survive that way).
 _LEASE = (
