@@ -19,7 +19,8 @@ the script that meets it, which says so (``ReplicaRecord.repaired``; logged, and
 ``tenantgate_residency_store_repairs_total{key}``): the lifecycle rebuilds that replica's record from its engine's
 listing at its next sync. Before, every call on the replica raised WRONGTYPE, which is ``StoreUnavailable``: the
 pool's store counted as down (routing from the local view, ``/readyz`` saying so) until an operator deleted the key.
-A touch (``ZADD XX``) skips such a key: the next read repairs it.
+A touch (``ZADD XX``) skips such a key: the next read repairs it. A write (an add, a remove) that repaired one
+kept only its own change, so the replica's next read says that repair too.
 """
 
 from __future__ import annotations
@@ -177,6 +178,9 @@ class RedisStore:
         self._timeout_s = operation_timeout_s
         self._repairs_counted = metrics.store_repairs if metrics is not None else None
         self._repairs_logged: set[str] = set()
+        # Record keys a write (an add, a remove) repaired, per replica, until its next read says so: the write kept
+        # only its own adapter, and the lifecycle learns from a read that the rest is to rebuild from the engine.
+        self._repaired_by_writes: dict[tuple[str, str], frozenset[str]] = {}
         # No retries: a store that does not answer must fail fast, the caller falls back to its local view.
         self._client = make_client(url, operation_timeout_s, cluster=cluster, access=access)
         script = self._client.register_script
@@ -216,7 +220,8 @@ class RedisStore:
         async with self._call("record"):
             # A script, not MULTI: one atomic read that works the same on a Redis Cluster (one slot per replica).
             reply = await cast(Awaitable[list[Any]], self._record(keys=list(self._keys(pool, replica))))
-        return _record_from(reply, self._repaired(reply)[1])
+        repaired = self._repaired(reply)[1] | self._repaired_by_writes.pop((pool, replica), frozenset())
+        return _record_from(reply, repaired)
 
     async def acquire(self, pool: str, replica: str, holder: str, ttl_s: float) -> bool:
         lock_key = self._keys(pool, replica)[2]
@@ -247,14 +252,22 @@ class RedisStore:
         keys = list(self._keys(pool, replica)[:2])
         async with self._call("add"):
             reply = await cast(Awaitable[list[Any]], self._add(keys=keys, args=[used_at, adapter, int(pinned)]))
-        self._repaired(reply)
+        self._written(pool, replica, reply)
 
     async def remove(self, pool: str, replica: str, adapters: Collection[str]) -> None:
         if not adapters:
             return
         keys = list(self._keys(pool, replica)[:2])
         async with self._call("remove"):
-            self._repaired(await cast(Awaitable[list[Any]], self._remove(keys=keys, args=list(adapters))))
+            reply = await cast(Awaitable[list[Any]], self._remove(keys=keys, args=list(adapters)))
+        self._written(pool, replica, reply)
+
+    def _written(self, pool: str, replica: str, reply: list[Any]) -> None:
+        """A write's answer: a record key it repaired is said by the replica's next read (``record``)."""
+        repaired = self._repaired(reply)[1]
+        if repaired:
+            where = (pool, replica)
+            self._repaired_by_writes[where] = self._repaired_by_writes.get(where, frozenset()) | repaired
 
     async def touch(self, uses: Uses) -> None:
         if not uses:
@@ -278,6 +291,7 @@ class RedisStore:
             reply = await cast(
                 Awaitable[list[Any]], self._reconcile(keys=list(keys), args=[now, *dict.fromkeys(on_engine)])
             )
+        self._repaired_by_writes.pop((pool, replica), None)  # rebuilt from the engine: nothing left to say
         return _record_from(reply, self._repaired(reply)[1])
 
     async def clock(self) -> float | None:

@@ -36,8 +36,9 @@ class ReplicaRecord:
     pinned: frozenset[str] = frozenset()
     # "owner adapter" of the load or eviction holding the replica's lock, if any
     lock_holder: str | None = None
-    # The keys of this record (resident, pinned, lock) the store found of another type and deleted as it read
-    # (gateway/residency/redis.py): the record lacks what they held, and the lifecycle rebuilds it from the engine.
+    # The keys of this record (resident, pinned, lock) the store found of another type and deleted, as it read or in
+    # a write since the last read (gateway/residency/redis.py): the record lacks what they held, and the lifecycle
+    # rebuilds it from the engine.
     repaired: frozenset[str] = frozenset()
 
 

@@ -135,3 +135,37 @@ async def test_a_sync_that_meets_a_bad_record_key_keeps_the_store_up_and_rebuild
     finally:
         await raw.aclose()
         await store.close()
+
+
+@pytest.mark.parametrize(
+    ("which", "write"),
+    [
+        pytest.param("resident", lambda store: store.add("llama", "r0", "c", 7.0), id="resident, by an add"),
+        pytest.param("pinned", lambda store: store.remove("llama", "r0", ["b"]), id="pinned, by a remove"),
+    ],
+)
+async def test_a_repair_by_a_write_is_reported_by_the_replicas_next_read(
+    redis_server: RedisServer, which: str, write: Callable[[RedisStore], Awaitable[object]]
+) -> None:
+    """A write (an add, a remove) that meets a record key of another type deletes it too, and with it what the
+    record held but the adapter written. Only a read said so, so the lifecycle took the rest for gone: its view of
+    the replica lost the adapters (or pins) another gateway had recorded there, and nothing rebuilt the record from
+    the engine. The replica's next read says what was repaired since its last one, once; a reconciliation, which
+    rebuilds the record, clears it."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    store = RedisStore(redis_server.url, prefix=prefix, operation_timeout_s=5)
+    raw = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        await store.add("llama", "r0", "a", 1.0, pinned=True)
+        await raw.delete(f"{prefix}:{{llama:r0}}:{which}")
+        await raw.set(f"{prefix}:{{llama:r0}}:{which}", "not what the gateway writes")
+        await write(store)
+        assert (await store.record("llama", "r0")).repaired == {which}
+        assert not (await store.record("llama", "r0")).repaired
+        await raw.set(f"{prefix}:{{llama:r0}}:{which}", "again")
+        await write(store)
+        await store.reconcile("llama", "r0", ["a"], now=9.0)
+        assert not (await store.record("llama", "r0")).repaired
+    finally:
+        await raw.aclose()
+        await store.close()
