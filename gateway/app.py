@@ -273,7 +273,8 @@ def create_app(
     async def placement_tick() -> None:
         # Homes from traffic only with routing.home_placement: traffic (a reload may turn it on or off).
         if state.started and state.config.routing.home_placement == "traffic":
-            await placer.tick(state.config, state.serving.fleet, traffic.fleet)
+            measured = traffic.meter.measured_s() >= state.config.traffic.window_s
+            await placer.tick(state.config, state.serving.fleet, traffic.fleet, measured=measured)
 
     async def placement_first_look(app: web.Application) -> AsyncIterator[None]:
         """The stored homes table, read before the gateway listens (its ticks begin an interval later)."""

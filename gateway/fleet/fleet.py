@@ -81,6 +81,8 @@ class InstalledHomes:
     # where a load pushes out no planned adapter in use (gateway/fleet/plan_bound.py).
     unplanned: Mapping[str, frozenset[str]] = field(default_factory=dict)
     why: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Planned from a whole window of traffic (placement's HomesTable.measured): only then are spills confined.
+    measured: bool = True
 
 
 class Fleet:
@@ -126,9 +128,6 @@ class Fleet:
             self.pools[pool_config.name] = Pool(
                 pool_config, config.routing, driver, residency, config.limits.max_in_flight_per_replica
             )
-        if config.routing.home_placement == "traffic":  # spills kept on the plan's replica sets
-            for pool in self.pools.values():
-                pool.plan_bound = PlanBound.of(config.placement)
         if config.routing.home_placement != "ring":  # balanced, and traffic's homes start from balanced ones
             keys = homed_keys(homes_from or config)
             for name, pool in self.pools.items():
@@ -173,9 +172,14 @@ class Fleet:
     def install_homes(self, table: InstalledHomes) -> None:
         """Route each pool by the placement table's routed sets and plan its fill by its planned ones (the routed
         sets with the members still warming)."""
+        # Spills kept on the plan's replica sets once a table planned from a whole window of traffic is in force:
+        # before it the sets are count-balanced homes no traffic chose, and a key confined to one it shares with
+        # another heavy key queues there (docs/benchmarks.md, 2026-12-02 morning).
+        confining = self.config.routing.home_placement == "traffic" and table.version > 0 and table.measured
         for name, pool in self.pools.items():
             pool.ring.install(table.routed.get(name, {}))
             pool.unplanned = table.unplanned.get(name, frozenset())
+            pool.plan_bound = PlanBound.of(self.config.placement) if confining else None
         self.homes = table
         self.order_fill_by(self._traffic)
 

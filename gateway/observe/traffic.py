@@ -79,13 +79,17 @@ class TrafficMeter:
         self.max_keys = max_keys
         self.max_keys_per_interval = max_keys_per_interval
         self._clock = clock
-        self._folded_at = clock()
+        self._started = self._folded_at = clock()
         # (pool, key) -> [requests, tokens, spills, busy seconds] now
         self._counts: dict[tuple[str, str], list[float]] = {}
         self._totals: dict[str, list[float]] = {}  # pool -> [requests, tokens] this interval, every key
         self._keys: dict[tuple[str, str], Rate] = {}  # the average, the busiest max_keys
         self._pool_totals: dict[str, Rate] = {}
         self.dropped_keys = 0  # newcomers past max_keys_per_interval, counted only in their pool's total
+
+    def measured_s(self) -> float:
+        """How long this meter has counted: the average covers less than ``window_s`` of traffic before that."""
+        return self._clock() - self._started
 
     def record(self, pool: str, key: str, tokens: float, spilled: bool = False, busy_s: float = 0.0) -> None:
         """One request of ``key`` in ``pool`` that used ``tokens`` (prompt and completion), ``spilled`` off the

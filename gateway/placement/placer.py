@@ -70,14 +70,19 @@ class Placer:
         self._warming: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         # One tick at a time: the interval's, or the switch a finished warm-up brings forward.
         self._lock = asyncio.Lock()
-        self._last: tuple[GatewayConfig, Fleet, Traffic] | None = None
+        self._last: tuple[GatewayConfig, Fleet, Traffic, bool] | None = None
         self._switch: asyncio.Task[None] | None = None
 
-    async def tick(self, config: GatewayConfig, fleet: Fleet, traffic: Traffic) -> None:
-        """One interval: poll, plan and publish when leading, warm what moves, install the table into ``fleet``."""
+    async def tick(self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, *, measured: bool = True) -> None:
+        """One interval: poll, plan and publish when leading, warm what moves, install the table into ``fleet``.
+        ``measured``: this gateway's traffic covers a whole ``traffic.window_s``. Until then a leader plans from no
+        traffic (the pins and evacuations only; a leader that took over a measured table keeps it) and its table
+        says so (``HomesTable.measured``), so that routing confines no spill to sets no traffic chose: the
+        count-balanced homes, where collide's two heavy tenants queued 39 deep on the replica they shared until a
+        plan from the first seconds of a moving average split them (docs/benchmarks.md, 2026-12-02 morning)."""
         async with self._lock:
-            self._last = (config, fleet, traffic)
-            await self._tick(config, fleet, traffic, plan_moves=True)
+            self._last = (config, fleet, traffic, measured)
+            await self._tick(config, fleet, traffic, plan_moves=True, measured=measured)
 
     async def first_look(self, fleet: Fleet) -> None:
         """Read the stored table once and route ``fleet`` by it, before this gateway serves; lead (plan, publish)
@@ -102,9 +107,12 @@ class Placer:
         those stay once per interval)."""
         async with self._lock:
             if self._last is not None and self.leads:
-                await self._tick(*self._last, plan_moves=False)
+                config, fleet, traffic, measured = self._last
+                await self._tick(config, fleet, traffic, plan_moves=False, measured=measured)
 
-    async def _tick(self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, *, plan_moves: bool) -> None:
+    async def _tick(
+        self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, *, plan_moves: bool, measured: bool
+    ) -> None:
         try:
             polled = await self.store.poll(self.gateway_id, self.table.version)
         except StoreUnavailable as exc:
@@ -126,7 +134,14 @@ class Placer:
             # with nothing changed, or no gateway could read the table again.
             unreadable = polled.version > self.table.version
             version = max(polled.version, self.table.version) + 1
-            await self._lead(config, fleet, traffic, version, plan_moves, republish=unreadable)
+            # Before a whole window of traffic: no traffic to plan by, and a measured table (a leader before this
+            # one planned it) kept as it is; once a table is measured it stays so.
+            kept = self.table.measured and self.table.version > 0
+            plan_moves = plan_moves and (measured or not kept)
+            traffic = traffic if measured else {}
+            await self._lead(
+                config, fleet, traffic, version, plan_moves, republish=unreadable, measured=measured or kept
+            )
         self.install(fleet)
 
     def install(self, fleet: Fleet) -> None:
@@ -137,6 +152,7 @@ class Placer:
         fleet.install_homes(
             InstalledHomes(
                 self.table.version,
+                measured=self.table.measured,
                 routed={name: pool.routed() for name, pool in pools.items()},
                 planned={
                     name: {key: _union(members, pool.warming.get(key, ())) for key, members in pool.homes.items()}
@@ -149,7 +165,15 @@ class Placer:
         self._installed = (fleet, self.table.version)
 
     async def _lead(
-        self, config: GatewayConfig, fleet: Fleet, traffic: Traffic, version: int, plan_moves: bool, *, republish: bool
+        self,
+        config: GatewayConfig,
+        fleet: Fleet,
+        traffic: Traffic,
+        version: int,
+        plan_moves: bool,
+        *,
+        republish: bool,
+        measured: bool,
     ) -> None:
         settings, planning = config.placement, plan_settings(config)
         now = self._clock()
@@ -159,8 +183,8 @@ class Placer:
         entries = keyed_adapters(config, fleet.pools)
         for name, pool in fleet.pools.items():
             adapters = _adapters_by_key(entries[name])
-            measured = traffic.get(name)
-            rates = measured.keys if measured else {}
+            pool_traffic = traffic.get(name)
+            rates = pool_traffic.keys if pool_traffic else {}
             before = self.table.pools.get(name, PoolTable())
             planned, changed = await self._plan_pool(
                 settings, planning, pool, before, adapters, rates, known.get(name, set()), now, plan_moves
@@ -168,9 +192,9 @@ class Placer:
             pools[name] = planned
             moves += changed
             self._warm(pool, planned, adapters)
-        if pools == dict(self.table.pools) and not republish:
+        if pools == dict(self.table.pools) and measured == self.table.measured and not republish:
             return
-        table = HomesTable(version, self.gateway_id, pools, moves)
+        table = HomesTable(version, self.gateway_id, pools, moves, measured)
         try:
             written = await self.store.publish(self.gateway_id, table)
         except StoreUnavailable as exc:

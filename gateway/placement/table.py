@@ -40,6 +40,10 @@ class HomesTable:
     pools: Mapping[str, PoolTable] = field(default_factory=dict)
     # Keys whose set changed in the interval that made this version (per pool), for the metric.
     moves: int = 0
+    # Planned from a whole window of traffic (traffic.window_s): before that a leader applies only the pins and
+    # evacuations, and routing confines no spill to the sets (gateway/fleet/fleet.py, install_homes). A table of the
+    # version before this flag counts as measured, as it confined then.
+    measured: bool = True
 
 
 EMPTY = HomesTable()
@@ -50,6 +54,7 @@ def encode(table: HomesTable) -> str:
         "version": table.version,
         "leader": table.leader,
         "moves": table.moves,
+        "measured": table.measured,
         "pools": {
             name: {
                 "homes": {k: list(v) for k, v in pool.homes.items()},
@@ -103,4 +108,7 @@ def decode(text: str) -> HomesTable:
             raise ValueError(f"not a whole number: {raw!r}") from exc
 
     pools = {str(name): pool_table(pool) for name, pool in dict(body["pools"]).items()}
-    return HomesTable(whole(body["version"]), str(body["leader"]), pools, whole(body["moves"]))
+    measured = body.get("measured", True)
+    if not isinstance(measured, bool):
+        raise ValueError(f"measured is not a boolean: {measured!r}")
+    return HomesTable(whole(body["version"]), str(body["leader"]), pools, whole(body["moves"]), measured)

@@ -14,6 +14,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,39 @@ async def test_frozen_or_pinned_keys_stay_put(adapters: dict[str, str]) -> None:
         await placer.tick(plain, fleet, traffic)
         planned = placer.table.pools["llama"].homes
         assert all(planned.get(t, before[t]) == before[t] for t in heavy)
+    finally:
+        await placer.close()
+        await fleet.close()
+
+
+async def test_no_key_is_confined_until_a_table_planned_from_a_whole_window_of_traffic_is_in_force(
+    adapters: dict[str, str],
+) -> None:
+    """collide (docs/benchmarks.md, 2026-12-02 morning): the first table was published at start-up, before any
+    traffic, so every key was confined to its count-balanced home, and the two heavy tenants that share one queued
+    39 deep there until the plan, measuring a few seconds of a moving average, split them at 6.8 s. Now a leader
+    plans nothing until its traffic covers a window, and the fleet routes as balanced homes do (spills unconfined)
+    until a table is in force."""
+    settings = config(REPLICAS, adapters)
+    fleet = Fleet(settings)
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    try:
+        pool = fleet.pools["llama"]
+        assert pool.plan_bound is None  # no table yet: spills go where predicted faster, as with balanced homes
+        traffic = colliding(fleet)
+        before = homes(fleet)
+        await placer.tick(settings, fleet, traffic, measured=False)
+        assert placer.leads and not placer.table.measured and not placer.table.pools["llama"].homes
+        assert homes(fleet) == before and pool.plan_bound is None
+        await placer.tick(settings, fleet, traffic)  # a whole window measured: the first plan splits the pair
+        assert placer.table.measured and placer.table.pools["llama"].homes and pool.plan_bound is not None
+        await placer.tick(settings, fleet, traffic, measured=False)  # a leader's young meter keeps the table
+        assert placer.table.measured and pool.plan_bound is not None
+        # On the wire: a table of the version before the flag was planned by traffic (it confined then).
+        assert not decode_table(encode_table(replace(placer.table, measured=False))).measured
+        older = json.loads(encode_table(placer.table))
+        del older["measured"]
+        assert decode_table(json.dumps(older)).measured
     finally:
         await placer.close()
         await fleet.close()
