@@ -957,3 +957,23 @@ def test_the_readmes_seat_sizing_figures_are_the_benchmarks_table() -> None:
     assert f"its cold loads {collide[0]} against {balanced[0]}" in readme
     light, light_balanced = collide[3].split(" (")[0], balanced[3].split(" (")[0]
     assert f"light tenants' p99 {light} against {light_balanced}" in readme
+
+
+def test_the_readmes_confinement_exit_figures_are_the_benchmarks_table() -> None:
+    """README, Homes from traffic: collide's and hot's figures with confinement given an exit and a measured first
+    table are what docs/benchmarks.md's "Collide: why traffic homes queued" table says."""
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    section = benchmarks[benchmarks.index("### Collide: why traffic homes queued") :]
+    section = section[: section.index("\n### ")]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith(("| collide ", "| hot ")):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[", ".join(cells[:3])] = cells[3:]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    collide = rows["collide, exit + window, traffic homes"]
+    balanced = rows["collide, exit + window, balanced homes"]
+    assert f"collide's TTFT p99 with traffic homes is {collide[1]} against balanced homes' {balanced[1]}" in readme
+    assert f"its cold loads {collide[0]} against {balanced[0]}" in readme
+    hot, hot_balanced = rows["hot, exit + window, traffic homes"], rows["hot, exit + window, balanced homes"]
+    assert f"hot's TTFT p99 {hot[1]} against {hot_balanced[1]}" in readme
