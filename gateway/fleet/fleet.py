@@ -192,8 +192,7 @@ class Fleet:
             life = pool.residency
             loops: list[tuple[float, Callable[[], Awaitable[None]], str]] = [
                 (pool.config.health.interval_s, partial(self._probe, pool), "health probe"),
-                (residency.use_flush_interval_s, life.flush_uses, "use flush"),
-                (residency.use_flush_interval_s, partial(life.trim_over_bound, pool.is_healthy), "over-bound trim"),
+                (residency.use_flush_interval_s, partial(self._flush_and_trim, pool), "use flush and over-bound trim"),
                 (residency.sync_interval_s, life.sync, "residency sync"),
                 (residency.reconcile_interval_s, life.reconcile, "reconciliation"),
                 (residency.evict_interval_s, partial(life.evict_idle, pool.is_healthy), "eviction"),
@@ -203,6 +202,17 @@ class Fleet:
                 asyncio.create_task(every(interval, work, f"{what} of pool {pool.name}"), name=f"{what} {pool.name}")
                 for interval, work, what in loops
             ]
+
+    @staticmethod
+    async def _flush_and_trim(pool: Pool) -> None:
+        """The use flush, then the over-bound trim: one timer for the two chores of the same interval (a wake-up
+        every ``use_flush_interval_s`` instead of two, in every worker); a failed flush does not skip the trim."""
+        life = pool.residency
+        try:
+            await life.flush_uses()
+        except Exception:
+            log.exception("use flush of pool %s failed", pool.name)
+        await life.trim_over_bound(pool.is_healthy)
 
     async def _probe(self, pool: Pool) -> None:
         """Probe the pool's replicas, unless another worker on this host does it for this one (its rounds arrive

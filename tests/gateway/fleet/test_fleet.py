@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from backends.base import AdapterRef, Endpoint
-from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
+from gateway.config import GatewayConfig, PoolConfig, ResidencyConfig, RoutingConfig
+from gateway.fleet.fleet import Fleet
 from gateway.fleet.pool import Pool
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
+from gateway.tenants.identity import hash_key
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
 
 
@@ -102,3 +105,40 @@ async def test_a_lease_with_nowhere_to_go_holds_nothing_and_says_why() -> None:
             ["no_healthy_replica"],
         )
     assert pool.in_flight == 0
+
+
+async def test_the_use_flush_and_the_over_bound_trim_share_one_timer_and_a_failed_flush_skips_no_trim() -> None:
+    """Both run every ``residency.use_flush_interval_s``: one timer wakes for the two (in every worker under serve
+    --workers), the flush first; a flush that fails is logged and the trim still runs."""
+    replicas = [{"id": "r0", "url": "http://127.0.0.1:1000"}]
+    config = GatewayConfig.model_validate(
+        {
+            "pools": [{"name": "llama", "backend": "vllm", "base_model": "m", "replicas": replicas}],
+            "adapters": [{"name": "a", "pool": "llama", "source": "/loras/a"}],
+            "tenants": [{"id": "acme", "api_keys": [hash_key("acme")], "adapters": ["a"]}],
+        }
+    )
+    fleet = Fleet(config)
+    pool = fleet.pools["llama"]
+    pool.driver = pool.residency.driver = FakeDriver(FakeEngine())
+    ran: list[str] = []
+
+    async def flush() -> None:
+        ran.append("flush")
+        raise RuntimeError("store away")
+
+    async def trim(healthy: Callable[[str], bool]) -> None:
+        ran.append("trim")
+
+    pool.residency.flush_uses = flush  # type: ignore[method-assign]
+    pool.residency.trim_over_bound = trim  # type: ignore[method-assign]
+    try:
+        await fleet.start()
+        names = [task.get_name() for task in fleet._tasks]
+        assert "use flush and over-bound trim llama" in names
+        assert not any(name.startswith(("use flush llama", "over-bound trim")) for name in names)
+        await Fleet._flush_and_trim(pool)
+        assert ran[-2:] == ["flush", "trim"]
+    finally:
+        pool.residency.flush_uses = lambda: asyncio.sleep(0)  # type: ignore[method-assign]
+        await fleet.close()
