@@ -9,7 +9,7 @@ beyond that (chat content part types, ``chat_template_kwargs`` keys) is checked 
 
 from __future__ import annotations
 
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import is_
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
@@ -218,16 +218,23 @@ def _check_prompt(prompt: Any) -> int:
         if kinds == _INT_OR_STR:
             strings = list(compress(prompt, map(is_, types, repeat(str))))
             return 4 * (len(prompt) - len(strings)) + sum(map(len, strings))
-    raise InvalidRequest("'prompt' is required: a non-empty string or list.", param="prompt")
+        # A batch of token-id prompts (OpenAI's fourth shape): each a non-empty list of integers, read by C loops too.
+        if kinds == _LIST and all(prompt) and set(map(type, chain.from_iterable(prompt))) == _INT:
+            return 4 * sum(map(len, prompt))
+    raise InvalidRequest(
+        "'prompt' is required: a non-empty string, list of strings, list of token ids or list of token-id lists.",
+        param="prompt",
+    )
 
 
-_INT, _STR, _INT_OR_STR = frozenset({int}), frozenset({str}), frozenset({int, str})
+_INT, _STR, _INT_OR_STR, _LIST = frozenset({int}), frozenset({str}), frozenset({int, str}), frozenset({list})
 
 
 def _prompts(prompt: Any) -> int:
     """How many prompts a (checked) completions ``prompt`` holds: a list of strings is a batch, each prompt answered
-    with its own ``n`` choices (an engine reads a list of integers as one prompt's token ids)."""
-    if isinstance(prompt, list) and set(map(type, prompt)) == _STR:
+    with its own ``n`` choices, and so is a list of token-id lists (an engine reads a list of integers as one prompt's
+    token ids)."""
+    if isinstance(prompt, list) and frozenset(map(type, prompt)) in (_STR, _LIST):
         return len(prompt)
     return 1
 

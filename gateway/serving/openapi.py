@@ -224,6 +224,12 @@ SPEC: dict[str, Any] = {
                         "oneOf": [
                             {"type": "string", "minLength": 1},
                             {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                            {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+                            {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+                            },
                         ]
                     },
                 },

@@ -86,12 +86,22 @@ def _adapter_for(engine: SimEngine, model: Any) -> str | None:
 
 
 def _completion_prompts(body: dict[str, Any]) -> list[str]:
-    """The completions request's prompts: one, or a batch (a list of strings), each answered as its own request."""
+    """The completions request's prompts: one, or a batch (a list of strings, or of token-id lists), each answered
+    as its own request. Token ids are read as text of their numbers (the simulator has no tokenizer)."""
     prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(_token_ids(p) for p in prompt):
+        return [" ".join(map(str, p)) for p in prompt]
+    if isinstance(prompt, list) and _token_ids(prompt):
+        return [" ".join(map(str, prompt))]
     prompts = prompt if isinstance(prompt, list) else [prompt]
     if not prompts or not all(isinstance(p, str) and p for p in prompts):
         raise _bad_request("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
     return [str(p) for p in prompts]
+
+
+def _token_ids(prompt: Any) -> bool:
+    """A non-empty list of integers (vLLM's prompt of token ids)."""
+    return isinstance(prompt, list) and bool(prompt) and all(type(p) is int for p in prompt)
 
 
 def _chat_prompt(body: dict[str, Any]) -> str:
