@@ -20,6 +20,7 @@ from gateway.config import AdminConfig, ConfigError
 from gateway.errors import AdminDisabled, AuthenticationFailed, RequestRateLimited
 from gateway.serving.connections import authenticated
 from gateway.tenants.admission import Bucket
+from gateway.tenants.directory import sent_bytes
 from gateway.tenants.identity import bearer, within
 
 MIN_TOKEN_CHARS = 32
@@ -133,9 +134,8 @@ def login_failed(request: web.Request, address: str) -> None:
 
 
 def same_token(presented: str, expected: str) -> bool:
-    """In constant time. compare_digest refuses a str with non-ASCII characters: bytes, then; aiohttp keeps
-    undecodable header bytes as surrogate escapes, which plain encode() refuses too."""
-    return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode())
+    """In constant time. compare_digest refuses a str with non-ASCII characters: bytes, then, as sent."""
+    return hmac.compare_digest(sent_bytes(presented), expected.encode())
 
 
 def require_bearer(request: web.Request, tokens: Sequence[str], refusal: str) -> None:

@@ -37,7 +37,7 @@ class Target:
         if not self.variants:
             return self
         key = f"{tenant_id}/{self.model}/{user if user is not None else secrets.token_hex(8)}"
-        point = int.from_bytes(hashlib.blake2b(_bytes(key), digest_size=8).digest(), "big") / 2**64
+        point = int.from_bytes(hashlib.blake2b(sent_bytes(key), digest_size=8).digest(), "big") / 2**64
         return next((target for bound, target in self.variants if point < bound), self.variants[-1][1])
 
 
@@ -162,14 +162,14 @@ def affinity_key(routing: RoutingConfig, tenant: Tenant, target: Target, session
         return target.model
     if routing.affinity == "session" and session_id:
         # A digest, not the id itself: a session id is client input of any length, and keys are kept (ring memo).
-        return f"{tenant.id}/{hashlib.blake2b(_bytes(session_id), digest_size=12).hexdigest()}"
+        return f"{tenant.id}/{hashlib.blake2b(sent_bytes(session_id), digest_size=12).hexdigest()}"
     return tenant.id
 
 
-def _bytes(text: str) -> bytes:
-    """A client's id as the bytes it sent: aiohttp hands a header's bytes that are not UTF-8 on as lone surrogates
-    (``b"\xff"`` is ``"\udcff"``), which ``str.encode`` refuses (an x-session-id of such bytes was a 500 and a
-    traceback under a split or session affinity); valid text encodes as before, so no key or variant moves."""
+def sent_bytes(text: str) -> bytes:
+    """A header's text as the bytes the client sent: aiohttp hands a header's bytes that are not UTF-8 on as lone
+    surrogates (``b"\xff"`` is ``"\udcff"``), which ``str.encode`` refuses (an x-session-id, an API key or an admin
+    token of such bytes was a 500 and a traceback); valid text encodes as before, so no key, hash or variant moves."""
     return text.encode("utf-8", "surrogateescape")
 
 

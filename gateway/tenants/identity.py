@@ -14,13 +14,12 @@ from multidict import MultiMapping
 
 from gateway.config import AuthConfig
 from gateway.errors import AuthenticationFailed, InvalidRequest
-from gateway.tenants.directory import Tenant, TenantDirectory
+from gateway.tenants.directory import Tenant, TenantDirectory, sent_bytes
 
 
 def hash_key(api_key: str) -> str:
-    """The stored form of an API key. aiohttp hands undecodable header bytes over as surrogate escapes, which
-    plain ``encode()`` refuses (a 500 once): they are hashed as the bytes that were sent."""
-    return "sha256:" + hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
+    """The stored form of an API key, hashed as the bytes that were sent (``sent_bytes``)."""
+    return "sha256:" + hashlib.sha256(sent_bytes(api_key)).hexdigest()
 
 
 def identify(directory: TenantDirectory, headers: Mapping[str, str], peer: str | None, auth: AuthConfig) -> Tenant:
