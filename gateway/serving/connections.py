@@ -84,9 +84,13 @@ class GuardedHandler(RequestHandler):
         self.current: web.BaseRequest | None = None
         self.head_at = 0.0
         self.requests = 0
-        # The body being received (until its end, after its request was answered too) and the bytes received since.
+        # The body being received (until its end, after its request was answered too), the bytes received since, and
+        # the body's bytes already parsed when counting began (the rest of the read that held the request's head):
+        # framing is weighed against the body received since, or that first read's body would widen the allowance
+        # by ten times its size at 1-byte-chunk framing.
         self.receiving: StreamReader | None = None
         self.received = 0
+        self.body_before = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -106,7 +110,7 @@ class GuardedHandler(RequestHandler):
             self.received += len(data)
             if body.is_eof():
                 self.receiving = None
-            elif self.received > FRAMING_SLACK_BYTES + FRAMING_SHARE * body.total_bytes:
+            elif self.received > FRAMING_SLACK_BYTES + FRAMING_SHARE * (body.total_bytes - self.body_before):
                 self.receiving = None
                 self.guard.close(self, "body_framing")
 
@@ -114,6 +118,7 @@ class GuardedHandler(RequestHandler):
         self.current, self.head_at, self.first_byte_at = request, self.guard.now(), None
         self.requests += 1
         self.receiving, self.received = (None if request.content.is_eof() else request.content), 0
+        self.body_before = request.content.total_bytes
 
     def ended(self) -> None:
         self.current, self.idle_since = None, self.guard.now()

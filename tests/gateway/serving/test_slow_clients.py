@@ -5,6 +5,7 @@ the aiohttp version in use: they are what to run when aiohttp moves."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import resource
 from collections.abc import AsyncIterator, Callable
@@ -246,4 +247,25 @@ async def test_a_body_of_tiny_chunks_is_closed_when_its_framing_outweighs_it(
     writer.write(chunked_head(GOOD_KEY) + (b"12c\r\n" + b"y" * 300 + b"\r\n") * 3_000 + b"0\r\n\r\n")
     await writer.drain()
     assert (await reader.readuntil(b"900000")).startswith(b"HTTP/1.1 200")
+    writer.close()
+
+
+@pytest.mark.parametrize(("size", "closed"), [(25, False), (16, True)], ids=["framing 24%", "framing 37.5%"])
+async def test_a_bodys_framing_may_pass_it_by_a_quarter_and_no_more(
+    serve: Callable[..., Any], size: int, closed: bool
+) -> None:
+    """README's "a quarter": a 1,000,000-byte body in 25-byte chunks (6 bytes of framing each, 24%) is served; in
+    16-byte chunks (37.5%) it passes the body by a quarter plus the slack once about 520 KB are in, and is closed."""
+    server = await serve()
+    reader, writer = await server.connect()
+    chunk = f"{size:x}\r\n".encode() + b"z" * size + b"\r\n"
+    writer.write(chunked_head(GOOD_KEY) + chunk * (1_000_000 // size) + b"0\r\n\r\n")
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+        await writer.drain()
+    if closed:
+        assert b"HTTP/1.1 200" not in await closed_by_server(reader)
+        assert server.closed("body_framing") == 1
+    else:
+        assert (await reader.readuntil(b"1000000")).startswith(b"HTTP/1.1 200")
+        assert server.closed("body_framing") == 0
     writer.close()
