@@ -142,19 +142,6 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
-def depth(value: Any) -> int:
-    """How deeply ``value`` nests, walked with an explicit stack (a recursive walk overflows Python's stack)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, level)
-        stack.extend((child, level + 1) for child in children if isinstance(child, dict | list))
-    return deepest
-
-
 def _refusal(raw: bytes, detail: str) -> RefusedInput:
     if "surrogate" in detail or "UTF-8" in detail:
         return RefusedInput(f"The request body is not valid Unicode: {detail}", "unicode")

@@ -16,10 +16,24 @@ from hypothesis import strategies as st
 from gateway.app import create_app
 from gateway.config import GatewayConfig, LimitsConfig
 from gateway.errors import InvalidRequest
-from gateway.serving.json_body import RefusedInput, depth, dumps, parse_object
+from gateway.serving.json_body import RefusedInput, dumps, parse_object
 from gateway.serving.openai_request import parse_inference
 from loadtests.fleet import api_key
 from tests.gateway.serving.test_request_walk import config
+
+
+def depth(value: Any) -> int:
+    """How deeply ``value`` nests, walked with an explicit stack: the reference the gateway's byte-level check
+    (``_structure``, ``_deeper``) must agree with; the gateway walked bodies this way before 7941640."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children if isinstance(child, dict | list))
+    return deepest
 
 
 @pytest.mark.parametrize(
