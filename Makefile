@@ -149,9 +149,14 @@ $(PEERS)/py-spy/.installed:
 
 # make bench's seeds: one by default (about 20 minutes); docs/benchmarks.md's figures are BENCH_SEEDS=17,18,19.
 BENCH_SEEDS ?= 17
+comma := ,
 
+# The routing traces, then the start-up case of issue 19 (every adapter fits, GPU-like load cost, traffic after the
+# gateway is ready): one run per seed, since its traffic has no randomness of its own and the machine's load is the
+# spread.
 bench: venv
 	$(BIN)/python -m loadtests.bench_routing --trace all --seconds 20 --seeds $(BENCH_SEEDS) --out bench-results
+	$(BIN)/python -m loadtests.no_empty_slot --repeats $(words $(subst $(comma), ,$(BENCH_SEEDS)))
 
 bench-overhead: venv
 	$(BIN)/python -m loadtests.bench_overhead
