@@ -68,7 +68,7 @@ def registry_key(state: StateConfig, admin_token: str, environ: Mapping[str, str
     return derived_key(admin_token) if admin_token else None
 
 
-def _fleet_traffic(config: GatewayConfig, access: RedisAccess) -> FleetTraffic:
+def _fleet_traffic(config: GatewayConfig, access: RedisAccess, metrics: GatewayMetrics) -> FleetTraffic:
     """This gateway's traffic meter, and with Redis the exchange that merges it with the other gateways'."""
     settings = config.traffic
     meter = TrafficMeter(settings.window_s, settings.max_keys, settings.max_keys_per_interval)
@@ -77,7 +77,7 @@ def _fleet_traffic(config: GatewayConfig, access: RedisAccess) -> FleetTraffic:
         exchange = TrafficExchange(
             config.state.redis_url, operation_timeout_s=config.state.operation_timeout_s,
             stale_after_s=3 * settings.interval_s, cluster=config.state.cluster, access=access,
-            max_keys=settings.max_keys,
+            max_keys=settings.max_keys, repairs=metrics.key_repairs,
         )  # fmt: skip
     return FleetTraffic(meter, GATEWAY_ID, settings.max_keys, exchange)
 
@@ -96,14 +96,17 @@ def _every(
     return context
 
 
-def _placer(config: GatewayConfig, access: RedisAccess) -> Placer:
+def _placer(config: GatewayConfig, access: RedisAccess, metrics: GatewayMetrics) -> Placer:
     """Homes from traffic: the table in Redis, led by whichever gateway holds the lease; else this gateway's own."""
     store: HomesStore = LocalHomesStore()
     state, url = config.state, config.state.redis_url
     if url is not None:
         client = make_client(url, state.operation_timeout_s, cluster=state.cluster, access=access)
         lease_s = 3 * config.placement.interval_s
-        store = RedisHomesStore(client, operation_timeout_s=state.operation_timeout_s, lease_s=lease_s)
+        store = RedisHomesStore(
+            client, operation_timeout_s=state.operation_timeout_s, lease_s=lease_s,
+            repairs=metrics.key_repairs,
+        )  # fmt: skip
     return Placer(store, GATEWAY_ID)
 
 
@@ -189,6 +192,7 @@ def create_app(
             operation_timeout_s=config.state.operation_timeout_s,
             cluster=config.state.cluster,
             access=access,
+            repairs=metrics.key_repairs,
         )
     redis_url, timeout_s = config.state.redis_url, config.state.operation_timeout_s
     token = app[ADMIN_TOKEN] = admin_token(config.admin, os.environ)  # ConfigError: a weak token is refused
@@ -256,9 +260,12 @@ def create_app(
 
     app.cleanup_ctx.append(fleet_context)
     # The operator's drains, beside the fleet (a reload keeps them) and with Redis shared by every gateway.
-    app[DRAINS] = Drains(redis_url, operation_timeout_s=timeout_s, cluster=config.state.cluster, access=access)
+    app[DRAINS] = Drains(
+        redis_url, operation_timeout_s=timeout_s, cluster=config.state.cluster, access=access,
+        repairs=metrics.key_repairs,
+    )  # fmt: skip
     app.cleanup_ctx.append(following)
-    traffic = app[TRAFFIC] = _fleet_traffic(config, access)
+    traffic = app[TRAFFIC] = _fleet_traffic(config, access, metrics)
     metrics.watch(TrafficCollector(traffic, config.traffic.metric_keys))
 
     async def traffic_tick() -> None:
@@ -267,7 +274,7 @@ def create_app(
             state.serving.fleet.order_fill_by(traffic.fleet)
 
     app.cleanup_ctx.append(_every(config.traffic.interval_s, traffic_tick, "traffic", traffic.close))
-    placer = app[PLACER] = _placer(config, access)
+    placer = app[PLACER] = _placer(config, access, metrics)
     metrics.watch(PlacementCollector(placer))
 
     async def placement_tick() -> None:
@@ -287,7 +294,7 @@ def create_app(
     if config.state.redis_url is not None and config_path is not None:  # reload every gateway sharing the Redis
         fanout = app[FANOUT] = Fanout(
             config.state.redis_url, lambda: reload_answer(app), operation_timeout_s=timeout_s,
-            cluster=config.state.cluster, access=access,
+            cluster=config.state.cluster, access=access, repairs=metrics.key_repairs,
         )  # fmt: skip
         app.cleanup_ctx.append(fanout.running)
     if worker is not None and worker.workers > 1:  # the admin API answers for every worker

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis.asyncio
+from prometheus_client import Counter
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -18,6 +20,8 @@ from redis.exceptions import RedisError
 
 from gateway.config import ConfigError, StateConfig
 from gateway.residency.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 Client = redis.asyncio.Redis | RedisCluster
 
@@ -61,6 +65,42 @@ local function owned(i, kind)
   return false
 end
 """
+
+# The stores whose scripts begin with OWNED_LUA: the ``store`` label of tenantgate_redis_key_repairs_total.
+KEY_REPAIR_STORES = ("residency", "placement", "rate_buckets", "traffic", "reload_fanout", "drains")
+# Keys each store logs once, at most: a Redis that keeps meeting new keys of another type (each rate bucket's, say)
+# is still counted, without this set growing with it.
+_LOGGED_KEYS = 1024
+
+
+class KeyRepairs:
+    """One store's repairs (OWNED_LUA's ``repaired``, which every script on the gateway's keys answers): each counted
+    in ``counter`` (tenantgate_redis_key_repairs_total{store}) and logged the first time for each key. Only the
+    residency store's were counted before; a repair elsewhere (a rate bucket, the traffic figures, the gateways'
+    heartbeats, the drains, the placement keys) left no figure, and most left no line either."""
+
+    def __init__(self, store: str, counter: Counter | None = None, *, then: str = "") -> None:
+        if store not in KEY_REPAIR_STORES:
+            raise ValueError(f"not a store whose keys are repaired: {store!r}")
+        self.store = store
+        self._count = counter.labels(store).inc if counter is not None else None
+        self._then = f" ({then})" if then else ""
+        self._logged: set[str] = set()
+
+    def note(self, found: Iterable[object]) -> list[str]:
+        """The keys a script repaired, from its ``repaired`` ("key type" entries), each counted and logged once."""
+        keys = []
+        for entry in found:
+            key, _, held = str(entry).rpartition(" ")
+            keys.append(key)
+            if self._count is not None:
+                self._count()
+            if key not in self._logged:
+                if len(self._logged) < _LOGGED_KEYS:
+                    self._logged.add(key)
+                log.warning("%s store: %s held a %s, not what the gateway writes there: deleted%s", self.store, key,
+                            held, self._then)  # fmt: skip
+        return keys
 
 
 def secret(environ: Mapping[str, str], env: str | None, file: str | None, what: str) -> str | None:

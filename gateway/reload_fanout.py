@@ -28,11 +28,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import web
+from prometheus_client import Counter
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.redis_client import (
     NO_ACCESS,
     OWNED_LUA,
+    KeyRepairs,
     RedisAccess,
     channel_messages,
     make_client,
@@ -56,20 +58,21 @@ Answer = dict[str, Any]
 _OWNED = OWNED_LUA + "owned(1, 'zset')\n"
 
 # KEYS: the members set; ARGV: this gateway's id, how long (s) a silent member is kept. Scores the heartbeat and
-# prunes on Redis' clock, in one script: every gateway reads the set by the same clock.
+# prunes on Redis' clock, in one script: every gateway reads the set by the same clock. Returns OWNED_LUA's repaired.
 _BEAT = """
 local now = redis.call('TIME')
 local seconds = tonumber(now[1]) + tonumber(now[2]) / 1e6
 redis.call('ZADD', KEYS[1], seconds, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', seconds - tonumber(ARGV[2]))
-return 1
+return repaired
 """
 
-# KEYS: the members set; ARGV: the alive window (s). The members whose last heartbeat, on Redis' clock, is within it.
+# KEYS: the members set; ARGV: the alive window (s). {the members whose last heartbeat, on Redis' clock, is within
+# it, repaired}.
 _ALIVE = """
 local now = redis.call('TIME')
 local seconds = tonumber(now[1]) + tonumber(now[2]) / 1e6
-return redis.call('ZRANGEBYSCORE', KEYS[1], seconds - tonumber(ARGV[1]), '+inf')
+return {redis.call('ZRANGEBYSCORE', KEYS[1], seconds - tonumber(ARGV[1]), '+inf'), repaired}
 """
 
 
@@ -84,8 +87,10 @@ class Fanout:
         answer_wait_s: float = 30.0,
         prefix: str = "tg",
         access: RedisAccess = NO_ACCESS,
+        repairs: Counter | None = None,
     ) -> None:
         self._reload_here = reload_here
+        self._repairs = KeyRepairs("reload_fanout", repairs)
         self._timeout_s = operation_timeout_s
         self._closing = False  # the loops stop retrying: a cancellation they lost cannot keep them alive
         self._answer_wait_s = answer_wait_s  # a reload builds and warms a fleet: allow it seconds
@@ -116,7 +121,8 @@ class Fanout:
         reply = f"{self._channel}:{uuid.uuid4().hex}"
         answers = [own]
         async with redis_call("live gateways", self._timeout_s):
-            alive = await cast(Awaitable[list[str]], self._alive(keys=[self._members], args=[ALIVE_S]))
+            alive, repaired = await cast(Awaitable[list[Any]], self._alive(keys=[self._members], args=[ALIVE_S]))
+        self._repairs.note(repaired)
         waiting = set(alive) - {GATEWAY_ID}
         if waiting:
             if isinstance(self._subscriber, RedisCluster):
@@ -164,11 +170,18 @@ class Fanout:
     async def _heartbeat(self) -> None:
         while not self._closing:
             try:
-                async with redis_call("gateway heartbeat", self._timeout_s):
-                    await cast(Awaitable[Any], self._beat(keys=[self._members], args=[GATEWAY_ID, 10 * ALIVE_S]))
+                await self.beat()
             except StoreUnavailable as exc:
                 log.debug("gateway heartbeat skipped: %s", exc)
             await asyncio.sleep(HEARTBEAT_S)
+
+    async def beat(self) -> None:
+        """One heartbeat: this gateway scored alive on Redis' clock (StoreUnavailable on failure)."""
+        async with redis_call("gateway heartbeat", self._timeout_s):
+            repaired = await cast(
+                Awaitable[list[str]], self._beat(keys=[self._members], args=[GATEWAY_ID, 10 * ALIVE_S])
+            )
+        self._repairs.note(repaired)
 
 
 def _request(data: str) -> dict[str, Any] | None:

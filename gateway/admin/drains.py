@@ -22,10 +22,11 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, cast
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from gateway.appkeys import STATE
 from gateway.fleet.fleet import Fleet
-from gateway.redis_client import NO_ACCESS, OWNED_LUA, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, OWNED_LUA, KeyRepairs, RedisAccess, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 from gateway.tasks import cancel_and_wait
 
@@ -33,9 +34,9 @@ log = logging.getLogger(__name__)
 
 SYNC_S = 1.0
 
-# KEYS: the set; ARGV: "add", "remove" or "read", a name, then the drains this gateway knows. The set's members
-# (after the change). A key of another type is replaced by the drains this gateway knows: read as no drain, it put
-# every drained replica back into service on every gateway within SYNC_S.
+# KEYS: the set; ARGV: "add", "remove" or "read", a name, then the drains this gateway knows. {The set's members
+# (after the change), OWNED_LUA's repaired}. A key of another type is replaced by the drains this gateway knows: read
+# as no drain, it put every drained replica back into service on every gateway within SYNC_S.
 _DRAINS = (
     OWNED_LUA
     + """
@@ -47,7 +48,7 @@ if ARGV[1] == 'add' then
 elseif ARGV[1] == 'remove' then
   redis.call('SREM', KEYS[1], ARGV[2])
 end
-return redis.call('SMEMBERS', KEYS[1])
+return {redis.call('SMEMBERS', KEYS[1]), repaired}
 """
 )
 
@@ -61,8 +62,10 @@ class Drains:
         operation_timeout_s: float = 0.5,
         cluster: bool = False,
         access: RedisAccess | None = None,
+        repairs: Counter | None = None,
     ) -> None:
         self.drained: set[str] = set()
+        self._repairs = KeyRepairs("drains", repairs, then="written again with the drains this gateway knows")
         self._key, self._timeout_s = f"{prefix}:{{drains}}", operation_timeout_s
         self._client = (
             None
@@ -86,7 +89,8 @@ class Drains:
         if self._script is not None:
             async with redis_call("drain", self._timeout_s):
                 args = ["add" if drained else "remove", name, *sorted(self.drained)]
-                await cast(Awaitable[Any], self._script(keys=[self._key], args=args))
+                reply = await cast(Awaitable[list[Any]], self._script(keys=[self._key], args=args))
+            self._repairs.note(reply[1])
         if drained:
             self.drained.add(name)
         else:
@@ -98,7 +102,8 @@ class Drains:
             return
         async with redis_call("drains", self._timeout_s):
             args = ["read", "", *sorted(self.drained)]
-            members = await cast(Awaitable[list[str]], self._script(keys=[self._key], args=args))
+            members, repaired = await cast(Awaitable[list[Any]], self._script(keys=[self._key], args=args))
+        self._repairs.note(repaired)
         self.drained = set(members)
 
     def apply(self, fleet: Fleet) -> None:

@@ -192,10 +192,10 @@ class GatewayMetrics:
             ["operation", "outcome"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0), registry=r,
         )  # fmt: skip
 
-        self.store_repairs = Counter(
-            "tenantgate_residency_store_repairs", "Residency record keys of another type than the gateway writes "
-            "(someone SET a string where a ZSET lives), deleted by the store: resident, pinned or lock",
-            ["key"], registry=r,
+        self.key_repairs = Counter(
+            "tenantgate_redis_key_repairs", "Redis keys of another type than the gateway writes there (someone SET a "
+            "string where a hash lives), deleted by the script that met them (gateway/redis_client.py OWNED_LUA), by "
+            "the store that owns them", ["store"], registry=r,
         )  # fmt: skip
 
         build = Info("tenantgate_build", "The running gateway's version", registry=r)

@@ -21,15 +21,17 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, cast
 
+from prometheus_client import Counter
+
 from gateway.observe.traffic import PoolTraffic, Rate, Traffic, TrafficMeter, merge
-from gateway.redis_client import NO_ACCESS, OWNED_LUA, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, OWNED_LUA, KeyRepairs, RedisAccess, make_client, redis_call
 from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 # KEYS: the hash; ARGV: this gateway's id, its figures (JSON), how old (or how far ahead) an entry may be (ms), the
-# largest entry read (bytes). Returns {{id, entry, ...}, {id, ...}}: the entries that are fresh, this gateway's
-# included, and the ids of those left out for their size.
+# largest entry read (bytes). Returns {{id, entry, ...}, {id, ...}, repaired}: the entries that are fresh, this
+# gateway's included, the ids of those left out for their size, and the key if it was of another type (OWNED_LUA).
 _SWAP = (
     OWNED_LUA
     + """
@@ -53,7 +55,7 @@ for i = 1, #all, 2 do
   end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {fresh, large}
+return {fresh, large, repaired}
 """
 )
 
@@ -137,7 +139,9 @@ class TrafficExchange:
         prefix: str = "tg",
         access: RedisAccess = NO_ACCESS,
         max_keys: int = 2000,
+        repairs: Counter | None = None,
     ) -> None:
+        self._repairs = KeyRepairs("traffic", repairs)
         self._client = make_client(redis_url, operation_timeout_s, cluster=cluster, access=access)
         self._timeout_s = operation_timeout_s
         self._stale_ms = max(1, round(1000 * stale_after_s))
@@ -151,7 +155,8 @@ class TrafficExchange:
         args: list[str | int] = [gateway_id, figures, self._stale_ms, self.max_entry_bytes]
         async with redis_call("traffic swap", self._timeout_s):
             reply = await cast(Awaitable[list[list[str]]], self._swap(keys=[self.key], args=args))
-        entries, large = reply
+        entries, large, repaired = reply
+        self._repairs.note(repaired)
         for other in large:
             if other not in self._large:
                 self._large.add(other)

@@ -27,8 +27,10 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+from prometheus_client import Counter
+
 from gateway.placement.table import HomesTable, decode, encode
-from gateway.redis_client import OWNED_LUA, Client, redis_call
+from gateway.redis_client import OWNED_LUA, Client, KeyRepairs, redis_call
 from gateway.residency.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -186,7 +188,10 @@ class LocalHomesStore:
 class RedisHomesStore:
     """``client``: ``redis_client.make_client``'s, which the store closes."""
 
-    def __init__(self, client: Client, *, operation_timeout_s: float, lease_s: float, prefix: str = "tg") -> None:
+    def __init__(
+        self, client: Client, *, operation_timeout_s: float, lease_s: float, prefix: str = "tg",
+        repairs: Counter | None = None,
+    ) -> None:  # fmt: skip
         self._client = client
         self._timeout_s = operation_timeout_s
         self._lease_ms = max(1, round(1000 * lease_s))
@@ -194,7 +199,7 @@ class RedisHomesStore:
         self._operator_key = f"{prefix}:{{placement}}:operator"
         self._poll = self._client.register_script(_POLL)
         self._publish = self._client.register_script(_PUBLISH)
-        self._repaired: set[str] = set()  # keys the poll found of another type, each said once
+        self._repairs = KeyRepairs("placement", repairs)  # keys the poll found of another type
 
     async def poll(self, gateway_id: str, known_version: int) -> Polled:
         """Take or renew the lease; the table when newer than ``known_version`` (StoreUnavailable on failure). A
@@ -206,11 +211,7 @@ class RedisHomesStore:
                 self._poll(keys=[*self.keys, self._operator_key], args=[gateway_id, known_version, self._lease_ms]),
             )
         leads, version, flat = bool(int(reply[0])), int(reply[1]), [str(item) for item in reply[2]]
-        for entry in reply[3]:
-            key, _, held = str(entry).rpartition(" ")
-            if key not in self._repaired:
-                self._repaired.add(key)
-                log.warning("placement store: %s held a %s, not what the gateway writes there: deleted", key, held)
+        self._repairs.note(reply[3])
         text = str(reply[4]) if len(reply) > 4 else None
         operator = _operator(dict(zip(flat[::2], flat[1::2], strict=True)))
         table = None

@@ -16,11 +16,11 @@ bounded by ``operation_timeout_s``, and any Redis error or timeout becomes ``Sto
 
 The gateway owns these keys. One of another type (someone SET a string where the resident ZSET lives) is deleted by
 the script that meets it, which says so (``ReplicaRecord.repaired``; logged, and counted in
-``tenantgate_residency_store_repairs_total{key}``): the lifecycle rebuilds that replica's record from its engine's
-listing at its next sync. Before, every call on the replica raised WRONGTYPE, which is ``StoreUnavailable``: the
-pool's store counted as down (routing from the local view, ``/readyz`` saying so) until an operator deleted the key.
-A touch (``ZADD XX``) skips such a key: the next read repairs it. A write (an add, a remove) that repaired one
-kept only its own change, so the replica's next read says that repair too.
+``tenantgate_redis_key_repairs_total{store="residency"}``): the lifecycle rebuilds that replica's record from its
+engine's listing at its next sync. Before, every call on the replica raised WRONGTYPE, which is
+``StoreUnavailable``: the pool's store counted as down (routing from the local view, ``/readyz`` saying so) until
+an operator deleted the key. A touch (``ZADD XX``) skips such a key: the next read repairs it. A write (an add, a
+remove) that repaired one kept only its own change, so the replica's next read says that repair too.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any, cast
 from redis.exceptions import ResponseError
 
 from gateway.observe.metrics import GatewayMetrics
-from gateway.redis_client import NO_ACCESS, OWNED_LUA, RedisAccess, make_client, redis_call
+from gateway.redis_client import NO_ACCESS, OWNED_LUA, KeyRepairs, RedisAccess, make_client, redis_call
 from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, Uses
 
 log = logging.getLogger(__name__)
@@ -176,8 +176,10 @@ class RedisStore:
     ) -> None:  # fmt: skip
         self._prefix = prefix
         self._timeout_s = operation_timeout_s
-        self._repairs_counted = metrics.store_repairs if metrics is not None else None
-        self._repairs_logged: set[str] = set()
+        self._repairs = KeyRepairs(
+            "residency", metrics.key_repairs if metrics is not None else None,
+            then="the replica's record is rebuilt from its engine",
+        )  # fmt: skip
         # Record keys a write (an add, a remove) repaired, per replica, until its next read says so: the write kept
         # only its own adapter, and the lifecycle learns from a read that the rest is to rebuild from the engine.
         self._repaired_by_writes: dict[tuple[str, str], frozenset[str]] = {}
@@ -202,18 +204,7 @@ class RedisStore:
     def _repaired(self, reply: list[Any]) -> tuple[Any, frozenset[str]]:
         """A script's answer (``{result..., repaired}``) as its first item and the kinds of key it repaired (resident,
         pinned, lock); each repair counted, and logged the first time for each key."""
-        found = cast(list[str], reply[-1])
-        kinds = set()
-        for entry in found:
-            key, _, held = entry.rpartition(" ")
-            kind = key.rpartition(":")[2]
-            kinds.add(kind)
-            if self._repairs_counted is not None:
-                self._repairs_counted.labels(kind).inc()
-            if key not in self._repairs_logged:
-                self._repairs_logged.add(key)
-                log.warning("residency store: %s held a %s, not what the gateway writes there: deleted (the replica's "
-                            "record is rebuilt from its engine)", key, held)  # fmt: skip
+        kinds = {key.rpartition(":")[2] for key in self._repairs.note(cast(list[str], reply[-1]))}
         return reply[0], frozenset(kinds)
 
     async def record(self, pool: str, replica: str) -> ReplicaRecord:

@@ -13,9 +13,11 @@ the gateways configured with it; while two limits are live the tenant may get bo
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
-from gateway.redis_client import NO_ACCESS, OWNED_LUA, RedisAccess, make_client, redis_call
+from prometheus_client import Counter
+
+from gateway.redis_client import NO_ACCESS, OWNED_LUA, KeyRepairs, RedisAccess, make_client, redis_call
 
 # Both scripts read a field that is not a finite number as missing, and keep a debt to at most an hour's refill (60
 # times the per-minute capacity): Lua's tonumber takes "inf", "-inf" and "nan" (and a figure past a double as
@@ -38,7 +40,8 @@ owned(1, 'hash')
 """
 )
 
-# KEYS: bucket; ARGV: want, need, capacity, per_s. Returns {granted, wait_s} as strings (floats survive that way).
+# KEYS: bucket; ARGV: want, need, capacity, per_s. Returns {granted, wait_s} as strings (floats survive that way),
+# then OWNED_LUA's repaired.
 _LEASE = (
     _FINITE
     + """
@@ -59,11 +62,12 @@ else
 end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(1000 * (capacity - tokens) / per_s) + 1000)
-return {tostring(granted), tostring(wait)}
+return {tostring(granted), tostring(wait), repaired}
 """
 )
 
 # KEYS: bucket; ARGV: amount, capacity, per_s. Takes amount, below zero if need be; kept until it has refilled.
+# Returns {tokens left, repaired}.
 _DEBIT = (
     _FINITE
     + """
@@ -76,7 +80,7 @@ local at = finite(tonumber(state[2])) or now
 tokens = math.max(-60 * capacity, math.min(capacity, tokens + math.max(0, now - at) * per_s) - amount)
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(1000 * (capacity - tokens) / per_s) + 1000)
-return tostring(tokens)
+return {tostring(tokens), repaired}
 """
 )
 
@@ -84,9 +88,10 @@ return tostring(tokens)
 class RedisBuckets:
     def __init__(
         self, url: str, *, prefix: str = "tg", operation_timeout_s: float = 0.5, cluster: bool = False,
-        access: RedisAccess = NO_ACCESS,
+        access: RedisAccess = NO_ACCESS, repairs: Counter | None = None,
     ) -> None:  # fmt: skip
         self._prefix, self._timeout_s = prefix, operation_timeout_s
+        self._repairs = KeyRepairs("rate_buckets", repairs)
         self._client = make_client(url, operation_timeout_s, cluster=cluster, access=access)
         self._lease = self._client.register_script(_LEASE)
         self._debit = self._client.register_script(_DEBIT)
@@ -97,14 +102,16 @@ class RedisBuckets:
 
     async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
         async with redis_call("lease", self._timeout_s):
-            granted, wait = cast(
-                list[str], await self._lease(keys=[self.bucket(key, capacity)], args=[want, need, capacity, per_s])
+            granted, wait, repaired = cast(
+                list[Any], await self._lease(keys=[self.bucket(key, capacity)], args=[want, need, capacity, per_s])
             )
+        self._repairs.note(repaired)
         return float(granted), float(wait)
 
     async def debit(self, key: str, amount: float, capacity: float, per_s: float) -> None:
         async with redis_call("debit", self._timeout_s):
-            await self._debit(keys=[self.bucket(key, capacity)], args=[amount, capacity, per_s])
+            reply = await self._debit(keys=[self.bucket(key, capacity)], args=[amount, capacity, per_s])
+        self._repairs.note(cast(list[Any], reply)[1])
 
     async def close(self) -> None:
         await self._client.aclose()

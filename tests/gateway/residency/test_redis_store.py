@@ -91,7 +91,7 @@ async def test_a_record_key_of_the_wrong_type_is_repaired_alone_not_the_store_do
         assert await store.acquire("llama", "r0", "gw1 c", ttl_s=5)
         assert await store.record("llama", "r0") == ReplicaRecord({"c": 7.0}, frozenset({"c"}), "gw1 c")
         assert await store.record("llama", "r1") == ReplicaRecord({"b": 1.0}, frozenset({"b"}), None)
-        repairs = metrics.registry.get_sample_value("tenantgate_residency_store_repairs_total", {"key": which})
+        repairs = metrics.registry.get_sample_value("tenantgate_redis_key_repairs_total", {"store": "residency"})
         assert repairs is not None and repairs >= 2
     finally:
         await raw.aclose()
