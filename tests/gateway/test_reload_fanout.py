@@ -12,7 +12,7 @@ import json
 import time
 import types
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,19 +97,45 @@ def test_a_peer_that_refuses_says_so_and_scope_local_reloads_one(sim_engine: Eng
         assert local["status"] == "reloaded" and "gateways" not in local
 
 
+# This gateway's own reload's answer, in the fan-out tests without a gateway process.
+HERE = {"gateway": "here", "status": "reloaded"}
+
+MakeFanout = Callable[..., tuple[Fanout, redis.asyncio.Redis, str]]
+
+
+@pytest.fixture
+async def here(redis_server: RedisServer) -> AsyncIterator[MakeFanout]:
+    """``here(answer_wait_s=30.0)``: this gateway's fan-out (its own reload answers ``HERE``) under a key prefix of
+    the test's own, a plain client on the same Redis (another gateway's, or an operator's), and the prefix; both
+    clients closed after the test."""
+    made: list[tuple[Fanout, redis.asyncio.Redis]] = []
+
+    async def reload_here() -> dict[str, Any]:
+        return HERE
+
+    def make(answer_wait_s: float = 30.0) -> tuple[Fanout, redis.asyncio.Redis, str]:
+        prefix = f"test-{uuid.uuid4().hex}"
+        fanout = Fanout(
+            redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=answer_wait_s
+        )
+        client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+        made.append((fanout, client))
+        return fanout, client, prefix
+
+    yield make
+    for fanout, client in made:
+        await client.aclose()
+        await fanout._client.aclose()
+        await fanout._subscriber.aclose()
+
+
 async def test_an_unreadable_message_on_the_channel_is_skipped_and_the_next_request_answered(
-    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    here: MakeFanout, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Anything on the reload channel that is not a request (another version's message, or anyone's with Redis
     access) is logged and skipped; the subscription stays, so a request right behind it is answered. (It used to
     raise out of the follower: unsubscribed for a second, and the request published meanwhile lost.)"""
-    prefix = f"test-{uuid.uuid4().hex}"
-
-    async def reload_here() -> dict[str, Any]:
-        return {"gateway": "here", "status": "reloaded"}
-
-    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix)
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    fanout, client, prefix = here()
     follower = asyncio.create_task(fanout._follow())
     try:
         for _ in range(500):  # bounded poll: the follower has subscribed
@@ -125,28 +151,19 @@ async def test_an_unreadable_message_on_the_channel_is_skipped_and_the_next_requ
                 answer = None
                 while answer is None:
                     answer = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-        assert json.loads(answer["data"]) == {"gateway": "here", "status": "reloaded"}
+        assert json.loads(answer["data"]) == HERE
         assert "unreadable message" in caplog.text and "not following" not in caplog.text
     finally:
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await follower
-        await client.aclose()
-        await fanout._client.aclose()
-        await fanout._subscriber.aclose()
 
 
-async def test_an_unreadable_answer_is_skipped_and_the_reload_still_answers(redis_server: RedisServer) -> None:
+async def test_an_unreadable_answer_is_skipped_and_the_reload_still_answers(here: MakeFanout) -> None:
     """An answer on the reply channel that is not an object, or names its gateway by anything but a string (another
     version's, or anyone's with Redis access), is skipped: each raised out of the asking gateway's reload before
     (a list there: TypeError, unhashable, from the set of gateways waited for), so its admin reload answered 500."""
-    prefix = f"test-{uuid.uuid4().hex}"
-
-    async def reload_here() -> dict[str, Any]:
-        return {"gateway": "here", "status": "reloaded"}
-
-    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=5.0)
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    fanout, client, prefix = here(5.0)
     await client.zadd(f"{prefix}:gateways", {"another": time.time()})
 
     subscribed = asyncio.Event()
@@ -161,37 +178,23 @@ async def test_an_unreadable_answer_is_skipped_and_the_reload_still_answers(redi
     peer = asyncio.create_task(_peer_answers(client, prefix, subscribed, answers))
     try:
         await asyncio.wait_for(subscribed.wait(), 10)
-        answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
+        answer = await fanout.everywhere(HERE)
         assert answer["missing"] == [] and [a["gateway"] for a in answer["gateways"]] == ["another", "here"]
         await peer
     finally:
         peer.cancel()
-        await client.aclose()
-        await fanout._client.aclose()
-        await fanout._subscriber.aclose()
 
 
 async def test_only_gateways_seen_within_15_s_are_waited_for_and_those_silent_for_30_s_are_missing(
-    redis_server: RedisServer,
+    here: MakeFanout,
 ) -> None:
     """docs/operations.md, Every gateway: `missing` lists the gateways seen alive (a heartbeat within 15 s) that did
     not answer within 30 s; one last seen 16 s ago is not waited for."""
     assert inspect.signature(Fanout).parameters["answer_wait_s"].default == 30.0  # what the app builds it with
-    prefix = f"test-{uuid.uuid4().hex}"
-
-    async def reload_here() -> dict[str, Any]:
-        return {"gateway": "here", "status": "reloaded"}
-
-    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=0.3)
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
-    try:
-        await client.zadd(f"{prefix}:gateways", {"quiet": time.time() - 14, "gone": time.time() - 16})
-        answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
-        assert answer["missing"] == ["quiet"] and [a["gateway"] for a in answer["gateways"]] == ["here"]
-    finally:
-        await client.aclose()
-        await fanout._client.aclose()
-        await fanout._subscriber.aclose()
+    fanout, client, prefix = here(0.3)
+    await client.zadd(f"{prefix}:gateways", {"quiet": time.time() - 14, "gone": time.time() - 16})
+    answer = await fanout.everywhere(HERE)
+    assert answer["missing"] == ["quiet"] and [a["gateway"] for a in answer["gateways"]] == ["here"]
 
 
 async def _peer_answers(
@@ -218,21 +221,16 @@ async def _redis_now(client: redis.asyncio.Redis) -> float:
 
 @pytest.mark.parametrize("skew_s", [-60.0, 200.0])
 async def test_a_gateway_whose_clock_is_skewed_waits_for_the_live_and_prunes_nobody(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, skew_s: float
+    here: MakeFanout, monkeypatch: pytest.MonkeyPatch, skew_s: float
 ) -> None:
     """Membership is read on Redis' clock. Scored by the gateway's own, one a minute behind waited for a gateway
     silent for 20 s (dead: named missing after the whole answer wait), and one 200 s ahead pruned every other
     gateway from the set at its heartbeat and waited for none of them: their reload was silently skipped."""
-    prefix = f"test-{uuid.uuid4().hex}"
     monkeypatch.setattr(  # this gateway's clock (the module's only one before the fix) is off by skew_s
         "gateway.reload_fanout.time", types.SimpleNamespace(time=lambda: time.time() + skew_s), raising=False
     )
 
-    async def reload_here() -> dict[str, Any]:
-        return {"gateway": "here", "status": "reloaded"}
-
-    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=5.0)
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    fanout, client, prefix = here(5.0)
     members = f"{prefix}:gateways"
     subscribed = asyncio.Event()
 
@@ -248,7 +246,7 @@ async def test_a_gateway_whose_clock_is_skewed_waits_for_the_live_and_prunes_nob
                 break
             await asyncio.sleep(0.01)
         assert await client.zscore(members, "another") is not None  # not pruned by a clock ahead
-        answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
+        answer = await fanout.everywhere(HERE)
         assert [a["gateway"] for a in answer["gateways"]] == ["another", "here"], answer
         # Nobody dead waited for: one that was would be named missing after the whole answer wait (not timed here:
         # a time bound under the 5 s wait failed on a starved machine without adding a case the list misses).
@@ -259,33 +257,19 @@ async def test_a_gateway_whose_clock_is_skewed_waits_for_the_live_and_prunes_nob
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await client.aclose()
-        await fanout._client.aclose()
-        await fanout._subscriber.aclose()
 
 
 async def test_a_members_key_of_another_type_is_replaced_and_the_reload_still_answers(
-    redis_server: RedisServer,
+    here: MakeFanout,
 ) -> None:
     """Someone SETs a string where the gateways' sorted set lives: every heartbeat and every reload's read of the
     live gateways raised WRONGTYPE (StoreUnavailable), so no gateway's reload reached the others (and none was
     listed missing) until an operator deleted the key. The gateway owns the key: one of another type is deleted,
     and the heartbeat writes it again."""
-    prefix = f"test-{uuid.uuid4().hex}"
-
-    async def reload_here() -> dict[str, Any]:
-        return {"gateway": "here", "status": "reloaded"}
-
-    fanout = Fanout(redis_server.url, reload_here, operation_timeout_s=2.0, prefix=prefix, answer_wait_s=0.3)
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
-    try:
-        await client.set(f"{prefix}:gateways", "not a sorted set")
-        answer = await fanout.everywhere({"gateway": "here", "status": "reloaded"})
-        assert [a["gateway"] for a in answer["gateways"]] == ["here"] and answer["missing"] == []
-        await client.set(f"{prefix}:gateways", "not a sorted set")
-        await fanout._beat(keys=[f"{prefix}:gateways"], args=["gw-x", 150])
-        assert await client.zrange(f"{prefix}:gateways", 0, -1) == ["gw-x"]
-    finally:
-        await client.aclose()
-        await fanout._client.aclose()
-        await fanout._subscriber.aclose()
+    fanout, client, prefix = here(0.3)
+    await client.set(f"{prefix}:gateways", "not a sorted set")
+    answer = await fanout.everywhere(HERE)
+    assert [a["gateway"] for a in answer["gateways"]] == ["here"] and answer["missing"] == []
+    await client.set(f"{prefix}:gateways", "not a sorted set")
+    await fanout._beat(keys=[f"{prefix}:gateways"], args=["gw-x", 150])
+    assert await client.zrange(f"{prefix}:gateways", 0, -1) == ["gw-x"]

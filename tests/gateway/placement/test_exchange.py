@@ -9,6 +9,7 @@ import asyncio
 import math
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 import redis.asyncio
@@ -32,6 +33,35 @@ async def probe(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]
     client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
     yield client
     await client.aclose()
+
+
+@dataclass
+class Measured:
+    """Two gateways sharing a prefix, each having measured one tenant for a window: acme through a, globex through
+    b (the merged figure holds both, once each has ticked)."""
+
+    prefix: str
+    a: FleetTraffic
+    b: FleetTraffic
+
+    @property
+    def figures_key(self) -> str:
+        return f"{self.prefix}:{{traffic}}:by_gateway"
+
+    def a_merged_both(self) -> bool:
+        return self.a.gateways == 2 and set(self.a.fleet["llama"].keys) == {"acme", "globex"}
+
+
+@pytest.fixture
+async def measured(redis_server: RedisServer) -> AsyncIterator[Measured]:
+    prefix, clock = f"test-{uuid.uuid4().hex}", Clock(0.0)
+    a, b = gateway(redis_server.url, prefix, "gw-a", clock), gateway(redis_server.url, prefix, "gw-b", clock)
+    a.meter.record("llama", "acme", 10)
+    b.meter.record("llama", "globex", 10)
+    clock.advance(10)
+    yield Measured(prefix, a, b)
+    await a.close()
+    await b.close()
 
 
 async def script_calls(client: redis.asyncio.Redis) -> int:
@@ -177,26 +207,17 @@ MALFORMED = [
 
 @pytest.mark.parametrize("text", MALFORMED)
 async def test_a_malformed_entry_of_another_gateway_is_left_out_and_the_others_merge(
-    redis_server: RedisServer, probe: redis.asyncio.Redis, text: str
+    measured: Measured, probe: redis.asyncio.Redis, text: str
 ) -> None:
     """Another gateway's entry (another version's, or anyone's with Redis access) that is not figures: left out
     alone, the fleet's figure still merged from every other gateway's. An integer past a double (valid JSON) raised
     OverflowError out of float(), past the tick's handling: every gateway's traffic tick failed while the entry was
     fresh, so the fleet's figure, which placement and the fill read, stayed as it was."""
-    prefix, clock = f"test-{uuid.uuid4().hex}", Clock(0.0)
-    a, b = gateway(redis_server.url, prefix, "gw-a", clock), gateway(redis_server.url, prefix, "gw-b", clock)
-    try:
-        a.meter.record("llama", "acme", 10)
-        b.meter.record("llama", "globex", 10)
-        clock.advance(10)
-        await b.tick()
-        seconds, _ = await probe.time()  # stamped now: read, not dropped as stale
-        await probe.hset(f"{prefix}:{{traffic}}:by_gateway", "gw-junk", f"{seconds * 1000} {text}")
-        await a.tick()
-        assert a.gateways == 2 and set(a.fleet["llama"].keys) == {"acme", "globex"}
-    finally:
-        await a.close()
-        await b.close()
+    await measured.b.tick()
+    seconds, _ = await probe.time()  # stamped now: read, not dropped as stale
+    await probe.hset(measured.figures_key, "gw-junk", f"{seconds * 1000} {text}")
+    await measured.a.tick()
+    assert measured.a_merged_both()
 
 
 async def test_an_entry_stamped_in_redis_future_is_dropped_as_stale(
@@ -223,48 +244,28 @@ async def test_an_entry_stamped_in_redis_future_is_dropped_as_stale(
 
 
 async def test_an_entry_larger_than_any_gateways_figures_is_not_read(
-    redis_server: RedisServer, probe: redis.asyncio.Redis
+    measured: Measured, probe: redis.asyncio.Redis
 ) -> None:
     """Every gateway reads every entry each interval and decodes it on its event loop: one entry of tens of MB (any
     writer's; Redis takes 512 MB) cost each gateway its transfer, its memory and its parse every interval, for as
     long as it was rewritten. An entry larger than this gateway's own figures can be at its traffic.max_keys (256
     bytes a key, at least 1 MiB) is left out by the script, not sent, and said once."""
-    prefix, clock = f"test-{uuid.uuid4().hex}", Clock(0.0)
-    a, b = gateway(redis_server.url, prefix, "gw-a", clock), gateway(redis_server.url, prefix, "gw-b", clock)
-    try:
-        a.meter.record("llama", "acme", 10)
-        b.meter.record("llama", "globex", 10)
-        clock.advance(10)
-        await b.tick()
-        keys = ",".join(f'"k{i}": [1, 1]' for i in range(150_000))  # ~2.4 MB of readable figures
-        seconds, _ = await probe.time()
-        await probe.hset(
-            f"{prefix}:{{traffic}}:by_gateway", "gw-huge", f"{seconds * 1000} " + '{"llama": [1, 1, {' + keys + "}]}"
-        )
-        await a.tick()
-        assert a.gateways == 2 and set(a.fleet["llama"].keys) == {"acme", "globex"}
-        assert a.bytes_read < 1 << 20
-    finally:
-        await a.close()
-        await b.close()
+    await measured.b.tick()
+    keys = ",".join(f'"k{i}": [1, 1]' for i in range(150_000))  # ~2.4 MB of readable figures
+    seconds, _ = await probe.time()
+    await probe.hset(measured.figures_key, "gw-huge", f"{seconds * 1000} " + '{"llama": [1, 1, {' + keys + "}]}")
+    await measured.a.tick()
+    assert measured.a_merged_both()
+    assert measured.a.bytes_read < 1 << 20
 
 
 async def test_a_figures_key_of_another_type_is_replaced_not_the_exchange_down(
-    redis_server: RedisServer, probe: redis.asyncio.Redis
+    measured: Measured, probe: redis.asyncio.Redis
 ) -> None:
     """Someone SETs a string where the figures' hash lives: every gateway's swap raised WRONGTYPE (StoreUnavailable)
     at every interval, and each placed by its own figures alone for good. The gateway owns the key: one of another
     type is deleted and written again."""
-    prefix, clock = f"test-{uuid.uuid4().hex}", Clock(0.0)
-    a, b = gateway(redis_server.url, prefix, "gw-a", clock), gateway(redis_server.url, prefix, "gw-b", clock)
-    try:
-        a.meter.record("llama", "acme", 10)
-        b.meter.record("llama", "globex", 10)
-        clock.advance(10)
-        await probe.set(f"{prefix}:{{traffic}}:by_gateway", "not a hash")
-        await b.tick()
-        await a.tick()
-        assert a.exchange_up and a.gateways == 2 and set(a.fleet["llama"].keys) == {"acme", "globex"}
-    finally:
-        await a.close()
-        await b.close()
+    await probe.set(measured.figures_key, "not a hash")
+    await measured.b.tick()
+    await measured.a.tick()
+    assert measured.a.exchange_up and measured.a_merged_both()
