@@ -247,7 +247,8 @@ class PoolConfig(_Frozen):
     # key's replica set by it (placement.seat_share), and a spill leaves a key's planned replicas only once each
     # runs this many (placement.off_plan_queue 0). 0: not stated (not learned either: an engine also queues requests
     # whose adapter waits for a GPU slot, so a queue seen is no seat count). A stated figure below what an engine
-    # reports running at once is wrong, and raised to that (logged once: gateway/fleet/pool.py).
+    # reports running at once is wrong, and raised to that (logged once: gateway/fleet/pool.py), then follows the
+    # engines down again with hysteresis, never below the stated figure (pool.SEATS_FOLLOW_S).
     seats: int = Field(default=0, ge=0, le=1_000_000)
     # A static list, or replicas found through DNS (discovery), which then replaces this list with what it finds.
     replicas: list[ReplicaConfig] = Field(default_factory=list)

@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 
 # The most seats an engine's report may raise pools[].seats to: the config's own bound.
 _MOST_SEATS = 1_000_000
+# A learned seats figure (above pools[].seats) follows the engines down, with hysteresis: once a whole window of
+# SEATS_FOLLOW_S has passed in which no replica reported running more than SEATS_LOWER_BELOW of it, it is lowered to
+# the most any replica ran in that window (never below the stated figure). A busy minute does not lower it, nor a
+# dip of a few requests; an engine restarted with a smaller --max-num-seqs, or the replica that ran the most gone,
+# does within a window or two.
+SEATS_FOLLOW_S = 300.0
+SEATS_LOWER_BELOW = 0.75
 
 # Policies that spread requests over the whole pool by design: they weigh every replica.
 _SPREADING = frozenset({"round_robin", "least_loaded"})
@@ -162,6 +169,11 @@ class Pool:
         # where that is more (``took_scrape``): the config's figure proven wrong, placement and the spill bound read
         # this one.
         self.seats = config.seats
+        # The current window of the learned figure's way down (``_follow_seats``): when it began (None: no reading
+        # yet) and the most any replica ran in it (-1: no reading in it).
+        self._seats_window_at: float | None = None
+        self._seats_window_most = -1
+        self._seats_said = False  # the stated figure's being proven low is logged once per pool
         # Set once no request is in flight, made only while someone waits for that (wait_idle): a retired pool
         # waits before it closes. Not an Event kept set and cleared: that cost two calls per request.
         self._idle: asyncio.Event | None = None
@@ -612,21 +624,47 @@ class Pool:
                 continue
             if load is not None and not math.isfinite(load.running + load.waiting + load.kv_cache_usage):
                 load = None  # NaN or inf on the engine's page is no reading (routing rounds the queue: it raised)
-            if load is not None and 0 < self.seats < load.running <= _MOST_SEATS:
-                self._more_seats(replica_id, math.ceil(load.running))
+            if load is not None and self.config.seats > 0 and load.running <= _MOST_SEATS:
+                self._follow_seats(replica_id, at, math.ceil(load.running))
             replica.engine_load = load
             replica.health.progress.scraped(load, replica.health.clock())
             replica.scraped_at = at
             replica.in_flight_at_scrape = replica.in_flight
+
+    def _follow_seats(self, replica_id: str, at: float, running: int) -> None:
+        """A replica's engine ran ``running`` requests at once (read at ``at``): the seats figure follows it up at
+        once, and down with hysteresis (``SEATS_FOLLOW_S``, ``SEATS_LOWER_BELOW``), never below the stated one.
+        Raised only, a figure learned from one busy engine held until restart: after that engine was replaced by one
+        with a smaller --max-num-seqs, each key sized by seats counted too few requests as queued, and its spills
+        stayed on planned replicas that already ran all they could."""
+        if running > self.seats:
+            self._more_seats(replica_id, running)
+            self._seats_window_at, self._seats_window_most = at, running
+            return
+        if self._seats_window_at is None:
+            self._seats_window_at = at
+        self._seats_window_most = max(self._seats_window_most, running)
+        if at - self._seats_window_at < SEATS_FOLLOW_S:
+            return
+        most = self._seats_window_most
+        if self.seats > self.config.seats and 0 <= most < SEATS_LOWER_BELOW * self.seats:
+            lowered = max(self.config.seats, most)
+            log.info(
+                "pool %s: no replica ran more than %d requests at once in %g s: seats %d -> %d (stated: %d)",
+                self.name, most, SEATS_FOLLOW_S, self.seats, lowered, self.config.seats,
+            )  # fmt: skip
+            self.seats = lowered
+        self._seats_window_at, self._seats_window_most = at, running
 
     def _more_seats(self, replica_id: str, running: int) -> None:
         """An engine ran more requests at once than ``seats`` says one runs: the figure is below its --max-num-seqs.
         Stated far below it (4 where engines run 64), every key with more than 2 requests in flight per replica
         counted as queued: homes from traffic sized it by seats and grew its set, where every slot was planned
         paying with a quiet key's planned slot (its adapter then loaded on the request path), and spills left their
-        planned replicas once each ran 4. The larger figure holds
-        from now on (a quieter engine later does not lower it); said once per pool, with the config's figure."""
-        if self.seats == self.config.seats:
+        planned replicas once each ran 4. The larger figure holds until the engines show less for a whole window
+        (``_follow_seats``); said once per pool, with the config's figure."""
+        if not self._seats_said:
+            self._seats_said = True
             log.warning(
                 "pool %s: %s runs more requests at once than pools[].seats (%d seen, %d stated): the seats figure is "
                 "below the engine's --max-num-seqs; routing and placement use what the engines show",

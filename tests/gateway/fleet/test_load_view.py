@@ -9,6 +9,7 @@ from typing import Literal
 
 import pytest
 
+import gateway.fleet.pool as pool_module
 from backends.base import Endpoint, EngineLoad
 from gateway.config import HealthConfig, OutlierConfig, PoolConfig, ResidencyConfig, RoutingConfig
 from gateway.fleet.health import ReplicaHealth
@@ -217,4 +218,50 @@ async def test_a_seats_figure_below_what_an_engine_runs_at_once_is_raised_to_it(
     driver.load = EngineLoad(running=2.0, waiting=0, kv_cache_usage=0.1)  # quieter later: the seats stay
     await pool.scrape_engines()
     assert pool.seats == 64
+    assert caplog.text.count("runs more requests at once than pools[].seats") == 1
+
+
+def test_learned_seats_follow_the_engines_down_after_a_whole_quiet_window(caplog: pytest.LogCaptureFixture) -> None:
+    """Seats learned from an engine (above pools[].seats) were held until restart: an engine replaced by one with a
+    smaller --max-num-seqs (or the busiest replica gone) left the figure high, so keys sized by seats counted too
+    few requests as queued. Now the figure follows the engines down with hysteresis: only after a whole window
+    (SEATS_FOLLOW_S) in which no replica ran more than SEATS_LOWER_BELOW of it, to the most any ran there, never
+    below the stated figure; a reading near the figure, or one above it, starts the window again."""
+    replicas = [{"id": f"r{i}", "url": f"http://127.0.0.1:{1000 + i}"} for i in range(2)]
+    config = PoolConfig.model_validate(
+        {"name": "llama", "backend": "vllm", "base_model": "m", "seats": 4, "replicas": replicas}
+    )
+    endpoints = [Endpoint(r["id"], r["url"]) for r in replicas]
+    driver = FakeDriver(FakeEngine())
+    residency = PoolResidency(
+        "llama", endpoints, driver, MemoryStore(), ResidencyConfig(), max_adapters=2, load_timeout_s=5, shared=False
+    )
+    pool = Pool(config, RoutingConfig(), driver, residency)
+    window = pool_module.SEATS_FOLLOW_S
+    assert (window, pool_module.SEATS_LOWER_BELOW) == (300.0, 0.75)  # README: a 5-minute window, three quarters
+
+    def running(at: float, r0: float, r1: float) -> None:
+        loads: dict[str, EngineLoad | None] = {
+            rid: EngineLoad(running=n, waiting=0, kv_cache_usage=0.1) for rid, n in (("r0", r0), ("r1", r1))
+        }
+        pool.took_scrape(at, loads)
+
+    running(0.0, 64, 10)
+    assert pool.seats == 64
+    for at in range(1, int(window), 10):  # quiet, but less than a window: held
+        running(float(at), 20, 10)
+    assert pool.seats == 64
+    running(window - 1, 60, 10)  # near the figure (above 3/4 of it): the window does not lower it
+    running(window + 1, 20, 10)
+    assert pool.seats == 64
+    for at in range(int(window) + 10, int(2 * window) + 20, 10):  # a whole quiet window: down to its most
+        running(float(at), 20 if at < 2 * window else 8, 10)
+    assert pool.seats == 20
+    for at in range(int(2 * window) + 30, int(4 * window) + 20, 10):  # quieter: down a window at a time, to 4
+        running(float(at), 2, 1)
+        if at == int(3 * window) + 10:
+            assert pool.seats == 10  # the most the window before ran (r1's 10), above the stated 4
+    assert pool.seats == 4
+    running(4 * window + 30, 30, 1)  # up again at once
+    assert pool.seats == 30
     assert caplog.text.count("runs more requests at once than pools[].seats") == 1
