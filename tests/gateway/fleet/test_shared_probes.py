@@ -3,6 +3,7 @@ a worker that does not probe does with the rounds it hears."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -67,5 +68,29 @@ async def test_a_replica_the_probing_workers_round_does_not_name_is_probed_by_th
         # A round taken: r0 by its URL; a replica at another URL is not r1, whatever its id there.
         pool.took_probes({"http://127.0.0.1:1": False, "http://127.0.0.1:9": True})
         assert not pool.replicas["r0"].healthy and not pool.replicas["r1"].healthy
+    finally:
+        await fleet.close()
+
+
+async def test_a_worker_probes_for_itself_after_three_rounds_time_of_silence_and_not_before() -> None:
+    """docs/operations.md and docs/architecture.md: a worker that has heard no probe round of a pool for
+    ``3 x (interval_s + timeout_s)`` probes it itself. Its real ``probes_heard``, with the last round heard just
+    inside that window (the round names both replicas: nothing probed here) and just past it (both probed)."""
+    config = two_replicas()
+    fleet = Fleet(config)
+    pool = fleet.pools["llama"]
+    pool.driver = driver = Counting(FakeEngine())
+    health = config.pools[0].health
+    window = 3 * (health.interval_s + health.timeout_s)
+    scrapes = HostScrapes(WorkerSockets(worker=1, workers=2, listen_fd=-1, operator_fd=None, directory=Path("/")))
+    scrapes._probed["llama"] = frozenset({"http://127.0.0.1:1", "http://127.0.0.1:2"})
+    fleet.scrapes = scrapes
+    try:
+        scrapes._probed_at["llama"] = time.monotonic() - (window - 0.5)
+        await fleet._probe(pool)
+        assert driver.probed == []
+        scrapes._probed_at["llama"] = time.monotonic() - (window + 0.5)
+        await fleet._probe(pool)
+        assert sorted(driver.probed) == ["r0", "r1"]
     finally:
         await fleet.close()

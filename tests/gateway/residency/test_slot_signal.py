@@ -22,13 +22,17 @@ from backends.errors import AdapterCacheFull, AdapterLoadFailed
 from gateway.config import ResidencyConfig
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency import signal as signal_module
+from gateway.residency import signal_redis
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.memory import MemoryStore
 from gateway.residency.signal import FLYING_GRACE_S, REMOTE_TTL_S, RENEW_S, SETTLE_S, SlotSignal
+from gateway.residency.signal_redis import RedisSlotChannel
 from gateway.residency.store import ReplicaRecord, ResidencyStore
+from gateway.tasks import cancel_and_wait
 from tests.clock import Clock
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
 from tests.gateway.residency.test_lifecycle import START, lifecycle, until_a_load_waits
+from tests.redis_server import RedisServer
 
 LONG_WINDOW = ResidencyConfig(use_flush_interval_s=2.5, slot_wait_timeout_s=3.0)
 
@@ -904,3 +908,37 @@ async def test_unreadable_loads_under_way_are_left_out() -> None:
     assert set(seen) == {"r0", "r1"} and seen["r0"] == (1, None) and seen["r1"][0] == 0
     signal.subscribed(False)  # what was said before the subscription dropped is forgotten
     assert not signal.loading_elsewhere("llama")
+
+
+async def test_the_redis_transports_share_timer_sleeps_while_idle(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/benchmarks.md (the slot signal's timer asleep while idle): the transport itself, not only ``share``'s
+    answer. RedisSlotChannel._share with nothing in flight calls ``share`` once and then sleeps (at a 1 ms SHARE_S,
+    50 ms idle would be ~50 calls if it polled); a request that begins wakes it, and it shares again."""
+    monkeypatch.setattr(signal_redis, "SHARE_S", 0.001)
+    channel = RedisSlotChannel(redis_server.url, GatewayMetrics(), operation_timeout_s=2.0, prefix="test-share")
+    holder = Holding()
+    channel.signal.attach("llama", holder)
+    calls: list[bool] = []
+    share = channel.signal.share
+
+    def counted() -> bool:
+        calls.append(said := share())
+        return said
+
+    monkeypatch.setattr(channel.signal, "share", counted)
+    timer = asyncio.create_task(channel._share())
+    try:
+        await asyncio.sleep(0.05)
+        assert calls == [False]  # said nothing, then asleep
+        holder.held = frozenset({"x"})
+        channel.signal.changed("llama", "r0", freed=False)  # a request began
+        for _ in range(500):  # bounded poll: the timer wakes and shares again
+            if len(calls) > 1:
+                break
+            await asyncio.sleep(0.01)
+        assert calls[1] is True
+    finally:
+        await cancel_and_wait([timer])
+        await channel.close()

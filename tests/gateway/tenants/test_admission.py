@@ -228,6 +228,81 @@ async def test_gateways_with_different_limits_for_a_tenant_lease_from_a_bucket_e
         await shared.close()
 
 
+def limits_config(**limits: int) -> GatewayConfig:
+    return GatewayConfig.model_validate(
+        {
+            "pools": [
+                {"name": "p", "backend": "vllm", "base_model": "m", "replicas": [{"id": "r0", "url": "http://h"}]}
+            ],
+            "tenants": [{"id": "acme", "api_keys": ["sha256:" + "0" * 64], "base_models": ["m"], "limits": limits}],
+        }
+    )
+
+
+async def admitted(admission: Admission, most: int = 100) -> int:
+    """How many of acme's requests ``admission`` admits in a row before the first 429 (at most ``most``)."""
+    for count in range(most):
+        try:
+            await admission.admit("acme", 1)
+        except RequestRateLimited:
+            return count
+    return most
+
+
+async def test_a_reload_that_changes_a_limit_leases_from_that_limits_bucket(redis_server: RedisServer) -> None:
+    """docs/operations.md (Gateways whose limits differ): a reload that changes a limit leases from the new figure's
+    bucket, full unless gateways with that figure already lease from it. What a reload calls (Admission.configure),
+    against a real Redis: the tenant at 6 a minute spends its bucket; reloaded to 12 it gets a full bucket of 12
+    (the old one's emptiness does not follow it); reloaded back to 6, the first bucket, still spent, is the one."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    shared = RedisBuckets(redis_server.url, prefix=prefix, operation_timeout_s=5)
+    probe = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    admission = Admission(GatewayMetrics(), shared)
+    try:
+        admission.configure(limits_config(requests_per_minute=6))
+        assert await admitted(admission) == 6
+        admission.configure(limits_config(requests_per_minute=12))
+        assert await admitted(admission) == 12
+        assert await probe.exists(shared.bucket("acme:requests", 6), shared.bucket("acme:requests", 12)) == 2
+        admission.configure(limits_config(requests_per_minute=6))
+        assert await admitted(admission) == 0
+    finally:
+        await probe.aclose()
+        await shared.close()
+
+
+class BucketsBeforeLimits(RedisBuckets):
+    """A gateway of the version before buckets were kept per limit figure: it leases from ``tg:rl:{tenant:kind}``
+    (its scripts read and wrote the bucket as these do)."""
+
+    def bucket(self, key: str, capacity: float) -> str:
+        return f"{self._prefix}:rl:{{{key}}}"
+
+
+async def test_two_versions_of_gateway_admit_at_most_twice_a_tenants_limit(redis_server: RedisServer) -> None:
+    """docs/operations.md (Shut down and upgrade): while gateways from before the per-limit buckets run beside newer
+    ones, a tenant's per-minute limit may admit up to twice the limit (each bucket holds for the gateways leasing
+    from it), and no more: each version's gateways together hold their own bucket's limit."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    new, old = (
+        RedisBuckets(redis_server.url, prefix=prefix, operation_timeout_s=5),
+        BucketsBeforeLimits(redis_server.url, prefix=prefix, operation_timeout_s=5),
+    )
+    gateways = {
+        "new-1": Admission(GatewayMetrics(), new), "new-2": Admission(GatewayMetrics(), new),
+        "old-1": Admission(GatewayMetrics(), old), "old-2": Admission(GatewayMetrics(), old),
+    }  # fmt: skip
+    try:
+        for admission in gateways.values():
+            admission.configure(limits_config(requests_per_minute=10))
+        counts = {name: await admitted(admission) for name, admission in gateways.items()}
+        assert counts["new-1"] + counts["new-2"] == 10 and counts["old-1"] + counts["old-2"] == 10, counts
+        assert sum(counts.values()) == 2 * 10
+    finally:
+        await new.close()
+        await old.close()
+
+
 async def test_a_debt_stays_with_the_local_bucket_when_redis_cannot_take_it() -> None:
     class Down:
         async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
