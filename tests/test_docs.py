@@ -977,3 +977,16 @@ def test_the_readmes_confinement_exit_figures_are_the_benchmarks_table() -> None
     assert f"its cold loads {collide[0]} against {balanced[0]}" in readme
     hot, hot_balanced = rows["hot, exit + window, traffic homes"], rows["hot, exit + window, balanced homes"]
     assert f"hot's TTFT p99 {hot[1]} against {hot_balanced[1]}" in readme
+
+
+def test_the_readmes_json_containers_figures_are_the_benchmarks_table() -> None:
+    """README, Inputs are canonical: the refusal's figures for the body of many arrays are docs/benchmarks.md's table
+    from loadtests/bench_json_containers.py, and the figures from before the limit are said to be measured once."""
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    section = benchmarks[benchmarks.index("## A body of many arrays") :]
+    row = next(line for line in section.splitlines() if line.startswith("| refused by its bytes"))
+    low, median, high = (cell.strip() for cell in row.strip("|").split("|")[1:4])
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "held the event loop 0.35-1 s at load 2-7, every tenant's requests behind it, measured once" in readme
+    assert f"now it is refused in {low}-{high} ms, median {median}" in readme
+    assert "0.35-1 s" in section
