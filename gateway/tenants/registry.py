@@ -203,8 +203,17 @@ class RegistryState:
             raise ConfigError("tenant registry", describe_errors(exc)) from exc
 
 
-# KEYS: entries, head: read together (the head must describe exactly these entries).
+# KEYS: entries, head: read together (the head must describe exactly these entries). A key of another type than the
+# gateways write there (someone's SET on the entries, an HSET on the head) answers {false, key, type}: without the
+# check the read failed with WRONGTYPE, which reads as Redis being away, so the registry was taken for unreachable
+# (logged at debug, every resync) instead of altered. Not repaired as other stores' keys are (OWNED_LUA): the entries
+# are signed changes no gateway can write back, so it is refused like any alteration, until an operator restores it.
 _READ = """
+local kinds = {'hash', 'string'}
+for i = 1, 2 do
+  local held = redis.call('TYPE', KEYS[i]).ok
+  if held ~= 'none' and held ~= kinds[i] then return {false, KEYS[i], held} end
+end
 return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2])}
 """
 # KEYS: lock; ARGV: the holder's token. Release only one's own lock.
@@ -324,7 +333,11 @@ class Registry:
         head does not describe)."""
         assert self._read is not None
         async with redis_call("registry read", self._timeout_s):
-            flat, raw_head = cast(list[Any], await self._read(keys=[self._key("entries"), self._key("head")]))
+            answer = cast(list[Any], await self._read(keys=[self._key("entries"), self._key("head")]))
+        if len(answer) == 3:
+            _, key, held = answer
+            raise Refused("altered", f"{key} holds a {held}, not what the gateways write there")
+        flat, raw_head = answer
         entries = _pairs(flat)
         if raw_head is None:
             if entries:

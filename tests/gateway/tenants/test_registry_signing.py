@@ -170,6 +170,43 @@ async def test_forged_and_replayed_entries_are_refused(
         await raw.aclose()
 
 
+async def test_a_registry_key_of_another_type_is_refused_as_altered(
+    redis_server: RedisServer,
+    registries: tuple[Registry, Registry, GatewayMetrics, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Someone's SET over the entries hash (or a hash where the head belongs): the registry was read as unreachable
+    (WRONGTYPE is a RedisError), logged at debug at every resync, counted nowhere. It is an alteration: refused,
+    counted and logged as one, the gateway keeps what it applied, and a change is refused until Redis is repaired."""
+    a, b, metrics, prefix = registries
+    caplog.set_level(logging.ERROR, logger="gateway.tenants.registry")
+    config = base_config()
+    kept = hash_key("a-key-added-before")
+    await a.change({"kind": "add_key", "tenant_id": "acme", "key_hash": kept}, config)
+    await until(lambda: b.state.keys.get(kept) == "acme", "the key at b")
+    raw = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    entries, head = f"{prefix}:{{registry}}:entries", f"{prefix}:{{registry}}:head"
+    try:
+        saved_entries, saved_head = await raw.hgetall(entries), await raw.get(head)
+        for key, wrong in ((entries, "set"), (head, "hset")):
+            await raw.delete(key)
+            await (raw.set(key, "x") if wrong == "set" else raw.hset(key, "x", "y"))
+            before = refused(metrics, "altered", "stored")
+            await b._resync()
+            assert refused(metrics, "altered", "stored") == before + 1
+            assert b.state.keys.get(kept) == "acme"  # what it applied stays
+            assert any(f"{key} holds a" in r.getMessage() for r in caplog.records)
+            with pytest.raises(StoreUnavailable, match="altered"):
+                await a.change({"kind": "add_key", "tenant_id": "acme", "key_hash": hash_key("new")}, config)
+            await raw.delete(key)
+            await (raw.hset(entries, mapping=saved_entries) if key == entries else raw.set(head, saved_head))
+        # Put back, the registry is believed again.
+        await a.change({"kind": "add_key", "tenant_id": "acme", "key_hash": hash_key("after")}, config)
+        await until(lambda: b.state.keys.get(hash_key("after")) == "acme", "a change after the repair")
+    finally:
+        await raw.aclose()
+
+
 async def test_an_older_registry_put_back_whole_is_refused(
     redis_server: RedisServer, registries: tuple[Registry, Registry, GatewayMetrics, str]
 ) -> None:
