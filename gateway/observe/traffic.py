@@ -1,15 +1,19 @@
 """Traffic per affinity key: requests and tokens per second, as an exponentially weighted moving average.
 
-The request path only counts (``record``: two additions in a dict). Every interval ``fold`` turns the counts into
+The request path only counts: a request when it is placed (``placed``), what it used when it ends (``ended``): a
+few additions in a dict. Every interval ``fold`` turns the counts into
 rates and mixes them into the average with weight ``1 - exp(-elapsed / window_s)``, so a key's rate weighs the
 last ``window_s`` seconds most and a key that stops decays towards zero (it is dropped below ``_FORGET`` requests
 per second). The number of keys is bounded twice, because session keys are unbounded in number: at most
 ``max_keys_per_interval`` distinct keys are counted within one interval (a newcomer past it counts only in its
 pool's total), and after a fold only the ``max_keys`` busiest are kept. Each pool's total is exact either way.
 
-A key's requests in flight on average (``in_flight``) come from the same counts: each request adds the seconds it
-held a seat (Little's law: the mean number in flight is the busy seconds per second). Placement sizes a heavy key's
-replica set by it against the requests a replica runs at once (its seats: gateway/placement/plan.py).
+A key's requests in flight on average (``in_flight``) come from the same counts, by Little's law: its requests per
+second as placed times the seconds each ended request held a seat. Not the busy seconds per second themselves: a
+key whose requests queue holds no more seats than its replica gives it, so its busy seconds per second stop at
+those seats however far its demand passes them, and the plan could not tell a key its replica cannot serve from
+one it can. Placement sizes a heavy key's replica set by it against the requests a replica runs at once (its
+seats: gateway/placement/plan.py).
 
 Rates are linear in the counts, so the fleet's figure is the sum of every gateway's (``merge``): averaging each
 gateway's counts and summing the averages is averaging the fleet's counts. Pure: no I/O, no clock but the one
@@ -79,35 +83,63 @@ class TrafficMeter:
         self.max_keys = max_keys
         self.max_keys_per_interval = max_keys_per_interval
         self._clock = clock
-        self._started = self._folded_at = clock()
-        # (pool, key) -> [requests, tokens, spills, busy seconds] now
+        self._folded_at = clock()
+        self._first: float | None = None  # the first request's placing: what the window counts from
+        # (pool, key) -> [requests placed, tokens, spills, busy seconds, requests ended] now
         self._counts: dict[tuple[str, str], list[float]] = {}
         self._totals: dict[str, list[float]] = {}  # pool -> [requests, tokens] this interval, every key
-        self._keys: dict[tuple[str, str], Rate] = {}  # the average, the busiest max_keys
+        # The average, the busiest max_keys (``in_flight`` there: the busy seconds per second; ``view`` makes it
+        # the requests in flight, with the requests ended per second beside it).
+        self._keys: dict[tuple[str, str], Rate] = {}
+        self._ended: dict[tuple[str, str], float] = {}
         self._pool_totals: dict[str, Rate] = {}
         self.dropped_keys = 0  # newcomers past max_keys_per_interval, counted only in their pool's total
 
     def measured_s(self) -> float:
-        """How long this meter has counted: the average covers less than ``window_s`` of traffic before that."""
-        return self._clock() - self._started
+        """How long this meter has counted traffic, from its first request (0 before it): the average covers less
+        than ``window_s`` of traffic before that. Counted from the gateway's start, a gateway idle for a window
+        before its traffic came took the first seconds of a moving average for a whole window's."""
+        return 0.0 if self._first is None else self._clock() - self._first
 
     def record(self, pool: str, key: str, tokens: float, spilled: bool = False, busy_s: float = 0.0) -> None:
-        """One request of ``key`` in ``pool`` that used ``tokens`` (prompt and completion), ``spilled`` off the
-        key's replica set for demand, and held ``busy_s`` seconds: the request path."""
+        """One whole request (``placed`` and ``ended`` at once)."""
+        self.placed(pool, key)
+        self.ended(pool, key, tokens, spilled, busy_s)
+
+    def placed(self, pool: str, key: str) -> None:
+        """A request of ``key`` in ``pool`` placed now: counted as it arrives, not as it ends. Counted at its end, a
+        request that waits in an engine's queue counts late, and under a queue the rate lags the demand exactly
+        where the plan must act (collide: the heavy tenants read 1.4-4.1 of their 7.2 requests per second while
+        they queued, docs/benchmarks.md). The request path: a dict lookup and two additions."""
+        if self._first is None:
+            self._first = self._clock()
         total = self._totals.get(pool)
         if total is None:
             total = self._totals[pool] = [0.0, 0.0]
         total[0] += 1
-        total[1] += tokens
         counts = self._counts.get((pool, key))
         if counts is None:
             if len(self._counts) >= self.max_keys_per_interval:
                 self.dropped_keys += 1
                 return
-            counts = self._counts[(pool, key)] = [0.0, 0.0, 0.0, 0.0]
+            counts = self._counts[(pool, key)] = [0.0, 0.0, 0.0, 0.0, 0.0]
         counts[0] += 1
+
+    def ended(self, pool: str, key: str, tokens: float, spilled: bool = False, busy_s: float = 0.0) -> None:
+        """The request of ``key`` placed before ended: it used ``tokens`` (prompt and completion), was ``spilled``
+        off the key's replica set for demand, and held ``busy_s`` seconds (what is known only at its end)."""
+        total = self._totals.get(pool)
+        if total is None:
+            total = self._totals[pool] = [0.0, 0.0]
+        total[1] += tokens
+        counts = self._counts.get((pool, key))
+        if counts is None:
+            if len(self._counts) >= self.max_keys_per_interval:
+                return  # a newcomer past the bound: counted in its pool's total only, as when it was placed
+            counts = self._counts[(pool, key)] = [0.0, 0.0, 0.0, 0.0, 0.0]
         counts[1] += tokens
         counts[3] += busy_s
+        counts[4] += 1
         if spilled:
             counts[2] += 1
 
@@ -122,6 +154,12 @@ class TrafficMeter:
         self._keys = _mixed(self._keys, counts, elapsed, weight)
         if len(self._keys) > self.max_keys:
             self._keys = dict(busiest(self._keys.items(), self.max_keys))
+        ended = self._ended
+        self._ended = {
+            item: old + weight * ((counts[item][4] if item in counts else 0.0) / elapsed - old)
+            for item in self._keys
+            if (old := ended.get(item, 0.0)) or item in counts
+        }
         self._pool_totals = {
             pool: rate
             for pool, rate in _mixed(self._pool_totals, totals, elapsed, weight, forget=0.0).items()
@@ -132,8 +170,12 @@ class TrafficMeter:
     def view(self) -> Traffic:
         """The average as of the last fold, per pool."""
         keys: dict[str, dict[str, Rate]] = {}
-        for (pool, key), rate in self._keys.items():
-            keys.setdefault(pool, {})[key] = rate
+        for item, rate in self._keys.items():
+            ended = self._ended.get(item, 0.0)
+            if ended > 0 and rate.in_flight:  # Little's law: placed per second x seat seconds per ended request
+                rate = Rate(rate.requests_per_s, rate.tokens_per_s, rate.spills_per_s,
+                            rate.requests_per_s * rate.in_flight / ended)  # fmt: skip
+            keys.setdefault(item[0], {})[item[1]] = rate
         pools = set(keys) | set(self._pool_totals)
         return {pool: PoolTraffic(self._pool_totals.get(pool, ZERO), keys.get(pool, {})) for pool in pools}
 

@@ -69,6 +69,10 @@ async def _serve(
         # A tenant without limits takes nothing: no coroutine to make and await for it.
         ticket = state.admission.unlimited(tenant.id) or await state.admission.admit(tenant.id, estimate)
         tenant_limits = state.admission.limits(tenant.id)
+    # The key's traffic counts the request now, as it is placed (no await from here to placing it): counted at its
+    # end, a request that waited in an engine's queue counted late, where the plan must act (observe/traffic.py).
+    meter = app[TRAFFIC].meter
+    meter.placed(target.pool, routed.key)
     try:
         # What serves now: a reload may have swapped fleets while the body was read or admission awaited. From here
         # to placing the request there is no await, so the fleet counts it before it could be retired.
@@ -116,7 +120,7 @@ async def _serve(
         # queue or for a load, is no demand for seats), a whole answer's from its arrival (upper bound).
         now, first = time.perf_counter(), record.first_byte
         busy_s = now - (first if record.stream and first is not None else record.started)
-        app[TRAFFIC].meter.record(target.pool, routed.key, used if used is not None else estimate, spilled, busy_s)
+        meter.ended(target.pool, routed.key, used if used is not None else estimate, spilled, busy_s)
 
 
 # A decision left the key's home because the home was over its bound, or another replica was predicted faster.
