@@ -16,18 +16,21 @@ set's replicas. One interval changes at most ``max_moves`` keys, in this order:
    the planned adapters fill the slots pushes another key's adapter out, and that key's requests then pay cold loads:
    how a noisy tenant took its quiet neighbours' slots); each by more than the noise (and with at least
    ``replicate_min_rps``), up to ``max_replicas_per_key``. A key sized by seats grows even where the planned adapters
-   fill every slot: where its own requests in flight (the seconds its requests held a seat, per second) per replica
-   of its set exceed ``seat_share`` of ``seats`` (what one replica runs at once, the pool's ``seats``: one key taking
-   more than that share queues at its bursts, and its neighbours behind it, which no share of the rate shows:
+   fill every slot: where its own requests in flight (its requests per second times the seconds each held a seat) per
+   replica of its set exceed ``seat_share`` of ``seats`` (what one replica runs at once, the pool's ``seats``: one key
+   taking more than that share queues at its bursts, and its neighbours behind it, which no share of the rate shows:
    collide's heavy tenants are 1.2x the mean rate each; a noisy tenant whose replica runs its streams at once is not
-   sized by seats). It gains the least loaded replica where a key planned alone is lighter than the share the copy
-   takes and than ``unplan_below_rps`` (a key whose requests come further apart than a planned slot protects), by
-   more than the noise: the lightest such key there pays for the slot. That key is *unplanned* (``Plan.unplanned``):
-   it keeps its set for routing, but no slot is planned for its adapter (the fill does not load it; a request loads
-   it where that pushes out no planned adapter in use, gateway/fleet/plan_bound.py). A set that would stay below
-   ``shrink_below`` x that mean with one replica fewer (its own requests in flight per replica then below
-   ``shrink_below`` x ``seat_share`` x ``seats``), and spills less than half that share, loses its last after
-   ``shrink_after_s`` (hysteresis: the thresholds differ and shrinking waits);
+   sized by seats). It gains the least loaded replica where a key planned alone is lighter than the share the copy takes
+   and than ``unplan_below_rps`` (a key whose requests come further apart than a planned slot protects), by more than
+   the noise: the lightest such key there pays for the slot. A key overloaded (its requests in flight per replica past
+   every seat of a replica: its queue there grows without bound) is paid for by the lightest key planned alone anywhere
+   that is lighter than the copy's share, whatever ``unplan_below_rps`` says: a payer's reloads cost about a cold load
+   per request it sends, bounded, and the queue is not. That key is *unplanned* (``Plan.unplanned``): it keeps its set
+   for routing, but no slot is planned for its adapter (the fill does not load it; a request loads it where that pushes
+   out no planned adapter in use, gateway/fleet/plan_bound.py). A set that would stay below ``shrink_below`` x that mean
+   with one replica fewer (its own requests in flight per replica then below ``shrink_below`` x ``seat_share`` x
+   ``seats``), and spills less than half that share, loses its last after ``shrink_after_s`` (hysteresis: the thresholds
+   differ and shrinking waits);
 4. balance: the most loaded replica gives a key away, to the replica whose pair then has the lowest peak (a plain
    move where that replica holds fewer than ``ceil(adapters / replicas)`` adapters, else a swap with its lightest
    key, which keeps adapter counts even: heavy keys spread, light keys pack where their adapters fit). A move is
@@ -202,6 +205,8 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         demand = given.in_flight.get(key, 0.0)
         # Its requests in flight per replica past what one replica takes of it (seat_share of its seats): queued.
         seated = seats > 0 and demand / size > settings.seat_share * seats
+        # Past every seat of its replicas: its queue there grows without bound, whatever its neighbours pay.
+        overloaded = seated and demand / size > seats
         limit = min(settings.max_replicas_per_key, len(replicas))
         spilled = given.spills.get(key, 0.0)
         hot = rate / size > settings.grow_above * mean + settings.noise(rate) / size
@@ -214,8 +219,15 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             extra = _extra_replica(homes, loads, replicas, members, given.slots, unplanned)
         paid = None
         if grows and extra is None and seated:  # every slot planned: the lightest key planned alone pays
-            cheap = min(rate / (size + 1), settings.unplan_below_rps)
-            paid = _paid_slot(homes, loads, replicas, members, fixed, unplanned, cheap, settings.noise)
+            # A payer busier than unplan_below_rps costs about a cold load per request it sends; an overloaded key's
+            # queue grows without bound, which no such cost outweighs: then any key lighter than the copy's share
+            # pays, the lightest first (the hot trace's tenant at 40x its rate: 5-6 requests in flight for 4 seats,
+            # every light slot planned and none of its neighbours below the bound).
+            share = rate / (size + 1)
+            cheap = share if overloaded else min(share, settings.unplan_below_rps)
+            paid = _paid_slot(
+                homes, loads, replicas, members, fixed, unplanned, cheap, settings.noise, lightest_first=overloaded
+            )
         if paid is not None:
             extra, payer = paid
             unplanned.add(payer)
@@ -276,12 +288,15 @@ def _extra_replica(
 def _paid_slot(
     homes: Mapping[str, Homes], loads: Mapping[str, float], replicas: Sequence[str], members: Homes,
     fixed: Collection[str], unplanned: Collection[str], share: float, noise: Callable[[float], float],
+    lightest_first: bool = False,
 ) -> tuple[str, str] | None:  # fmt: skip
     """Where a key sized by seats gains a copy while every slot is planned, and the key that pays for it: of the
     replicas it lacks, the least loaded one where a key planned there alone (not ``fixed``: pinned, warming, changed
     this interval), planned, sends fewer than ``share`` requests per second by more than the noise of its measured
-    rate, and that replica's lightest such key. None where no key is that light. The noise margin: a 4 s window
-    measured collide's 0.7 req/s tenants below 0.2 often enough to unplan two of them (68 cold loads in 30 s)."""
+    rate, and that replica's lightest such key (``lightest_first``: the lightest such key anywhere, its replica the
+    least loaded among equals: what a payer costs is about a cold load per request it sends). None where no key is
+    that light. The noise margin: a 4 s window measured collide's 0.7 req/s tenants below 0.2 often enough to unplan
+    two of them (68 cold loads in 30 s)."""
     load, _ = _tally(homes, loads, replicas, unplanned)
     best: tuple[float, float, str, str] | None = None  # (replica's load, the key's rate, replica, key)
     for key, set_ in homes.items():
@@ -290,7 +305,7 @@ def _paid_slot(
         rate = loads.get(key, 0.0)
         if rate + noise(rate) >= share:
             continue
-        candidate = (load[set_[0]], rate, set_[0], key)
+        candidate = (rate, load[set_[0]], set_[0], key) if lightest_first else (load[set_[0]], rate, set_[0], key)
         if best is None or candidate < best:
             best = candidate
     return None if best is None else (best[2], best[3])

@@ -333,6 +333,25 @@ def test_a_key_sized_by_seats_gains_a_copy_paid_for_by_the_lightest_key_planned_
     assert plan(given_heavy, PlanSettings(grow_above=100.0)).changes == []
 
 
+def test_an_overloaded_key_gains_a_copy_paid_for_by_the_lightest_key_whatever_its_rate() -> None:
+    """t5's requests in flight (6) pass every seat of its replica (4): its queue there grows without bound. No key
+    is below unplan_below_rps, so a key merely sized by seats would gain nothing; an overloaded one is paid for by
+    the lightest key planned alone anywhere (t14 at 0.4, not r3's 0.5 keys on a less loaded replica)."""
+    loads = {key: 0.5 for key in RING} | {"t5": 8.0, "t14": 0.4}
+    overloaded = {key: 0.1 for key in RING} | {"t5": 6.0}
+    grown = plan(given_input(loads, slots=4, in_flight=overloaded, seats=4), PlanSettings(grow_above=100.0))
+    assert len(grown.homes["t5"]) == 2
+    assert grown.unplanned == {"t14"}
+    assert sorted(grown.adapters.values()) == [4, 4, 4, 4]
+    # Sized by seats (3 of 4) but not overloaded: no key light enough pays, as before.
+    seated = overloaded | {"t5": 3.0}
+    assert plan(given_input(loads, slots=4, in_flight=seated, seats=4), PlanSettings(grow_above=100.0)).changes == []
+    # No key lighter than the copy's share (8 / 2): none pays even then.
+    heavy_all = {key: 5.0 for key in RING} | {"t5": 8.0}
+    given_heavy = given_input(heavy_all, slots=4, in_flight=overloaded, seats=4)
+    assert plan(given_heavy, PlanSettings(grow_above=100.0)).changes == []
+
+
 def test_an_unplanned_key_is_planned_again_once_the_copy_it_paid_for_is_given_back() -> None:
     loads = {key: 0.5 for key in RING} | {"t5": 3.0, "t14": 0.1}
     in_flight = {key: 0.1 for key in RING} | {"t5": 3.0}
