@@ -7,7 +7,8 @@ set in ``homes`` and its old one in ``warming``. Every gateway routes it by the 
 fill with its adapters (so the eviction timer keeps them); the leader loads and warms them there (the residency
 lifecycle's ``warm``: a load and a one-token request), and publishes the switch only once every adapter of the key
 is resident at every new member by the record (as soon as a warm-up ends, not an interval later), or at once when
-no replica of the old set is up. A move not warm
+no replica of the old set is up or holds its adapter any more (a swap's partner pushed out by the warm-up that
+takes its place). A move not warm
 after ``warm_timeout_s`` is given up (the key keeps its old set).
 
 When the leader dies the table stays as it is (the other gateways keep routing by the last version) until another
@@ -236,8 +237,14 @@ class Placer:
                 self.given_up += 1
                 continue
             up = any(r in pool.replicas and pool.is_healthy(r) for r in old)
-            warm = all(pool.residency.is_resident(r, a.engine_name) for r in new for a in adapters.get(key, ()))
-            if warm or not up:
+            residency, refs = pool.residency, adapters.get(key, ())
+            warm = all(residency.is_resident(r, a.engine_name) for r in new for a in refs)
+            # Pushed out of every old member (a swap: the partner's warm-up there took its slot): routed there, each
+            # request reloaded it and pushed out a neighbour, who reloaded in turn (collide: 12 cold loads at the
+            # heavy key's new home while the partner's own warm-up waited; docs/benchmarks.md). No break is left to
+            # avoid: its requests go to the new set, where its warm-up is under way.
+            gone_old = bool(refs) and not any(residency.is_resident(r, a.engine_name) for r in old for a in refs)
+            if warm or not up or gone_old:
                 del warming[key], warming_since[key]
         if not plan_moves:
             return replace(before, homes=homes, warming=warming, warming_since=warming_since, why=why), 0

@@ -5,7 +5,7 @@ redis-server, make before break on simulated replicas.
   homes after one interval of the second, and the second never leads while the first holds the lease; when the
   first stops renewing, the second takes over and keeps the table;
 - a moving key's requests keep going to its old home until its adapter is resident at the new one, unless the
-  old home is down (then at once);
+  old home is down or no longer holds the adapter (then at once);
 - the freeze and the pins (config and admin store) hold the plan."""
 
 from __future__ import annotations
@@ -160,6 +160,37 @@ async def test_a_moving_key_goes_to_its_new_home_only_once_its_adapter_is_warm_t
             await asyncio.sleep(0.05)  # no tick: the switch follows the warm-up, not the next interval
         assert homes(fleet)[key] == targets[key]
         assert placer.table.moves == 0  # the switch's version moved nothing new
+    finally:
+        await placer.close()
+        await fleet.close()
+
+
+async def test_a_moving_key_pushed_out_of_its_old_set_is_routed_to_its_new_one_at_once(
+    adapters: dict[str, str],
+) -> None:
+    """A swap: the heavy key's warm-up at its new home takes its partner's slot there. Routed by its old set, the
+    partner's every request reloaded it there and pushed out a neighbour, who reloaded in turn (collide: 12 cold
+    loads at the heavy key's new home): with its adapter in no member of its old set there is no break to avoid,
+    and it goes to its new set at once. A key still resident at its old home waits for its warm-up, as before."""
+    settings = config(REPLICAS, adapters)
+    fleet = Fleet(settings)
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    llama = fleet.pools["llama"]
+    try:
+        for tenant, (adapter,) in TENANTS.items():  # every adapter resident at its (count-balanced) home
+            llama.residency.views[llama.ring.home(tenant)].resident[adapter] = 0.0
+        traffic = colliding(fleet)
+        await placer.tick(settings, fleet, traffic)
+        warming = dict(placer.table.pools["llama"].warming)
+        assert len(warming) >= 2
+        targets = dict(placer.table.pools["llama"].homes)
+        pushed, kept = sorted(warming)[:2]
+        for replica_id in warming[pushed]:
+            llama.residency.views[replica_id].resident.pop(TENANTS[pushed][0], None)
+        await placer.tick(settings, fleet, traffic)
+        assert pushed not in placer.table.pools["llama"].warming
+        assert homes(fleet)[pushed] == targets[pushed]  # although not warm there yet: its warm-up is under way
+        assert kept in placer.table.pools["llama"].warming and homes(fleet)[kept] == warming[kept]
     finally:
         await placer.close()
         await fleet.close()
