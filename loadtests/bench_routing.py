@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -565,6 +566,12 @@ def run_setup(setup: Setup, trace: list[Arrival], spec: TraceSpec, time_scale: f
         before = {r: sim_stats(u) for r, u in replicas.items()}
         observed = asyncio.run(replay(router_urls, setup.router, trace, replicas, hot=spec.hot_extra > 0))
         after = {r: sim_stats(u) for r, u in replicas.items()}
+        kept = os.environ.get("BENCH_KEEP_LOGS")  # a directory: every process's log of the run, for reading later
+        if kept:
+            into = Path(kept) / f"{spec.name}-{setup.name.replace(' ', '_').replace(',', '')}-{time.time():.0f}"
+            into.mkdir(parents=True, exist_ok=True)
+            for log in root.glob("*.log"):
+                shutil.copy(log, into / log.name)
     return summarize(setup, trace, observed, before, after, hot=spec.hot_extra > 0, time_scale=time_scale,
                      heavy=heavy_tenants(spec))  # fmt: skip
 
