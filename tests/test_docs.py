@@ -990,3 +990,25 @@ def test_the_readmes_json_containers_figures_are_the_benchmarks_table() -> None:
     assert "held the event loop 0.35-1 s at load 2-7, every tenant's requests behind it, measured once" in readme
     assert f"now it is refused in {low}-{high} ms, median {median}" in readme
     assert "0.35-1 s" in section
+
+
+def test_the_readmes_counted_when_placed_figures_are_the_benchmarks_table() -> None:
+    """README, Homes from traffic: collide's figures with requests counted when placed (and the rest of that
+    section's changes) are what docs/benchmarks.md's "Collide and hot: traffic counted when placed" table says, and so
+    is the hot tenant's cold-stream range the section's reading quotes."""
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    section = benchmarks[benchmarks.index("### Collide and hot: traffic counted when placed") :]
+    section = section[: section.index("\n### ")]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith(("| collide ", "| hot ")):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[", ".join(cells[:3])] = cells[3:]
+    readme = " ".join((REPO / "README.md").read_text().split())
+
+    traffic, balanced = rows["collide, this code, traffic homes"], rows["collide, this code, balanced homes"]
+    assert f"collide's cold loads with traffic homes are {traffic[0]} against balanced homes' {balanced[0]}" in readme
+    assert f"its TTFT p99 {traffic[1]} against {balanced[1]}" in readme
+    reading = " ".join(section.split())
+    assert "traffic homes 11, 19 and 26 against balanced homes' 0, 7 and 7" in reading
+    assert "cold streams after its second home is warm 11-26 against 0-7" in readme
