@@ -26,6 +26,12 @@ Why not the supervisor or Redis: the supervisor holds no fleet (no drivers, no d
 have to grow one; Redis would add a write per interval and a read per interval per worker, and a lag of up to an
 interval between the scrape and each worker's read (a worker's own change in that lag is then lost from its view).
 A datagram arrives within microseconds and wakes only the workers, once per scrape.
+
+The socket lives in the supervisor's directory (mode 0700), yet what arrives is checked as input, not trusted: a
+datagram that inflates past ``_MAX_MESSAGE``, nests past the parser, carries a figure that is not a finite number
+of the right kind or a probe result that is not a boolean, or is stamped ahead of the host's clock, is ignored
+(the first said, then a count each minute), and one no newer than the last taken for its pool (replayed, or late)
+is not taken: it reaches neither the load view nor the replicas' health.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ _MAX_DATAGRAM = 1 << 20  # what one receive takes; a larger datagram is refused 
 # per replica) was refused whole past some 800 replicas, and one socket sending to several siblings ran out of room
 # once the first few held a datagram each (the others missed the scrape). zlib at level 1: 0.3 ms for 1,000 replicas.
 _LEVEL = 1
+UNREADABLE_LOG_S = 60.0
 _PROBES = "probes"  # a message's kind: a probe round (a scrape has no kind: what every worker sent before probes)
 # A sibling that cannot take a datagram now: not started yet, dead, being replaced, or its queue is full (busy).
 _GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.ENOBUFS)
@@ -75,16 +82,64 @@ def encode(pool: str, at: float, worker: int, loads: Mapping[str, EngineLoad | N
     return zlib.compress(json.dumps({"pool": pool, "at": at, "worker": worker, "replicas": replicas}).encode(), _LEVEL)
 
 
-def encode_probes(pool: str, worker: int, healthy: Mapping[str, bool]) -> bytes:
-    return zlib.compress(json.dumps({"kind": _PROBES, "pool": pool, "worker": worker, "healthy": healthy}).encode())
+def encode_probes(pool: str, worker: int, healthy: Mapping[str, bool], at: float) -> bytes:
+    """``at``: when the round ended (``time.monotonic``): a worker takes only rounds newer than the last it took."""
+    round_ = {"kind": _PROBES, "pool": pool, "worker": worker, "healthy": healthy, "at": at}
+    return zlib.compress(json.dumps(round_).encode())
+
+
+# What a datagram may inflate to: a scrape takes some 300 bytes per replica, so about 50,000 replicas. A datagram of
+# under 1 MiB (what one receive takes) inflated a thousandfold before: a gigabyte, then parsed, on the event loop.
+_MAX_MESSAGE = 16 << 20
+# How far ahead of this host's clock a message's ``at`` may be (the siblings share ``time.monotonic``): none is
+# ahead but by the time the datagram took.
+_AHEAD_S = 1.0
+_LOAD_FIELDS = frozenset(("running", "waiting", "kv_cache_usage", "running_adapters", "gpu_slots", "generated_tokens"))
 
 
 def _message(data: bytes) -> dict[str, Any]:
+    """A datagram as the object a sibling sends; ValueError for anything else (never another error: the reader's
+    handling is for ValueError, KeyError, TypeError and AttributeError)."""
+    inflate = zlib.decompressobj()
     try:
-        message: dict[str, Any] = json.loads(zlib.decompress(data))
+        text = inflate.decompress(data, _MAX_MESSAGE)
     except zlib.error as exc:
         raise ValueError(f"not a compressed message: {exc}") from exc
+    if inflate.unconsumed_tail:
+        raise ValueError(f"a message larger than {_MAX_MESSAGE} bytes once decompressed")
+    try:
+        message = json.loads(text)
+    except RecursionError as exc:  # nested past the parser's depth
+        raise ValueError("a message nested too deep") from exc
+    if not isinstance(message, dict):
+        raise ValueError("a message that is not an object")
     return message
+
+
+def _figure(value: Any, what: str, *, whole: bool = False) -> float:
+    """A figure a scrape carries: a JSON number (not a boolean), finite, not negative (``whole``: an integer)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or (whole and not isinstance(value, int)):
+        raise ValueError(f"{what} is not a number: {value!r}")
+    try:
+        figure = float(value)
+    except OverflowError as exc:  # an integer past a double
+        raise ValueError(f"{what} is past a double") from exc
+    if not 0 <= figure < math.inf:  # NaN fails it too
+        raise ValueError(f"{what} is not a figure: {value!r}")
+    return figure
+
+
+def _at(message: dict[str, Any]) -> float:
+    at = _figure(message["at"], "at")
+    if at > time.monotonic() + _AHEAD_S:
+        raise ValueError(f"a message from the future: at {at}")
+    return at
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is not a string: {value!r}")
+    return value
 
 
 def decode(data: bytes) -> tuple[str, float, int, dict[str, EngineLoad | None]]:
@@ -101,19 +156,39 @@ def decode_probes(data: bytes) -> tuple[str, int, dict[str, bool]]:
 
 
 def _probes(message: dict[str, Any]) -> tuple[str, int, dict[str, bool]]:
-    healthy = {str(replica): bool(ok) for replica, ok in message["healthy"].items()}
-    return str(message["pool"]), int(message["worker"]), healthy
+    """A probe round's pool, worker and results; a result that is not a boolean makes the round unreadable (read
+    as truthy or not, a null or "no" counted as a failed or passed probe: a few such rounds ejected a replica)."""
+    healthy = message["healthy"]
+    if not isinstance(healthy, dict) or not all(isinstance(ok, bool) for ok in healthy.values()):
+        raise ValueError(f"a probe round's results are not booleans by URL: {healthy!r:.200}")
+    return _name(message["pool"], "pool"), int(_figure(message["worker"], "worker", whole=True)), healthy
+
+
+def _load(load: Any) -> EngineLoad:
+    """A replica's load as a sibling encodes it (``encode``): every field checked, none taken on trust (a string
+    or an integer past a double raised out of the pool's scrape handling, a negative or boolean figure was routed
+    on)."""
+    if not isinstance(load, dict) or set(load) != _LOAD_FIELDS:
+        raise ValueError(f"a replica's load is not the fields a scrape has: {load!r:.200}")
+    adapters = load["running_adapters"]
+    if not isinstance(adapters, list) or not all(isinstance(adapter, str) for adapter in adapters):
+        raise ValueError("a replica's running adapters are not a list of names")
+    slots, generated = load["gpu_slots"], load["generated_tokens"]
+    return EngineLoad(
+        _figure(load["running"], "running"), _figure(load["waiting"], "waiting"),
+        _figure(load["kv_cache_usage"], "kv_cache_usage"), frozenset(adapters),
+        gpu_slots=None if slots is None else int(_figure(slots, "gpu_slots", whole=True)),
+        generated_tokens=None if generated is None else _figure(generated, "generated_tokens"),
+    )  # fmt: skip
 
 
 def _scrape(message: dict[str, Any]) -> tuple[str, float, int, dict[str, EngineLoad | None]]:
-    loads: dict[str, EngineLoad | None] = {}
-    for replica, load in message["replicas"].items():
-        if load is None:
-            loads[str(replica)] = None
-            continue
-        running = frozenset(str(adapter) for adapter in load.pop("running_adapters"))
-        loads[str(replica)] = EngineLoad(**load, running_adapters=running)
-    return str(message["pool"]), float(message["at"]), int(message["worker"]), loads
+    replicas = message["replicas"]
+    if not isinstance(replicas, dict):
+        raise ValueError("a scrape's replicas are not an object")
+    loads = {replica: None if load is None else _load(load) for replica, load in replicas.items()}
+    worker = int(_figure(message["worker"], "worker", whole=True))
+    return _name(message["pool"], "pool"), _at(message), worker, loads
 
 
 class HostScrapes:
@@ -129,6 +204,14 @@ class HostScrapes:
         # When (time.monotonic) each pool's latest probe round came from the leader, and the URLs it probed.
         self._probed_at: dict[str, float] = {}
         self._probed: dict[str, frozenset[str]] = {}
+        # Per pool, the ``at`` of the newest scrape and probe round taken: an older one (replayed, or arriving after
+        # a newer one) is not taken. A replayed round saying a replica is down counted as another failed probe.
+        self._newest_scrape: dict[str, float] = {}
+        self._newest_round: dict[str, float] = {}
+        # Unreadable datagrams: the first logged, then a count at most every UNREADABLE_LOG_S (a flood of junk cost
+        # a log line each).
+        self._unreadable = 0
+        self._unreadable_logged_at = -math.inf
         self._lock_fd: int | None = None
         self._too_large_logged = False
 
@@ -174,7 +257,7 @@ class HostScrapes:
     def publish_probes(self, pool: str, healthy: Mapping[str, bool]) -> None:
         """Send one pool's probe round to every other worker (as ``publish``; one that misses it probes the pool
         itself once the leader's rounds have not come for a while: ``probes_heard``)."""
-        self._send(pool, "probe round", encode_probes(pool, self.sockets.worker, healthy))
+        self._send(pool, "probe round", encode_probes(pool, self.sockets.worker, healthy, time.monotonic()))
 
     def _send(self, pool: str, what: str, data: bytes) -> None:
         outboxes = self._outboxes
@@ -207,16 +290,29 @@ class HostScrapes:
                 message = _message(data)
                 if message.get("kind") == _PROBES:
                     pool, _, healthy = _probes(message)
-                    if not self.leading:  # a leader that just took over may still receive its predecessor's last
+                    at = _at(message)
+                    # A leader that just took over may still receive its predecessor's last round.
+                    if not self.leading and at > self._newest_round.get(pool, -math.inf):
+                        self._newest_round[pool] = at
                         self._probed_at[pool], self._probed[pool] = time.monotonic(), frozenset(healthy)
                         apply_probes(pool, healthy)
                     continue
                 pool, at, _, loads = _scrape(message)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                log.warning("an unreadable message from a sibling worker was ignored: %s", exc)
+                self._unreadable_message(exc)
                 continue
-            if not self.leading:  # a leader that just took over may still receive its predecessor's last one
+            # A leader that just took over may still receive its predecessor's last one.
+            if not self.leading and at > self._newest_scrape.get(pool, -math.inf):
+                self._newest_scrape[pool] = at
                 apply(pool, at, loads)
+
+    def _unreadable_message(self, exc: Exception) -> None:
+        self._unreadable += 1
+        now = time.monotonic()
+        if now - self._unreadable_logged_at >= UNREADABLE_LOG_S:
+            log.warning("an unreadable message from a sibling worker was ignored (%d since the last said): %s",
+                        self._unreadable, exc)  # fmt: skip
+            self._unreadable, self._unreadable_logged_at = 0, now
 
     def close(self) -> None:
         if self._inbox is not None:

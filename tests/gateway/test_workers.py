@@ -476,7 +476,7 @@ def test_two_workers_probe_a_replica_once_per_interval_and_both_take_the_rounds(
 
 def test_a_shared_probe_round_reads_back_as_probed() -> None:
     healthy = {"r0": True, "r1": False}
-    assert host_scrape.decode_probes(host_scrape.encode_probes("p", 1, healthy)) == ("p", 1, healthy)
+    assert host_scrape.decode_probes(host_scrape.encode_probes("p", 1, healthy, 12.5)) == ("p", 1, healthy)
     with pytest.raises(ValueError):
         host_scrape.decode_probes(host_scrape.encode("p", 12.5, 1, {}))
 
