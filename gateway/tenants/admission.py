@@ -96,6 +96,9 @@ class Bucket:
 
 # After a shared bucket did not answer, every limit of the gateway uses its local bucket this long.
 FALLBACK_S = 5.0
+# A refusal from the shared bucket is repeated here, without Redis, only while the bucket cannot have refilled
+# enough even if Redis' clock ran this much ahead of this host's since (RateLimit._short_of).
+SHORT_SLACK_S = 0.05
 
 
 class Outage:
@@ -131,6 +134,11 @@ class RateLimit:
         # Tokens used beyond the lease, not yet taken from the shared bucket; one debit in flight at a time.
         self._debt = 0.0
         self._debiting: asyncio.Task[None] | None = None
+        # What the shared bucket held when it last refused a lease, and when (time.monotonic): it refills at per_s
+        # and only leases and debts take from it, so until it can hold a request's need that request is refused
+        # here, asking Redis nothing. A tenant over its limit made a script call for every request it sent, on the
+        # Redis every tenant's leases (and the residency store, the slot signal) share, each refusal a round trip.
+        self._short: tuple[float, float] | None = None
 
     async def take(self, amount: float) -> float:
         if self.shared is None or self._outage.now:
@@ -149,6 +157,8 @@ class RateLimit:
             # A debt larger than a minute's limit could never be leased at once: forgive what exceeds it.
             self.leased = max(self.leased, amount - self.capacity)
             need = amount - self.leased
+            if (short := self._short_of(need)) is not None:
+                return short
             try:
                 granted, wait = await self.shared.lease(
                     self.key, max(need, self.lease_size), need, self.capacity, self.per_s
@@ -160,10 +170,24 @@ class RateLimit:
                 self._outage.began()
                 return self.local.take(amount)
             self.leased += granted
+            # Refused: the bucket held min(need, capacity) less what refills in the wait (the script's own sum).
+            self._short = (min(need, self.capacity) - wait * self.per_s, time.monotonic()) if not granted else None
             if self.leased >= amount:
                 self.leased -= amount
                 return 0.0
             return max(wait, 0.001)
+
+    def _short_of(self, need: float) -> float | None:
+        """The wait, when the shared bucket cannot hold ``need`` yet by what its last refusal said (None: ask)."""
+        if self._short is None:
+            return None
+        tokens, at = self._short
+        # At most what it held then, refilled since (with SHORT_SLACK_S for the two clocks' rates): never more.
+        have = tokens + (time.monotonic() - at + SHORT_SLACK_S) * self.per_s
+        want = min(need, self.capacity)
+        if have >= want:
+            return None
+        return (want - have) / self.per_s + SHORT_SLACK_S
 
     def give(self, amount: float) -> None:
         """Give tokens back (negative: take more, a debt). Locally the bucket goes below zero; with a shared

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any
 
@@ -301,6 +302,67 @@ async def test_two_versions_of_gateway_admit_at_most_twice_a_tenants_limit(redis
     finally:
         await new.close()
         await old.close()
+
+
+def two_tenants(rpm: int) -> GatewayConfig:
+    tenants = [
+        {"id": name, "api_keys": ["sha256:" + digit * 64], "base_models": ["m"], "limits": {"requests_per_minute": rpm}}
+        for name, digit in (("noisy", "1"), ("quiet", "2"))
+    ]
+    return GatewayConfig.model_validate(
+        {
+            "pools": [
+                {"name": "p", "backend": "vllm", "base_model": "m", "replicas": [{"id": "r0", "url": "http://h"}]}
+            ],
+            "tenants": tenants,
+        }
+    )
+
+
+async def scripts_run(client: redis.asyncio.Redis) -> int:
+    stats = await client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("eval", "evalsha"))
+
+
+async def test_a_noisy_tenant_over_its_limit_costs_redis_nothing_and_a_quiet_one_of_the_same_limit_nothing(
+    redis_server: RedisServer,
+) -> None:
+    """Two gateways sharing Redis, a noisy and a quiet tenant with the same per-minute limit (each has a bucket of
+    its own: the noisy one never takes the quiet one's). A tenant over its limit made a Redis call for every
+    request it sent (a lease that answered "wait"): its flood of refused requests was a flood of scripts on the
+    Redis every tenant's leases, the residency store and the slot signal share, and each refused request waited a
+    round trip. Now a refusal tells the gateway what the shared bucket held: until it can have refilled enough, a
+    request is refused here, with the same Retry-After, without asking Redis."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    probe = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    shared = [RedisBuckets(redis_server.url, prefix=prefix, operation_timeout_s=5) for _ in range(2)]
+    gateways = [Admission(GatewayMetrics(), buckets) for buckets in shared]
+    try:
+        for gateway in gateways:
+            gateway.configure(two_tenants(6))  # 6 a minute: one every 10 s, nothing refills within the test
+        admitted, refusals = 0, []
+        for i in range(200):
+            try:
+                await gateways[i % 2].admit("noisy", 1)
+                admitted += 1
+            except RequestRateLimited as exc:
+                refusals.append(int(exc.headers["Retry-After"]))
+        assert admitted == 6 and len(refusals) == 194 and all(1 <= wait <= 10 for wait in refusals)
+        before = await scripts_run(probe)
+        for i in range(200):
+            with pytest.raises(RequestRateLimited):
+                await gateways[i % 2].admit("noisy", 1)
+        assert await scripts_run(probe) - before == 0
+        quiet = 0
+        for i in range(20):
+            with contextlib.suppress(RequestRateLimited):
+                await gateways[i % 2].admit("quiet", 1)
+                quiet += 1
+        assert quiet == 6
+    finally:
+        await probe.aclose()
+        for buckets in shared:
+            await buckets.close()
 
 
 async def test_a_debt_stays_with_the_local_bucket_when_redis_cannot_take_it() -> None:
