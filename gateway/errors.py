@@ -125,6 +125,18 @@ class UpstreamError(GatewayError):
     code = "upstream_error"
 
 
+class UpstreamBusy(GatewayError):
+    """The replica (or a proxy before it) said it is busy (429) and no other took the request: the request is fine,
+    try again shortly. The Retry-After is the gateway's own: an engine's header is never passed through."""
+
+    status = 503
+    error_type = "server_error"
+    code = "upstream_busy"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "1"})
+
+
 class UpstreamTimeout(GatewayError):
     status = 504
     error_type = "server_error"

@@ -22,7 +22,14 @@ from backends.errors import (
     EngineUnavailable,
     StreamBroken,
 )
-from gateway.errors import GatewayError, InvalidRequest, UpstreamError, UpstreamTimeout, WorkingSetFull
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    UpstreamBusy,
+    UpstreamError,
+    UpstreamTimeout,
+    WorkingSetFull,
+)
 from gateway.fleet.outlier import Blame
 
 
@@ -74,9 +81,20 @@ def _timeout(exc: BackendError, tenant_deadline: bool) -> Blame:
     return "none" if tenant_deadline else "suspect"
 
 
+# An engine's or a proxy's "busy": not the request's fault, whatever type the body names.
+_BUSY = 429
+# The most of an engine's error text passed to the client (and so to the access log): an engine's (or a proxy's)
+# page of megabytes went whole into the answer.
+ENGINE_MESSAGE_CHARS = 1000
+
+
 def _engine_fault(exc: BackendError) -> bool:
     """A 5xx the engine does not name as the client's."""
     return isinstance(exc, EngineRejected) and exc.status >= 500 and exc.kind not in _CLIENT_KINDS
+
+
+def _engine_retryable(exc: BackendError) -> bool:
+    return _engine_fault(exc) or (isinstance(exc, EngineRejected) and exc.status == _BUSY)
 
 
 def _engine_blame(exc: BackendError, tenant_deadline: bool) -> Blame:
@@ -84,9 +102,17 @@ def _engine_blame(exc: BackendError, tenant_deadline: bool) -> Blame:
 
 
 def _rejected(exc: BackendError) -> GatewayError:
+    if isinstance(exc, EngineRejected) and exc.status == _BUSY:
+        return UpstreamBusy("The model replica is busy; retry shortly.")
     if isinstance(exc, EngineRejected) and (400 <= exc.status < 500 or exc.kind in _CLIENT_KINDS) and exc.status != 404:
-        return InvalidRequest(exc.message)  # the engine's own validation, e.g. max_tokens over the context
+        return InvalidRequest(_bounded(exc.message))  # the engine's own validation, e.g. max_tokens over the context
     return UpstreamError("The model replica failed to answer.")
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= ENGINE_MESSAGE_CHARS:
+        return message
+    return f"{message[:ENGINE_MESSAGE_CHARS]}... ({len(message):,} characters, cut)"
 
 
 def _timed_out(exc: BackendError) -> GatewayError:
@@ -118,8 +144,9 @@ _RULES: tuple[tuple[type[BackendError], _Rule], ...] = (
         _Rule(_never, _nobody, lambda exc: UpstreamError("The model could not be loaded on its replica.")),
     ),
     # The engine answered with an error status. A 5xx may be the replica's or the request's: tried once elsewhere
-    # (which tells the two apart, outlier.py) unless the engine names it the client's; a 4xx is the request's.
-    (EngineRejected, _Rule(_engine_fault, _engine_blame, _rejected)),
+    # (which tells the two apart, outlier.py) unless the engine names it the client's; a 4xx is the request's, but
+    # a 429 (busy) is tried elsewhere, blaming nobody, and else answered 503 (UpstreamBusy).
+    (EngineRejected, _Rule(_engine_retryable, _engine_blame, _rejected)),
     (BackendError, _Rule(_never, _nobody, _failed)),
 )
 

@@ -199,3 +199,30 @@ def test_adapter_affinity_sends_every_tenant_of_an_adapter_to_its_home(tmp_path:
             registered = {name: "lora-shared" in r.stats()["registered"] for name, r in replicas.items()}
     assert sorted(counts.values()) == [0, 0, 12], counts
     assert sum(registered.values()) == 1, registered
+
+
+def test_an_engine_429_is_retried_elsewhere_then_a_503_with_the_gateways_retry_after_and_ejects_nothing(
+    tmp_path: Path,
+) -> None:
+    """t0's home answers every inference 429 (an engine, or a limiting proxy before it): the request is taken by the
+    other replica. With both answering 429 the client gets 503 upstream_busy with Retry-After 1 (it was a 400
+    invalid_request with the engine's text: a valid request told it was wrong), and neither replica is ejected."""
+    tenants = {"t0": ["lora-t0"]}
+    with sim_replicas(tmp_path, 2, *SIM) as replicas:
+        pool = {"outlier": {"consecutive_failures": 2}}
+        with GatewayUnderTest(tmp_path, config_for(tmp_path, replicas, tenants, **pool)) as gw:
+            home = gw.home_of("t0")
+            other = next(name for name in replicas if name != home)
+            replicas[home].faults(error_status=429)
+            before = served(replicas, "lora-t0")[other]
+            assert client(gw, "t0").completions.create(model="lora-t0", prompt="x", max_tokens=2).choices
+            assert served(replicas, "lora-t0")[other] - before == 1
+            replicas[other].faults(error_status=429)
+            for _ in range(4):  # past consecutive_failures
+                with pytest.raises(openai.APIStatusError) as caught:
+                    client(gw, "t0").completions.create(model="lora-t0", prompt="x", max_tokens=2)
+                assert caught.value.status_code == 503, caught.value
+                assert caught.value.response.headers["Retry-After"] == "1"
+                assert caught.value.body["code"] == "upstream_busy"  # type: ignore[index]
+            state = gw.admin("GET", "/admin/residency").json()["pools"]["llama"]["replicas"]
+    assert all(view["healthy"] and not view["ejected"] for view in state.values()), state
