@@ -165,9 +165,9 @@ class VllmDriver:
         if 200 <= response.status < 300:
             return VllmResponse(response)
         try:
-            text = (await response.read()).decode("utf-8", "replace")
-        except OSError as exc:
-            raise EngineUnavailable(f"{replica.id} broke off its error answer: {exc!r}") from exc
+            text = (await response.read(MAX_ERROR_BODY)).decode("utf-8", "replace")
+        except OSError as exc:  # http1.ResponseError past MAX_ERROR_BODY too: no engine's refusal is that long
+            raise EngineUnavailable(f"{replica.id} broke off its error answer, or sent one too long: {exc!r}") from exc
         finally:
             response.release()
         if response.status < 400:  # a redirect (a front one hop off the engine): no answer, the replica's failure
@@ -205,6 +205,12 @@ class VllmDriver:
         for origin in self._origins.values():
             origin.close()
         await self._session.close()
+
+
+# The most of an error answer read (an engine's refusal is a line of JSON; 1 MiB parses in a few ms): one of
+# megabytes (a proxy's page, a broken or hostile engine) was read whole, up to the 64 MiB an answer may take, and
+# parsed on the event loop.
+MAX_ERROR_BODY = 1 << 20
 
 
 def _error_message(text: str) -> str:

@@ -166,3 +166,15 @@ async def test_a_health_probe_answered_with_a_redirect_is_down() -> None:
     elsewhere = ("GET", "/elsewhere", answer(b"ok", content_type="text/plain"))
     async with engine("GET", "/health", redirect, also=[elsewhere]) as (driver, replica):
         assert not await driver.healthy(replica)
+
+
+async def test_an_error_answer_of_megabytes_is_not_read_whole_or_parsed() -> None:
+    """An error answer is read to give the client the engine's reason: one of 20 MB (a proxy's page, a hostile
+    engine) was read whole (up to the 64 MiB an answer may take), decoded and parsed as JSON on the event loop, every
+    tenant's requests behind it, and its message went on whole. Past MAX_ERROR_BODY the answer is no answer: the
+    replica's failure (EngineUnavailable), read no further."""
+    huge = answer(b'{"error": {"message": "' + b"x" * (20 << 20) + b'"}}', status=400)
+    async with engine("POST", "/v1/completions", huge) as (driver, replica):
+        with pytest.raises(EngineUnavailable):
+            await driver.send(replica, EngineRequest("/v1/completions", b"{}", False))
+    assert backends.vllm.MAX_ERROR_BODY <= 1 << 20
