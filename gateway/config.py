@@ -80,6 +80,9 @@ class TtftPriors(_Frozen):
     host_ms: float = Field(default=70.0, ge=0, le=600_000)
     cold_ms: float = Field(default=500.0, ge=0, le=600_000)
     per_request_ms: float = Field(default=10.0, ge=0, le=600_000)
+    # The wait for a GPU adapter slot (the gpu_slot scorer, off by default): a request whose adapter is not in use on
+    # a replica whose GPU slots other adapters in use fill all. Above 0, so a learned wait never vanishes.
+    gpu_slot_ms: float = Field(default=200.0, gt=0, le=600_000)
 
 
 class RoutingConfig(_Frozen):

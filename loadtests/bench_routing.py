@@ -146,6 +146,10 @@ TRAFFIC_HOMES = (("traffic", {"interval_s": 1.0, "window_s": 4.0}), ("placement"
 # The default scorers and the load_ahead term (a cold load priced by the loads under way where it would run).
 LOAD_AHEAD = {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0, "load_ahead": 1.0}
 
+# The default scorers and the gpu_slot term (the wait for a GPU adapter slot where every slot is held by other
+# adapters in use).
+GPU_SLOT = {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0, "gpu_slot": 1.0}
+
 VLLM_ROUTER_POLICIES = ("consistent_hash", "round_robin", "sticky_least_loaded", "cache_aware")
 SETUPS = [
     Setup("tenantgate round_robin", "tenantgate", "round_robin"),
@@ -200,6 +204,14 @@ SETUPS = [
         "predicted_ttft",
         gateways=3,
         routing=(("scorers", LOAD_AHEAD),),
+    ),
+    Setup("tenantgate predicted_ttft, gpu slot", "tenantgate", "predicted_ttft", routing=(("scorers", GPU_SLOT),)),
+    Setup(
+        "tenantgate predicted_ttft, 3 gateways, gpu slot",
+        "tenantgate",
+        "predicted_ttft",
+        gateways=3,
+        routing=(("scorers", GPU_SLOT),),
     ),
     Setup("tenantgate bounded, 3 gateways", "tenantgate", "bounded_consistent_hash", gateways=3),
     Setup(

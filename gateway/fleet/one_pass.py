@@ -31,7 +31,7 @@ from typing import Protocol
 from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.replica import Replica
 from gateway.residency.lifecycle import PoolResidency, ReplicaView, among_newest
-from gateway.routing.costs import Regime, loads_ahead_ms
+from gateway.routing.costs import Regime, gpu_slot_waits, loads_ahead_ms
 from gateway.routing.decision import NO_PARTS, Prediction, RoutingDecision
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.scorers import Scoring
@@ -52,11 +52,13 @@ class Pool(Protocol):
     shared_load_view: bool
     engine_view_max_age_s: float | None
     scrape_fresh_s: float
+    running_fresh_s: float
     prefix_warm_s: float
     recent_served: OrderedDict[str, dict[str, float]]
 
 
 _NEVER = -math.inf
+_NOWHERE: frozenset[str] = frozenset()
 # A named tuple's own __new__ without its Python-level argument handling (every field is passed, in order).
 _new = tuple.__new__
 
@@ -142,10 +144,16 @@ def decide_plain(
         flying = pool.residency.signal.flying_on(pool.name, engine_model)
     listed_after = now - pool.scrape_fresh_s  # a scrape since then still lists the adapters running
     # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
-    warm_c, warm_p, warm_o, _ = table["warm"]
-    kv_cold_c, kv_cold_p, kv_cold_o, _ = table["kv_cold"]
-    host_c, host_p, host_o, _ = table["host"]
-    cold_c, cold_p, cold_o, cold_a = table["cold"]
+    warm_c, warm_p, warm_o, _, warm_s = table["warm"]
+    kv_cold_c, kv_cold_p, kv_cold_o, _, kv_cold_s = table["kv_cold"]
+    host_c, host_p, host_o, _, host_s = table["host"]
+    cold_c, cold_p, cold_o, cold_a, cold_s = table["cold"]
+    # The gpu_slot term (when on): the expected wait for a GPU adapter slot where the adapter would wait for one
+    # (Pool._gpu_slot_ms, inline).
+    slot_waits = engine_model is not None and bool(warm_s or kv_cold_s or host_s or cold_s)
+    running_after = now - pool.running_fresh_s
+    gpu_slot_ms = scoring.model.gpu_slot_ms
+    signal = pool.residency.signal
     # The adapter loads under way per replica, this gateway's and the others' (read only by a cold candidate, and
     # only when the load_ahead scorer is on and some load is under way).
     loading_here = loading_there = None
@@ -154,8 +162,9 @@ def decide_plain(
         loading_here, loading_there = residency.loading_here, residency.signal.loading_elsewhere(pool.name)
         if not loading_here and not loading_there:
             cold_a = 0.0
-    best_id, best_ms, best_load = home, math.inf, 0
-    cold_id, cold_ms, cold_load = home, math.inf, 0  # the best candidate where the adapter is cold, kept apart
+    best_id, best_ms, best_load, best_slot = home, math.inf, 0, False
+    # The best candidate where the adapter is cold, kept apart.
+    cold_id, cold_ms, cold_load, cold_slot = home, math.inf, 0, False
     warm_count = warm_load = 0
     regime: Regime
     best_regime: Regime = "cold"
@@ -201,18 +210,27 @@ def decide_plain(
                     on_gpu = len(held_here) <= slots or among_newest(held_here, used, slots) or replica_id in flying
         else:
             on_gpu = False
+        slot_ms = 0.0
+        if slot_waits:
+            assert engine_model is not None
+            scraped = replica.engine_load
+            if scraped is not None and scraped.gpu_slots:
+                running = scraped.running_adapters if replica.scraped_at >= running_after else _NOWHERE
+                there_now = signal.adapters_elsewhere(pool.name, replica_id)
+                if gpu_slot_waits(engine_model, view.in_flight, there_now, running, scraped.gpu_slots):
+                    slot_ms = gpu_slot_ms
         if on_gpu:
             if recent is not None and recent.get(replica_id, _NEVER) >= warm_since:
                 regime = "warm"
-                constant, per_request, off_home_ms = warm_c, warm_p, warm_o
+                constant, per_request, off_home_ms, per_slot = warm_c, warm_p, warm_o, warm_s
             else:
                 regime = "kv_cold"
-                constant, per_request, off_home_ms = kv_cold_c, kv_cold_p, kv_cold_o
+                constant, per_request, off_home_ms, per_slot = kv_cold_c, kv_cold_p, kv_cold_o, kv_cold_s
         elif replica_id in resident:
             regime = "host"
-            constant, per_request, off_home_ms = host_c, host_p, host_o
+            constant, per_request, off_home_ms, per_slot = host_c, host_p, host_o, host_s
         else:
-            ms = cold_c + cold_p * load
+            ms = cold_c + cold_p * load + cold_s * slot_ms
             if cold_a:
                 assert loading_here is not None and loading_there is not None
                 here, there = loading_here.get(replica_id), loading_there.get(replica_id)
@@ -221,15 +239,15 @@ def decide_plain(
             if replica_id not in homes:
                 ms += cold_o
             if ms < cold_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
-                cold_id, cold_ms, cold_load = replica_id, ms, load
+                cold_id, cold_ms, cold_load, cold_slot = replica_id, ms, load, slot_ms > 0
             continue
         warm_count += 1
         warm_load += load
-        ms = constant + per_request * load
+        ms = constant + per_request * load + per_slot * slot_ms
         if replica_id not in homes:
             ms += off_home_ms
         if ms < best_ms:
-            best_id, best_ms, best_load, best_regime = replica_id, ms, load, regime
+            best_id, best_ms, best_load, best_regime, best_slot = replica_id, ms, load, regime, slot_ms > 0
     capacity = math.ceil(pool.balance_factor * total / len(order))
     if capacity < pool.capacity_floor:
         capacity = pool.capacity_floor
@@ -240,7 +258,7 @@ def decide_plain(
     # and 0 for another; within the margin the adapter is warmed there ahead.
     ahead, due = None, False
     if not warm_count:
-        best_id, best_ms, best_load, best_regime = cold_id, cold_ms, cold_load, "cold"
+        best_id, best_ms, best_load, best_regime, best_slot = cold_id, cold_ms, cold_load, "cold", cold_slot
     else:
         margin = scoring.cold_margin_ms
         if margin:
@@ -248,13 +266,14 @@ def decide_plain(
             if key_in_flight < pool.capacity_floor * warm_count or 3 * key_in_flight < 2 * warm_load:
                 margin = 0.0  # not a hot key
         if cold_ms + margin < best_ms:
-            best_id, best_ms, best_load, best_regime = cold_id, cold_ms, cold_load, "cold"
+            best_id, best_ms, best_load, best_regime, best_slot = cold_id, cold_ms, cold_load, "cold", cold_slot
         elif margin and cold_ms < best_ms + margin:
             # Due once the cold replica is predicted faster outright (warm_or_cold): warmed whatever it pushes out.
             ahead, due = cold_id, cold_ms < best_ms
     # As above; the chosen replica's prediction only.
     return RoutingDecision(
         pool.name, pool.policy, key, home, best_id, ["home" if best_id == home else "spill:faster"], {}, None,
-        capacity, False, {best_id: _new(Prediction, (best_regime, best_load, NO_PARTS, best_ms))}, (), resident, (),
+        capacity, False, {best_id: _new(Prediction, (best_regime, best_load, NO_PARTS, best_ms, best_slot))}, (),
+        resident, (),
         ahead, due, order,
     )  # fmt: skip

@@ -24,7 +24,7 @@ from gateway.fleet.replica import Replica
 from gateway.fleet.retry_budget import RetryBudget
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.signal import NO_SIGNAL
-from gateway.routing.costs import Line, Regime, TtftModel, loads_ahead_ms
+from gateway.routing.costs import Line, Regime, TtftModel, gpu_slot_waits, loads_ahead_ms
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
 from gateway.routing.pipeline import Router
 from gateway.routing.reservations import HomeReservations
@@ -122,7 +122,7 @@ class Pool:
                 "host": Line(priors.host_ms, priors.per_request_ms),
                 "cold": Line(priors.cold_ms, priors.per_request_ms),
             }
-            model = TtftModel(lines, routing.ttft_learning_rate)
+            model = TtftModel(lines, routing.ttft_learning_rate, priors.gpu_slot_ms)
             # The expected time of one adapter load before any is measured: what a cold load costs beyond a
             # request whose adapter is on the GPU (the load_ahead scorer's unit).
             residency.load_ms = max(priors.cold_ms - priors.kv_cold_ms, 0.0)
@@ -131,6 +131,11 @@ class Pool:
         # The eviction scorer's evidence: each adapter's requests as a moving average over reuse_window_s (count,
         # when last counted), and how far ahead a victim's loss is counted.
         self._evicting = self.scoring is not None and bool(routing.scorers.get("eviction"))
+        # The gpu_slot scorer's evidence (costs.gpu_slot_waits) is looked up only with it on; an engine scrape
+        # lists its running adapters for it only while no older than one scrape interval (an adapter listed
+        # earlier may have finished since, and a false wait moves a request off a replica with a slot free).
+        self.gpu_slot_on = self.scoring is not None and bool(routing.scorers.get("gpu_slot"))
+        self.running_fresh_s = routing.load_scrape_interval_s
         self._uses: dict[str, tuple[float, float]] = {}
         self.reuse_window_s = routing.reuse_window_s
         self.eviction_horizon_s = routing.eviction_horizon_s
@@ -408,6 +413,8 @@ class Pool:
         # The adapter loads under way per replica (this gateway's, the others'): what a cold load there waits for.
         loading_here, load_ms = self.residency.loading_here, self.residency.load_ms
         loading_there = self.residency.signal.loading_elsewhere(self.name)
+        slot_waits = predicting and self.gpu_slot_on and engine_model is not None
+        running_after = now - self.running_fresh_s
         # The named tuple's own __new__ without its Python-level argument handling: 0.10 us against 0.23 per
         # candidate per decision (every field is passed, in order).
         new_load = tuple.__new__
@@ -457,10 +464,27 @@ class Pool:
                         loads_ahead_ms(loading_here.get(replica_id), loading_there.get(replica_id), now, load_ms)
                         if predicting and not on_gpu and replica_id not in resident
                         else 0.0,
+                        self._gpu_slot_ms(replica_id, replica, engine_model, running_after)
+                        if slot_waits and healthy and engine_model is not None
+                        else 0.0,
                     ),
                 )
             )
         return loads
+
+    def _gpu_slot_ms(self, replica_id: str, replica: Replica, engine_model: str, running_after: float) -> float:
+        """The gpu_slot scorer's figure for the replica: the expected wait for a GPU adapter slot where the request's
+        adapter would wait for one (costs.gpu_slot_waits), else 0. (fleet/one_pass.py reads it the same way.)"""
+        scraped = replica.engine_load
+        if scraped is None or not scraped.gpu_slots:
+            return 0.0
+        running = scraped.running_adapters if replica.scraped_at >= running_after else _NOWHERE
+        there = self.residency.signal.adapters_elsewhere(self.name, replica_id)
+        here = self.residency.views[replica_id].in_flight
+        if gpu_slot_waits(engine_model, here, there, running, scraped.gpu_slots):
+            assert self.scoring is not None
+            return self.scoring.model.gpu_slot_ms
+        return 0.0
 
     def _candidates(self, key: str, resident: frozenset[str]) -> _Candidates:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at
@@ -795,7 +819,12 @@ class Lease:
         if scoring is None or predicted is None:
             return None
         regime: Regime = "cold" if self.loaded else predicted.regime
-        expected_ms = scoring.model.line(regime).at(predicted.load)
+        model = scoring.model
+        expected_ms = model.line(regime).at(predicted.load)
         measured_ms = 1000 * (first_byte_at - self.placed_at)
-        scoring.model.observe(regime, predicted.load, measured_ms)
+        if predicted.waits_gpu_slot:  # its wait for a GPU slot is learned apart from its regime's line
+            expected_ms += model.gpu_slot_ms
+            model.observe_gpu_slot(regime, predicted.load, measured_ms)
+        else:
+            model.observe(regime, predicted.load, measured_ms)
         return regime, expected_ms, measured_ms

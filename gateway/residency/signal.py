@@ -186,6 +186,9 @@ class SlotSignal:
         self._loading: dict[str, dict[str, Loading]] = {}
         self._flying_n: dict[str, int] = {}
         self._flying: dict[tuple[str, str], dict[str, int]] = {}
+        # The same per (pool, replica): each adapter the others have in flight there, by how many of them hold it
+        # (routing's gpu_slot term counts the adapters in use on a replica: one lookup per candidate).
+        self._flying_here: dict[Key, dict[str, int]] = {}
         self.listening = False  # this gateway's subscription is up: it hears the others
         # After the subscription came back, what the others hold is not all heard again until then (flying_at):
         # each says it again within RENEW_S.
@@ -254,6 +257,11 @@ class SlotSignal:
     def load_elsewhere(self, pool: str) -> Mapping[str, int]:
         """Per replica of the pool, the requests other gateways have in flight there (as they last shared them)."""
         return self._load.get(pool, _NO_LOAD)
+
+    def adapters_elsewhere(self, pool: str, replica: str) -> Mapping[str, int]:
+        """The adapters other gateways have requests in flight for on the replica (as they last shared them), each
+        with how many of them hold it."""
+        return self._flying_here.get((pool, replica), _NO_LOAD)
 
     def loading(self, pool: str, replica: str, entry: Loading | None) -> None:
         """This gateway's adapter loads on the replica now (None: none): shared with the in-flight adapters, in the
@@ -504,9 +512,11 @@ class SlotSignal:
             for listener in self._listeners.get(pool, ()):
                 listener.remote_used(replica, used)
         for (pool, replica), names in sets.items():
+            on_replica = self._flying_here.setdefault((pool, replica), {})
             for name in names:
                 counts = self._flying.setdefault((pool, name), {})
                 counts[replica] = counts.get(replica, 0) + 1
+                on_replica[name] = on_replica.get(name, 0) + 1
         for (pool, replica), count in requests.items():
             loads = self._load.setdefault(pool, {})
             loads[replica] = loads.get(replica, 0) + count
@@ -542,6 +552,7 @@ class SlotSignal:
                 if not loads:
                     del self._load[pool]
         for (pool, replica), names in sets.items():
+            on_replica = self._flying_here[(pool, replica)]
             for name in names:
                 counts = self._flying[(pool, name)]
                 if counts[replica] > 1:
@@ -550,6 +561,12 @@ class SlotSignal:
                     del counts[replica]
                     if not counts:
                         del self._flying[(pool, name)]
+                if on_replica[name] > 1:
+                    on_replica[name] -= 1
+                else:
+                    del on_replica[name]
+            if not on_replica:
+                del self._flying_here[(pool, replica)]
 
     def _announce(self, key: Key, wait: _Wait) -> None:
         wait.sent_at = self._clock()
@@ -614,6 +631,9 @@ class NoSignal:
     def load_elsewhere(self, pool: str) -> Mapping[str, int]:
         return _NO_LOAD
 
+    def adapters_elsewhere(self, pool: str, replica: str) -> Mapping[str, int]:
+        return _NO_LOAD
+
     def loading(self, pool: str, replica: str, entry: Loading | None) -> None:
         return None
 
@@ -644,6 +664,8 @@ class Signal(Protocol):
     def flying_elsewhere(self, pool: str, replica: str, adapter: str) -> bool: ...
 
     def load_elsewhere(self, pool: str) -> Mapping[str, int]: ...
+
+    def adapters_elsewhere(self, pool: str, replica: str) -> Mapping[str, int]: ...
 
     def loading(self, pool: str, replica: str, entry: Loading | None) -> None: ...
 

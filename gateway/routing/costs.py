@@ -25,6 +25,7 @@ load. The learning rate 0 freezes the priors (tests, or an operator who measured
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -93,14 +94,30 @@ class TtftModel:
     """One pool's lines, one per regime; ``learning_rate`` 0 keeps the priors. ``lines`` is read per candidate:
     a plain dict, replaced entry by entry as the fits move."""
 
-    def __init__(self, priors: dict[Regime, Line], learning_rate: float) -> None:
+    def __init__(self, priors: dict[Regime, Line], learning_rate: float, gpu_slot_ms: float = 0.0) -> None:
         self._fits = {regime: _WeightedFit(priors[regime], learning_rate) for regime in REGIMES}
         self.lines: dict[Regime, Line] = {regime: fit.line for regime, fit in self._fits.items()}
         # Bumped whenever a line moves: what is derived from the lines (the scorers' table) is rebuilt on change.
         self.version = 0
+        # The expected wait for a GPU adapter slot (``gpu_slot_waits``): a moving average, at ``learning_rate``,
+        # of what requests predicted to wait for one took beyond their regime's line, from the prior.
+        self.gpu_slot_ms = gpu_slot_ms
+        self._rate = learning_rate
 
     def line(self, regime: Regime) -> Line:
         return self.lines[regime]
+
+    def observe_gpu_slot(self, regime: Regime, load: float, ttft_ms: float) -> None:
+        """A request predicted to wait for a GPU adapter slot took ``ttft_ms``: what it took beyond its regime's
+        line is one sample of that wait (clipped like a line's outliers: one stream stuck behind a long one cannot
+        make every slot look that slow). Its regime's line does not learn from it: the line is the regime's cost
+        without the wait, and the gpu_slot term adds the wait."""
+        if not self._rate:
+            return
+        expected = self.lines[regime].at(load) + self.gpu_slot_ms
+        ttft_ms = min(ttft_ms, _OUTLIER_RATIO * expected + _OUTLIER_SLACK_MS)
+        excess = max(0.0, ttft_ms - self.lines[regime].at(load))
+        self.gpu_slot_ms += self._rate * (excess - self.gpu_slot_ms)
 
     def observe(self, regime: Regime, load: float, ttft_ms: float) -> None:
         fit = self._fits[regime]
@@ -139,3 +156,42 @@ def loads_ahead_ms(here: Loading | None, there: Loading | None, now: float, load
         if left > 0:
             ms += left
     return ms
+
+
+def gpu_slot_waits(
+    adapter: str,
+    here: Mapping[str, int],
+    there: Mapping[str, int],
+    running: frozenset[str],
+    slots: int | None,
+) -> bool:
+    """Whether a request for ``adapter`` on a replica would wait for one of its GPU adapter slots: other adapters in
+    use there fill every slot, and the adapter does not hold one. vLLM gives a request a GPU slot only if its
+    adapter holds one or one can be freed from an adapter no running request uses; otherwise the request waits in
+    the engine's queue while later requests overtake it (the simulator does the same: its ``lora_slot`` wait). In
+    use there: the adapters this gateway has requests in flight for (``here``), those the other gateways have as
+    they last shared them (``there``), and those the engine's last scrape listed running (``running``: vLLM's
+    ``vllm:lora_requests_info``; empty when no scrape is fresh enough). ``slots``: the engine's GPU adapter slots
+    (``max_lora``), None where it does not say (then no wait is predicted).
+
+    An adapter the scrape lists running holds a slot. One only in flight holds one too, unless the scrape lists
+    others running and not it while those others fill every slot: its requests there are queued for a slot
+    themselves, and this one joins them (on the churn trace, about half the requests that waited for a slot had
+    their adapter already in flight there)."""
+    if slots is None or adapter in running:
+        return False
+    others = 0
+    for name in here:
+        if name != adapter:
+            others += 1
+    for name in there:
+        if name != adapter and name not in here:
+            others += 1
+    for name in running:
+        if name not in here and name not in there:
+            others += 1
+    if others < slots:
+        return False
+    if adapter in here or adapter in there:
+        return len(running) >= slots  # the engine lists other adapters running in every slot, not this one
+    return True

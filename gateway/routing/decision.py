@@ -39,6 +39,10 @@ class ReplicaLoad(NamedTuple):
     # left of the one running, and the others queued for the replica; this gateway's and, as they share them, the
     # other gateways': costs.loads_ahead_ms). The load_ahead scorer weighs it.
     loads_ahead_ms: float = 0.0
+    # Where the request's adapter would wait for one of the replica's GPU adapter slots (costs.gpu_slot_waits: every
+    # slot taken by other adapters in use there) and the gpu_slot scorer is on: the expected wait, in milliseconds
+    # (the pool's learned ``TtftModel.gpu_slot_ms``); else 0.
+    gpu_slot_ms: float = 0.0
 
 
 class KeyStanding(NamedTuple):
@@ -59,16 +63,24 @@ NO_PARTS: Mapping[str, float] = MappingProxyType({})
 
 class Prediction(NamedTuple):
     """predicted_ttft's figures for one candidate: its regime, the load it counted, each scorer's weighted term
-    (milliseconds, by scorer name; empty unless the decision was explained) and their sum. A named tuple: one is
-    built per candidate per decision."""
+    (milliseconds, by scorer name; empty unless the decision was explained), their sum, and whether it was predicted
+    to wait for a GPU adapter slot. A named tuple: one is built per candidate per decision."""
 
     regime: Regime
     load: int
     parts: Mapping[str, float]
     total_ms: float
+    # Predicted to wait for a GPU adapter slot there (``ReplicaLoad.gpu_slot_ms``): what its TTFT teaches is that wait.
+    waits_gpu_slot: bool = False
 
     def as_json(self) -> dict[str, Any]:
-        return {"regime": self.regime, "load": self.load, "parts": dict(self.parts), "total_ms": self.total_ms}
+        return {
+            "regime": self.regime,
+            "load": self.load,
+            "parts": dict(self.parts),
+            "total_ms": self.total_ms,
+            "waits_gpu_slot": self.waits_gpu_slot,
+        }
 
 
 @dataclass(slots=True)  # one per request: slots build and read faster

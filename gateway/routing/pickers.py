@@ -113,7 +113,7 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
             given.capacity_floor,
         )
         best = chosen.id
-        decision.predictions[best] = Prediction(regime, chosen.in_flight, NO_PARTS, best_ms)
+        decision.predictions[best] = Prediction(regime, chosen.in_flight, NO_PARTS, best_ms, chosen.gpu_slot_ms > 0)
         decision.warm_ahead, decision.warm_ahead_due = ahead, due
     else:
         best = _score_each(decision, allowed, given, scoring)
@@ -140,30 +140,30 @@ def lowest_predicted(
     next requests, or None, and whether it is due there (``warm_or_cold``). (fleet/one_pass.py scores a plain
     decision the same way, in its own loop.)"""
     # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
-    warm_c, warm_p, warm_o, _ = table["warm"]
-    kv_cold_c, kv_cold_p, kv_cold_o, _ = table["kv_cold"]
-    host_c, host_p, host_o, _ = table["host"]
-    cold_c, cold_p, cold_o, cold_a = table["cold"]  # only a cold load waits for the loads ahead of it
+    warm_c, warm_p, warm_o, _, warm_s = table["warm"]
+    kv_cold_c, kv_cold_p, kv_cold_o, _, kv_cold_s = table["kv_cold"]
+    host_c, host_p, host_o, _, host_s = table["host"]
+    cold_c, cold_p, cold_o, cold_a, cold_s = table["cold"]  # only a cold load waits for the loads ahead of it
     best, best_ms = candidates[0], math.inf
     cold, cold_ms = best, math.inf  # the best candidate where the adapter is cold, kept apart
     warm_count = warm_load = 0
     regime: Regime
     best_regime: Regime = "cold"
     for replica in candidates:
-        replica_id, _, load, _, _, _, on_gpu, key_recent, _, ahead_ms = replica  # cheaper than 5 reads
+        replica_id, _, load, _, _, _, on_gpu, key_recent, _, ahead_ms, slot_ms = replica  # cheaper than 6 reads
         # regime_of (costs.py), inline: this runs per candidate per decision.
         if on_gpu:
             if key_recent:
                 regime = "warm"
-                constant, per_request, off_home = warm_c, warm_p, warm_o
+                constant, per_request, off_home, per_slot = warm_c, warm_p, warm_o, warm_s
             else:
                 regime = "kv_cold"
-                constant, per_request, off_home = kv_cold_c, kv_cold_p, kv_cold_o
+                constant, per_request, off_home, per_slot = kv_cold_c, kv_cold_p, kv_cold_o, kv_cold_s
         elif replica_id in resident:
             regime = "host"
-            constant, per_request, off_home = host_c, host_p, host_o
+            constant, per_request, off_home, per_slot = host_c, host_p, host_o, host_s
         else:
-            ms = cold_c + cold_p * load + cold_a * ahead_ms
+            ms = cold_c + cold_p * load + cold_a * ahead_ms + cold_s * slot_ms
             if replica_id != home and replica_id not in also_home:
                 ms += cold_o
             if ms < cold_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
@@ -171,7 +171,7 @@ def lowest_predicted(
             continue
         warm_count += 1
         warm_load += load
-        ms = constant + per_request * load
+        ms = constant + per_request * load + per_slot * slot_ms
         if replica_id != home and replica_id not in also_home:
             ms += off_home
         if ms < best_ms:
@@ -226,7 +226,7 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
             total = 0.0
             for _, weight, score in weighted:
                 total += weight * score(candidate)
-        decision.predictions[replica.id] = Prediction(regime, replica.in_flight, parts, total)
+        decision.predictions[replica.id] = Prediction(regime, replica.in_flight, parts, total, replica.gpu_slot_ms > 0)
         if regime == "cold":
             if total < cold_ms:  # strictly: a tie keeps the earlier candidate in the key's ring order
                 cold, cold_ms = replica.id, total

@@ -1,6 +1,6 @@
 """Scorers for the predicted_ttft policy: each module registers one (scorers/base.py says what one is)."""
 
-from gateway.routing.scorers import affinity, eviction, load_ahead, queue, regime, stall
+from gateway.routing.scorers import affinity, eviction, gpu_slot, load_ahead, queue, regime, stall
 from gateway.routing.scorers.base import (
     SCORERS,
     Candidate,
@@ -23,6 +23,7 @@ __all__ = [
     "affinity",
     "build_scoring",
     "eviction",
+    "gpu_slot",
     "load_ahead",
     "queue",
     "regime",

@@ -40,20 +40,23 @@ class Scorer(Protocol):
 
 
 class Linear(NamedTuple):
-    """A term in milliseconds: ``constant_ms + per_request_ms x load + per_ahead_ms x loads_ahead_ms``, plus
-    ``off_home_ms`` on any replica but the key's home. ``loads_ahead_ms``: the adapter loads a cold load there
-    would wait for (``ReplicaLoad.loads_ahead_ms``)."""
+    """A term in milliseconds: ``constant_ms + per_request_ms x load + per_ahead_ms x loads_ahead_ms + per_slot_ms
+    x gpu_slot_ms``, plus ``off_home_ms`` on any replica but the key's home. ``loads_ahead_ms``: the adapter loads a
+    cold load there would wait for (``ReplicaLoad.loads_ahead_ms``); ``gpu_slot_ms``: the expected wait for a GPU
+    adapter slot there (``ReplicaLoad.gpu_slot_ms``)."""
 
     constant_ms: float = 0.0
     per_request_ms: float = 0.0
     off_home_ms: float = 0.0
     per_ahead_ms: float = 0.0
+    per_slot_ms: float = 0.0
 
-    def at(self, load: int, is_home: bool, loads_ahead_ms: float = 0.0) -> float:
+    def at(self, load: int, is_home: bool, loads_ahead_ms: float = 0.0, gpu_slot_ms: float = 0.0) -> float:
         return (
             self.constant_ms
             + self.per_request_ms * load
             + self.per_ahead_ms * loads_ahead_ms
+            + self.per_slot_ms * gpu_slot_ms
             + (0.0 if is_home else self.off_home_ms)
         )
 
@@ -67,7 +70,7 @@ class LinearScorer:
     def score(self, candidate: Candidate) -> float:
         replica = candidate.replica
         return self.coefficients(candidate.line, candidate.regime).at(
-            replica.in_flight, candidate.is_home, replica.loads_ahead_ms
+            replica.in_flight, candidate.is_home, replica.loads_ahead_ms, replica.gpu_slot_ms
         )
 
 
@@ -132,6 +135,7 @@ class Scoring:
                     sum(weight * part.per_request_ms for weight, part in parts),
                     sum(weight * part.off_home_ms for weight, part in parts),
                     sum(weight * part.per_ahead_ms for weight, part in parts),
+                    sum(weight * part.per_slot_ms for weight, part in parts),
                 )
             self._table, self._table_version = table, model.version
         return self._table

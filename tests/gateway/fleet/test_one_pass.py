@@ -46,8 +46,9 @@ def pools(draw: st.DrawFn) -> tuple[Pool, float]:
     size = draw(st.integers(1, SIZE))
     replica = _replica(size)
     view: Literal["gateway", "engine", "shared"] = draw(st.sampled_from(["gateway", "engine", "shared"]))
-    weights = draw(st.tuples(*[st.sampled_from([0.0, 1.0, 2.0])] * 5))
-    scorers = dict(zip(("queue", "regime", "affinity", "cold_stall", "load_ahead"), weights, strict=True))
+    weights = draw(st.tuples(*[st.sampled_from([0.0, 1.0, 2.0])] * 6))
+    names = ("queue", "regime", "affinity", "cold_stall", "load_ahead", "gpu_slot")
+    scorers = dict(zip(names, weights, strict=True))
     if draw(st.integers(0, 9)) == 0:
         scorers["eviction"] = 1.0  # not linear: the general pipeline decides every request
     routing = RoutingConfig(
@@ -176,6 +177,7 @@ def assert_same(fast: RoutingDecision, general: RoutingDecision) -> None:
     for replica_id, predicted in fast.predictions.items():
         expected = general.predictions[replica_id]
         assert (predicted.regime, predicted.load) == (expected.regime, expected.load)
+        assert predicted.waits_gpu_slot == expected.waits_gpu_slot
         assert predicted.total_ms == pytest.approx(expected.total_ms)
 
 
