@@ -157,7 +157,8 @@ class GatewayMetrics:
         )  # fmt: skip
         self.client_connections_closed = Counter(
             "tenantgate_client_connections_closed", "Client connections the gateway closed, by reason (header_timeout, "
-            "body_rate, idle, max_connections, max_unauthenticated, stalled_write)", ["reason"], registry=r,
+            "body_rate, body_framing, fragmented, idle, max_connections, max_unauthenticated, stalled_write)",
+            ["reason"], registry=r,
         )  # fmt: skip
         self.client_connections = Gauge(
             "tenantgate_client_connections", "Client connections open on the tenant listener, and how many of them "

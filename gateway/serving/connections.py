@@ -13,6 +13,12 @@ descriptor) for ever. This layer adds, per connection (``listen.*`` in the confi
   parser hands each chunk to the request's stream, a Python call each: a 1 MB body in 1-byte chunks (6 MB on the
   wire) took ~0.7 s of the event loop, ~10,000 chunks per socket read, from anyone (a request answered before its
   body was read, a 401, still reads the rest: aiohttp lingers);
+- **reads**: a request's head, and then its body, may take ``READ_SLACK`` socket reads and one more for every
+  ``MIN_BYTES_PER_READ`` bytes; past that the connection is closed (``fragmented``). Each read is a Python call
+  into aiohttp's parser of a few microseconds whatever its size, so a client that sends its bytes one TCP segment
+  at a time (a request head in 8,000 segments, then the next, each answered 401) made the gateway pay per byte
+  (200 such connections took about 69% of a core, measured in review). A real client's head comes in one or two
+  reads, its body in reads of a few kilobytes (a socket read takes all that has arrived);
 - **idle keep-alive**: a connection with no request for ``idle_timeout_s`` is closed (aiohttp's own keep-alive
   timer is set a little longer, as a backstop: ``keepalive_timeout``);
 - **caps**: at most ``max_connections`` open (never more than half the process's file limit: the rest is for the
@@ -68,6 +74,9 @@ def keepalive_timeout(config: ListenConfig) -> float:
 # body sent in chunks of a few dozen bytes or more; a socket read's worth of anything).
 FRAMING_SLACK_BYTES = 65_536
 FRAMING_SHARE = 1.25
+# The socket reads a request's head or body may take: this many, and one more per this many bytes in them.
+READ_SLACK = 64
+MIN_BYTES_PER_READ = 64
 
 
 class GuardedHandler(RequestHandler):
@@ -91,6 +100,9 @@ class GuardedHandler(RequestHandler):
         self.receiving: StreamReader | None = None
         self.received = 0
         self.body_before = 0
+        # The socket reads and their bytes since the head, or the body, began to come (``READ_SLACK``).
+        self.reads = 0
+        self.read_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -104,6 +116,13 @@ class GuardedHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if data and self.current is None and self.first_byte_at is None:
             self.first_byte_at = self.guard.now()
+        if data:  # aiohttp calls this with b"" itself to go on parsing what it had paused on: not a read
+            self.reads += 1
+            self.read_bytes += len(data)
+            if self.reads > READ_SLACK + self.read_bytes // MIN_BYTES_PER_READ:
+                self.reads = self.read_bytes = 0
+                self.guard.close(self, "fragmented")
+                return
         super().data_received(data)
         body = self.receiving
         if body is not None:
@@ -119,9 +138,12 @@ class GuardedHandler(RequestHandler):
         self.requests += 1
         self.receiving, self.received = (None if request.content.is_eof() else request.content), 0
         self.body_before = request.content.total_bytes
+        self.reads = self.read_bytes = 0
 
     def ended(self) -> None:
         self.current, self.idle_since = None, self.guard.now()
+        if self.receiving is None:  # the next request's head is counted from here; a body still coming, from its own
+            self.reads = self.read_bytes = 0
 
 
 class ConnectionGuard:

@@ -17,7 +17,13 @@ from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import ListenConfig
 from gateway.observe.metrics import GatewayMetrics
-from gateway.serving.connections import ConnectionGuard, GuardedSite, authenticated, keepalive_timeout, phases
+from gateway.serving.connections import (
+    ConnectionGuard,
+    GuardedSite,
+    authenticated,
+    keepalive_timeout,
+    phases,
+)
 
 GOOD_KEY = "good"
 
@@ -268,4 +274,54 @@ async def test_a_bodys_framing_may_pass_it_by_a_quarter_and_no_more(
     else:
         assert (await reader.readuntil(b"1000000")).startswith(b"HTTP/1.1 200")
         assert server.closed("body_framing") == 0
+    writer.close()
+
+
+async def dribble(writer: asyncio.StreamWriter, data: bytes, piece: int) -> int:
+    """Send ``data`` ``piece`` bytes at a time, letting the server read each before the next (the server runs on this
+    loop: two loop turns take it through its selector); the bytes sent until the server closed the connection."""
+    sent = 0
+    try:
+        for start in range(0, len(data), piece):
+            writer.write(data[start : start + piece])
+            await writer.drain()
+            sent += len(data[start : start + piece])
+            for _ in range(2):
+                await asyncio.sleep(0)
+            if writer.transport.is_closing():
+                break
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return sent
+
+
+async def test_a_head_or_body_sent_a_byte_a_read_is_closed_and_one_in_real_reads_is_served(
+    serve: Callable[..., Any],
+) -> None:
+    """Each socket read is a call into aiohttp's parser whatever its size: a client sending its request one byte per
+    TCP segment (its head, or its body, or a head after each 401 on a kept-alive connection) made the gateway pay a
+    few microseconds per byte. A head or body may take READ_SLACK reads and one more per MIN_BYTES_PER_READ bytes;
+    past that the connection is closed (``fragmented``). A head in a few pieces and a body in 1 KB reads are served."""
+    server = await serve()
+    reader, writer = await server.connect()
+    padded = head(10).replace(b"Host: gw\r\n", b"Host: gw\r\nx-pad: " + b"p" * 2_000 + b"\r\n")
+    sent = await dribble(writer, padded + b"x" * 10, 1)
+    assert b"HTTP/1.1" not in await closed_by_server(reader)
+    assert server.closed("fragmented") == 1 and sent < 2_000
+    writer.close()
+
+    reader, writer = await server.connect()  # the head whole, the body a byte a read
+    writer.write(head(5_000, GOOD_KEY))
+    sent = await dribble(writer, b"y" * 5_000, 1)
+    assert b"HTTP/1.1 200" not in await closed_by_server(reader)
+    assert server.closed("fragmented") == 2 and sent < 5_000
+    writer.close()
+
+    reader, writer = await server.connect()  # a real client: a few pieces of head, a body in 1 KB reads, twice
+    for _ in range(2):
+        request = head(100_000, GOOD_KEY)
+        await dribble(writer, request, len(request) // 3 + 1)
+        await dribble(writer, b"z" * 100_000, 1_024)
+        assert (await reader.readuntil(b"100000")).startswith(b"HTTP/1.1 200")
+    assert server.closed("fragmented") == 2
     writer.close()
