@@ -325,3 +325,37 @@ async def test_a_head_or_body_sent_a_byte_a_read_is_closed_and_one_in_real_reads
         assert (await reader.readuntil(b"100000")).startswith(b"HTTP/1.1 200")
     assert server.closed("fragmented") == 2
     writer.close()
+
+
+async def test_real_clients_ways_of_sending_are_never_fragmented(serve: Callable[..., Any]) -> None:
+    """What a legitimate client does is within the read rule, each on one kept-alive connection: a head written a
+    header line per write (a naive client without buffering, 40 lines), an Expect: 100-continue head whose body
+    follows the 100 in segments of a slow link's size, a chunked body streamed in 512-byte chunks, and ten requests
+    pipelined each in two writes (head, then body) before the first answer is read."""
+    server: Server = await serve()
+    reader, writer = await server.connect()
+    lines = [b"POST / HTTP/1.1\r\n", b"Host: gw\r\n", f"x-key: {GOOD_KEY}\r\n".encode(), b"Content-Length: 2\r\n"]
+    lines += [f"x-header-{n}: value {n}\r\n".encode() for n in range(36)]
+    for line in [*lines, b"\r\n", b"hi"]:
+        await dribble(writer, line, len(line))
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n2"), 10)).startswith(b"HTTP/1.1 200")
+
+    writer.write(head(50_000, GOOD_KEY).replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n"))
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 100")
+    await dribble(writer, b"e" * 50_000, 536)  # the smallest segment an IPv4 path carries
+    assert (await asyncio.wait_for(reader.readuntil(b"50000"), 10)).startswith(b"HTTP/1.1 200")
+
+    writer.write(f"POST / HTTP/1.1\r\nHost: gw\r\nx-key: {GOOD_KEY}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    chunk = b"200\r\n" + b"c" * 512 + b"\r\n"
+    await dribble(writer, chunk * 100 + b"0\r\n\r\n", len(chunk))
+    assert (await asyncio.wait_for(reader.readuntil(b"51200"), 10)).startswith(b"HTTP/1.1 200")
+
+    for _ in range(10):
+        writer.write(head(3, GOOD_KEY))
+        await writer.drain()
+        writer.write(b"abc")
+        await writer.drain()
+    for _ in range(10):
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n3"), 10)).startswith(b"HTTP/1.1 200")
+    assert server.closed("fragmented") == 0
+    writer.close()
