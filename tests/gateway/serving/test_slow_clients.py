@@ -9,6 +9,7 @@ import contextlib
 import inspect
 import resource
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,9 @@ from aiohttp.web_protocol import RequestHandler
 from gateway.config import ListenConfig
 from gateway.observe.metrics import GatewayMetrics
 from gateway.serving.connections import (
+    FRAMING_SLACK_BYTES,
+    MIN_BYTES_PER_READ,
+    READ_SLACK,
     ConnectionGuard,
     GuardedSite,
     authenticated,
@@ -359,3 +363,17 @@ async def test_real_clients_ways_of_sending_are_never_fragmented(serve: Callable
         assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n3"), 10)).startswith(b"HTTP/1.1 200")
     assert server.closed("fragmented") == 0
     writer.close()
+
+
+def test_the_docs_read_and_framing_figures_are_the_codes() -> None:
+    """README's Global protection and the runbook's closed-connection reasons give the read rule's and the framing
+    rule's figures: they are connections.py's constants."""
+    root = Path(__file__).resolve().parents[3]
+    readme = " ".join((root / "README.md").read_text().split())
+    runbook = " ".join((root / "docs" / "operations.md").read_text().split())
+    assert (
+        f"may take {READ_SLACK} socket reads and one more per {MIN_BYTES_PER_READ} bytes in them (`fragmented`"
+        in readme
+    )
+    assert f"`FRAMING_SLACK_BYTES` ({FRAMING_SLACK_BYTES:,})" in readme
+    assert f"more socket reads than {READ_SLACK} and one per {MIN_BYTES_PER_READ} bytes" in runbook
