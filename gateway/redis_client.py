@@ -86,20 +86,30 @@ class KeyRepairs:
         self._count = counter.labels(store).inc if counter is not None else None
         self._then = f" ({then})" if then else ""
         self._logged: set[str] = set()
+        self._past_logged = False  # _LOGGED_KEYS keys were logged: the next one says that the rest are only counted
 
     def note(self, found: Iterable[object]) -> list[str]:
-        """The keys a script repaired, from its ``repaired`` ("key type" entries), each counted and logged once."""
+        """The keys a script repaired, from its ``repaired`` ("key type" entries), each counted and logged once (the
+        first ``_LOGGED_KEYS`` keys; past them one line says so, and the rest are counted only)."""
         keys = []
         for entry in found:
             key, _, held = str(entry).rpartition(" ")
             keys.append(key)
             if self._count is not None:
                 self._count()
-            if key not in self._logged:
-                if len(self._logged) < _LOGGED_KEYS:
-                    self._logged.add(key)
+            if key in self._logged:
+                continue
+            if len(self._logged) < _LOGGED_KEYS:
+                self._logged.add(key)
                 log.warning("%s store: %s held a %s, not what the gateway writes there: deleted%s", self.store, key,
                             held, self._then)  # fmt: skip
+            elif not self._past_logged:
+                # Not a line per repair past the set's bound: every repair of every key not remembered logged again,
+                # a line per call for a Redis that keeps meeting keys of another type.
+                self._past_logged = True
+                log.warning("%s store: %s held a %s, not what the gateway writes there: deleted%s; past %d keys, "
+                            "further repairs are counted only (tenantgate_redis_key_repairs_total)", self.store, key,
+                            held, self._then, _LOGGED_KEYS)  # fmt: skip
         return keys
 
 

@@ -6,6 +6,7 @@ the repair counted under that store's label (and no other) and named in a warnin
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from gateway.admin.drains import Drains
 from gateway.observe.metrics import GatewayMetrics
 from gateway.placement.exchange import TrafficExchange
 from gateway.placement.store import RedisHomesStore
-from gateway.redis_client import KEY_REPAIR_STORES, make_client
+from gateway.redis_client import _LOGGED_KEYS, KEY_REPAIR_STORES, KeyRepairs, make_client
 from gateway.reload_fanout import GATEWAY_ID, Fanout
 from gateway.residency.redis import RedisStore
 from gateway.tenants.rate_buckets import RedisBuckets
@@ -152,3 +153,19 @@ async def test_each_stores_repair_is_counted_under_its_label_and_logged(
         count = metrics.registry.get_sample_value("tenantgate_redis_key_repairs_total", {"store": label})
         assert (count or 0.0) == (1.0 if label == store else 0.0), (label, count)
     assert f"{store} store: {key} held a string" in caplog.text
+
+
+def test_past_the_remembered_keys_a_repair_is_counted_and_not_logged_again(caplog: pytest.LogCaptureFixture) -> None:
+    """Each key's repair is logged once for the first _LOGGED_KEYS keys; past them one line says the rest are counted
+    only. Before, every repair of a key the set could no longer hold was logged, each time it was met."""
+    metrics = GatewayMetrics()
+    repairs = KeyRepairs("rate_buckets", metrics.key_repairs)
+    with caplog.at_level(logging.WARNING, logger="gateway.redis_client"):
+        repairs.note(f"tg:rl:{n} string" for n in range(_LOGGED_KEYS))
+        repairs.note(["tg:rl:0 string"])  # remembered: counted, not logged
+        assert len(caplog.records) == _LOGGED_KEYS
+        for _ in range(3):
+            repairs.note(["tg:rl:late string", "tg:rl:later set"])
+    assert len(caplog.records) == _LOGGED_KEYS + 1
+    assert "further repairs are counted only" in caplog.records[-1].getMessage()
+    assert metrics.key_repairs.labels("rate_buckets")._value.get() == _LOGGED_KEYS + 1 + 6
