@@ -936,17 +936,24 @@ def test_the_readmes_slot_budget_figures_are_the_benchmarks_tables() -> None:
     assert f"spills past the bound go cold: {rows['hot, traffic homes, this code, v2'][4]} streams" in prose
 
 
-def test_the_readmes_seat_sizing_figures_are_the_benchmarks_table() -> None:
-    """README, Homes from traffic: hot's and collide's figures with a heavy key sized by seats are what
-    docs/benchmarks.md's "Sized by seats" table says."""
+def trace_rows(heading: str, key_cells: int) -> tuple[str, dict[str, list[str]]]:
+    """docs/benchmarks.md's section under ``heading`` (to the next ``###``), and its table's collide and hot rows: the
+    rest of each row's cells by its first ``key_cells`` cells, joined with ", "."""
     benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
-    section = benchmarks[benchmarks.index("### Sized by seats") :]
+    section = benchmarks[benchmarks.index(heading) :]
     section = section[: section.index("\n### ")]
     rows = {}
     for line in section.splitlines():
         if line.startswith(("| collide ", "| hot ")):
             cells = [cell.strip() for cell in line.strip("|").split("|")]
-            rows[", ".join(cells[:2])] = cells[2:]
+            rows[", ".join(cells[:key_cells])] = cells[key_cells:]
+    return section, rows
+
+
+def test_the_readmes_seat_sizing_figures_are_the_benchmarks_table() -> None:
+    """README, Homes from traffic: hot's and collide's figures with a heavy key sized by seats are what
+    docs/benchmarks.md's "Sized by seats" table says."""
+    _, rows = trace_rows("### Sized by seats", 2)
     readme = " ".join((REPO / "README.md").read_text().split())
     hot_now, hot_main = rows["hot, traffic homes, this code"][1], rows["hot, traffic homes, main"][1]
     hot_balanced = rows["hot, balanced homes, this code"][1]
@@ -962,14 +969,7 @@ def test_the_readmes_seat_sizing_figures_are_the_benchmarks_table() -> None:
 def test_the_readmes_confinement_exit_figures_are_the_benchmarks_table() -> None:
     """README, Homes from traffic: collide's and hot's figures with confinement given an exit and a measured first
     table are what docs/benchmarks.md's "Collide: why traffic homes queued" table says."""
-    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
-    section = benchmarks[benchmarks.index("### Collide: why traffic homes queued") :]
-    section = section[: section.index("\n### ")]
-    rows = {}
-    for line in section.splitlines():
-        if line.startswith(("| collide ", "| hot ")):
-            cells = [cell.strip() for cell in line.strip("|").split("|")]
-            rows[", ".join(cells[:3])] = cells[3:]
+    _, rows = trace_rows("### Collide: why traffic homes queued", 3)
     readme = " ".join((REPO / "README.md").read_text().split())
     collide = rows["collide, exit + window, traffic homes"]
     balanced = rows["collide, exit + window, balanced homes"]
@@ -996,14 +996,7 @@ def test_the_readmes_counted_when_placed_figures_are_the_benchmarks_table() -> N
     """README, Homes from traffic: collide's figures with requests counted when placed (and the rest of that
     section's changes) are what docs/benchmarks.md's "Collide and hot: traffic counted when placed" table says, and so
     is the hot tenant's cold-stream range the section's reading quotes."""
-    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
-    section = benchmarks[benchmarks.index("### Collide and hot: traffic counted when placed") :]
-    section = section[: section.index("\n### ")]
-    rows = {}
-    for line in section.splitlines():
-        if line.startswith(("| collide ", "| hot ")):
-            cells = [cell.strip() for cell in line.strip("|").split("|")]
-            rows[", ".join(cells[:3])] = cells[3:]
+    section, rows = trace_rows("### Collide and hot: traffic counted when placed", 3)
     readme = " ".join((REPO / "README.md").read_text().split())
 
     traffic, balanced = rows["collide, this code, traffic homes"], rows["collide, this code, balanced homes"]
