@@ -134,10 +134,11 @@ class RateLimit:
         # Tokens used beyond the lease, not yet taken from the shared bucket; one debit in flight at a time.
         self._debt = 0.0
         self._debiting: asyncio.Task[None] | None = None
-        # What the shared bucket held when it last refused a lease, and when (time.monotonic): it refills at per_s
-        # and only leases and debts take from it, so until it can hold a request's need that request is refused
-        # here, asking Redis nothing. A tenant over its limit made a script call for every request it sent, on the
-        # Redis every tenant's leases (and the residency store, the slot signal) share, each refusal a round trip.
+        # What the shared bucket held when it last refused a lease, and when it was asked (time.monotonic): it
+        # refills at per_s and only leases and debts take from it, so until it can hold a request's need that
+        # request is refused here, asking Redis nothing. A tenant over its limit made a script call for every
+        # request it sent, on the Redis every tenant's leases (and the residency store, the slot signal) share, each
+        # refusal a round trip.
         self._short: tuple[float, float] | None = None
 
     async def take(self, amount: float) -> float:
@@ -159,6 +160,10 @@ class RateLimit:
             need = amount - self.leased
             if (short := self._short_of(need)) is not None:
                 return short
+            # Before the call: the script read the bucket after this, and the refill since counts from here, so the
+            # figure below is never less than the bucket holds (stamped at the reply, a slow round trip refused here
+            # what the bucket had refilled while the answer travelled).
+            asked_at = time.monotonic()
             try:
                 granted, wait = await self.shared.lease(
                     self.key, max(need, self.lease_size), need, self.capacity, self.per_s
@@ -171,7 +176,7 @@ class RateLimit:
                 return self.local.take(amount)
             self.leased += granted
             # Refused: the bucket held min(need, capacity) less what refills in the wait (the script's own sum).
-            self._short = (min(need, self.capacity) - wait * self.per_s, time.monotonic()) if not granted else None
+            self._short = (min(need, self.capacity) - wait * self.per_s, asked_at) if not granted else None
             if self.leased >= amount:
                 self.leased -= amount
                 return 0.0

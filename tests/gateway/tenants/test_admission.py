@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis.asyncio
 
+import gateway.tenants.admission as admission_module
 from gateway.config import GatewayConfig, TenantLimits
 from gateway.errors import InvalidRequest, RequestRateLimited, TokenRateLimited
 from gateway.observe.metrics import GatewayMetrics
@@ -474,3 +476,37 @@ async def test_a_bucket_key_of_another_type_is_replaced_not_every_limit_local(
     finally:
         await writer.aclose()
         await shared.close()
+
+
+async def test_a_refusal_that_came_back_slowly_refuses_nothing_the_bucket_has_refilled_since(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The refusal's figure is what the bucket held when the script ran, which is before its answer arrived: the
+    refill counts from the call. Stamped when the answer came, a round trip of 0.6 s (Redis slow, or far) refused
+    here, for another half second, a request the bucket had refilled enough for while the answer travelled."""
+    clock = [100.0]
+    monkeypatch.setattr(admission_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    class SlowBucket:  # a shared bucket at 2 tokens a second, empty at first, whose answers take 0.6 s to come back
+        def __init__(self) -> None:
+            self.tokens, self.at, self.calls = 0.0, clock[0], 0
+
+        async def lease(self, key: str, want: float, need: float, capacity: float, per_s: float) -> tuple[float, float]:
+            self.calls += 1
+            now = clock[0]  # the script runs as the call arrives
+            self.tokens, self.at = min(capacity, self.tokens + (now - self.at) * per_s), now
+            clock[0] += 0.6  # and its answer takes this long to come back
+            if self.tokens >= need:
+                granted = min(want, self.tokens)
+                self.tokens -= granted
+                return granted, 0.0
+            return 0.0, (min(need, capacity) - self.tokens) / per_s
+
+        async def debit(self, key: str, amount: float, capacity: float, per_s: float) -> None:
+            return None
+
+    bucket = SlowBucket()
+    limit = RateLimit("acme:requests", 120, bucket)
+    assert await limit.take(1) == pytest.approx(0.5)  # empty: refill 1 token in 0.5 s
+    # 0.6 s have passed since the script ran: the bucket holds 1.2 tokens, and is asked.
+    assert await limit.take(1) == 0 and bucket.calls == 2
