@@ -243,7 +243,9 @@ class Placer:
             # request reloaded it and pushed out a neighbour, who reloaded in turn (collide: 12 cold loads at the
             # heavy key's new home while the partner's own warm-up waited; docs/benchmarks.md). No break is left to
             # avoid: its requests go to the new set, where its warm-up is under way.
-            gone_old = bool(refs) and not any(residency.is_resident(r, a.engine_name) for r in old for a in refs)
+            # Only the old members still in the pool are read (a rebuild's fleet may have dropped one: KeyError).
+            held = [r for r in old if r in pool.replicas]
+            gone_old = bool(refs) and not any(residency.is_resident(r, a.engine_name) for r in held for a in refs)
             if warm or not up or gone_old:
                 del warming[key], warming_since[key]
         if not plan_moves:

@@ -628,3 +628,29 @@ async def test_a_placement_key_of_another_type_is_repaired_not_the_store_down(
         await client.aclose()
         await placer.close()
         await fleet.close()
+
+
+async def test_a_moving_key_whose_old_member_left_the_pool_is_still_weighed(adapters: dict[str, str]) -> None:
+    """A rebuild's fleet (discovery) may no longer have a member of a moving key's old set: the check for a key
+    pushed out of its old set reads the residency of the old members still in the pool, and the interval goes on
+    (reading the one that left raised KeyError out of the placer's tick)."""
+    settings = config(REPLICAS, adapters)
+    fleet = Fleet(settings)
+    placer = Placer(LocalHomesStore(), "gw", clock=Clock(1000.0))
+    llama = fleet.pools["llama"]
+    try:
+        for tenant, (adapter,) in TENANTS.items():
+            llama.residency.views[llama.ring.home(tenant)].resident[adapter] = 0.0
+        traffic = colliding(fleet)
+        await placer.tick(settings, fleet, traffic)
+        warming = dict(placer.table.pools["llama"].warming)
+        assert warming
+        key = sorted(warming)[0]
+        new = [r for r in placer.table.pools["llama"].homes[key] if r not in warming[key]]
+        gone = warming[key][0]
+        assert gone not in new
+        del llama.residency.views[gone], llama.replicas[gone]  # as a rebuilt fleet without it has neither
+        await placer.tick(settings, fleet, traffic)
+    finally:
+        await placer.close()
+        await fleet.close()
