@@ -194,6 +194,13 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         fixed.add(key)
     total = sum(loads.get(k, 0.0) for k in homes if k not in unplanned)
     mean = total / len(replicas)
+
+    def payer_noise(rate: float) -> float:
+        """A payer's noise: a rate read as zero is known no better than one request in the window (with no margin,
+        a light key that happened to send nothing in a 4 s window paid for a heavy key's copy: collide, 38 cold
+        loads in that run)."""
+        return settings.noise(max(rate, 1 / (2 * settings.window_s)))
+
     seats = given.seats
     for key in sorted(homes, key=lambda k: (-loads.get(k, 0.0), k)):
         if budget <= 0:
@@ -226,7 +233,7 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             share = rate / (size + 1)
             cheap = share if overloaded else min(share, settings.unplan_below_rps)
             paid = _paid_slot(
-                homes, loads, replicas, members, fixed, unplanned, cheap, settings.noise, lightest_first=overloaded
+                homes, loads, replicas, members, fixed, unplanned, cheap, payer_noise, lightest_first=overloaded
             )
         if paid is not None:
             extra, payer = paid

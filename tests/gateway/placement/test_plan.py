@@ -333,6 +333,17 @@ def test_a_key_sized_by_seats_gains_a_copy_paid_for_by_the_lightest_key_planned_
     assert plan(given_heavy, PlanSettings(grow_above=100.0)).changes == []
 
 
+def test_a_key_read_at_zero_pays_only_where_the_window_tells_zero_from_one_request() -> None:
+    """A light key that sent nothing in a 4 s window read at zero, whose noise is zero: it paid for a heavy key's
+    copy on collide (38 cold loads in that run). Zero is known no better than one request in the window: over 4 s
+    that is not below the payer bound by the noise; over 600 s it is."""
+    loads = {key: 0.5 for key in RING} | {"t5": 3.0, "t14": 0.0}
+    in_flight = {key: 0.1 for key in RING} | {"t5": 3.0}
+    given = given_input(loads, slots=4, in_flight=in_flight, seats=4)
+    assert plan(given, PlanSettings(grow_above=100.0, window_s=4.0)).changes == []
+    assert plan(given, PlanSettings(grow_above=100.0, window_s=600.0)).unplanned == {"t14"}
+
+
 def test_an_overloaded_key_gains_a_copy_paid_for_by_the_lightest_key_whatever_its_rate() -> None:
     """t5's requests in flight (6) pass every seat of its replica (4): its queue there grows without bound. No key
     is below unplan_below_rps, so a key merely sized by seats would gain nothing; an overloaded one is paid for by
