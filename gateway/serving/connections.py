@@ -58,6 +58,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import ListenConfig
 from gateway.observe.metrics import GatewayMetrics
+from gateway.serving.inline_requests import InlineRequestHandler
 from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ READ_SLACK = 64
 MIN_BYTES_PER_READ = 64
 
 
-class GuardedHandler(RequestHandler):
+class GuardedHandler(InlineRequestHandler):
     """aiohttp's request handler (one per connection) with what the guard needs to know about it."""
 
     def __init__(self, guard: ConnectionGuard, server: web.Server, **kwargs: Any) -> None:
