@@ -49,8 +49,12 @@ class WholeAnswer(web.StreamResponse):
         self._written = False
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
-        if self._eof_sent or self._payload_writer is not None:
-            return await super().prepare(request)
+        # Prepared already (aiohttp prepares the handler's response again once it returns): what aiohttp's prepare
+        # returns then, without its coroutine.
+        if self._eof_sent:
+            return None
+        if self._payload_writer is not None:
+            return self._payload_writer
         status = self.status
         writer = request._payload_writer
         if (
@@ -73,8 +77,10 @@ class WholeAnswer(web.StreamResponse):
         # Handed to the connection now, not waited for: the wait for a slow client to take it (past the socket's
         # buffers) is write_eof's, once the handler has returned and the request's lease and place in flight are
         # given back. A client that stops reading holds its connection, nothing of the fleet's.
-        await writer.write(b"".join((_head(status, self.reason, self._variant), str(len(body)).encode(), tail,
-                                     b"\r\n", body)), drain=False)  # fmt: skip
+        # StreamWriter.write(..., drain=False) without its coroutine: with no compression, no declared length and no
+        # head buffered in the writer (this response wrote none through it), that is its _write.
+        writer._write(b"".join((_head(status, self.reason, self._variant), str(len(body)).encode(), tail, b"\r\n",
+                                body)))  # fmt: skip
         self._written = True
         return writer
 
