@@ -111,16 +111,18 @@ def _placer(config: GatewayConfig, access: RedisAccess, metrics: GatewayMetrics)
 
 
 @web.middleware
-async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def front(request: web.Request, handler: Handler, surface: bool = True) -> web.StreamResponse:
     """The app's one middleware, what three did in this order (each a coroutine and an await more per request:
     4-7 us of CPU per request at make bench-overhead's load): the connection guard learns when a request's
     head is in and when it is done (serving/connections.py); every error leaves as an OpenAI error body, nothing a
     client sends can take the gateway down (error_answers.py); a path on the wrong listener is answered as any
-    unknown route (admin/operator.py)."""
+    unknown route (admin/operator.py). ``surface`` False: the caller knows the listener check has nothing to do
+    (``direct``, for an app without an operator listener: no path is on the wrong one)."""
     connection = request_began(request)
     try:
         try:
-            operator.check_surface(request)
+            if surface:
+                operator.check_surface(request)
             response = await handler(request)
         except Exception as exc:
             response = error_answer(request, exc)
@@ -162,6 +164,11 @@ def direct(app: web.Application, handle: ServerHandler) -> ServerHandler:
                 match_info.freeze()
                 routes[resource.canonical] = (route.handler, match_info)
 
+    # With no operator listener (fixed for the app's life: a reload keeps its listeners) the inference routes are on
+    # the one listener there is: front's listener check (the app read through the match info, a lookup in it) has
+    # nothing to refuse.
+    surface = app[operator.SEPARATE_LISTENER]
+
     def handler(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
         # Not a coroutine itself: it hands the server the one to await (a frame less for the request to resume).
         found = routes.get(request.rel_url.path_safe) if request.method == hdrs.METH_POST else None
@@ -169,7 +176,7 @@ def direct(app: web.Application, handle: ServerHandler) -> ServerHandler:
             return handle(request)
         app_request = cast(web.Request, request)  # the app's request factory makes every request a web.Request
         endpoint, app_request._match_info = found
-        return front(app_request, endpoint)
+        return front(app_request, endpoint, surface)
 
     return handler
 

@@ -117,6 +117,12 @@ def test_an_operator_listener_takes_metrics_and_admin_off_the_tenant_port(tmp_pa
             assert httpx.get(operator + "/admin/state", headers=admin, timeout=10).status_code == 200
             models = httpx.get(operator + "/v1/models", headers={"Authorization": f"Bearer {api_key('acme')}"})
             assert models.status_code == 404
+            # An inference route too, which the server hands its handler without aiohttp's router (gateway/app.py's
+            # direct): the listener check holds there as well.
+            body = {"model": "lora-a", "prompt": "hello", "max_tokens": 2}
+            tenant_key = {"Authorization": f"Bearer {api_key('acme')}"}
+            completion = httpx.post(operator + "/v1/completions", json=body, headers=tenant_key, timeout=10)
+            assert completion.status_code == 404, completion.text
             for url in (tenant, operator):
                 assert httpx.get(url + "/healthz", timeout=10).status_code == 200
                 assert httpx.get(url + "/readyz", timeout=10).status_code == 200
