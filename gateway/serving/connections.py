@@ -32,14 +32,16 @@ A tenant's bodies being read count against its concurrency (``Admission.reading_
 
 How it hooks in, and why it is pinned to aiohttp 3.14 (pyproject: >=3.14,<3.15): ``GuardedSite`` is aiohttp's
 ``TCPSite`` (through ``HandlerSite``, which the operator listener's site shares) whose protocol factory builds
-``GuardedHandler``, a ``RequestHandler`` subclass that only adds
-bookkeeping around its protocol methods (``connection_made``, ``data_received``, ``connection_lost``) and closes
-with ``force_close``. Two private parts are read: the server's handler arguments (``Server._kwargs``, to build a
-handler as ``Server.__call__`` does) and ``TCPSite``'s own fields in ``start``. The request's phase comes from an
-outermost middleware (``request_began``, in gateway/app.py's ``front``; ``phases`` is it as a middleware of its
-own), and a request's body progress from ``request.content.total_bytes`` (bytes received so far). One sweeper
-task checks every connection a few times per deadline.
-tests/gateway/serving/test_slow_clients.py exercises each rule against a real server: run it when aiohttp moves.
+``GuardedHandler``, a ``RequestHandler`` subclass (through ``InlineRequestHandler``, whose connection loop runs each
+request in the connection's task: gateway/serving/inline_requests.py) that only adds bookkeeping around its protocol
+methods (``connection_made``, ``data_received``, ``connection_lost``) and closes with ``force_close``. Two private parts
+are read: the server's handler arguments (``Server._kwargs``, to build a handler as ``Server.__call__`` does) and
+``TCPSite``'s own fields in ``start``; ``InlineRequestHandler`` is aiohttp's connection loop, copied. The request's
+phase comes from an outermost middleware (``request_began``, in gateway/app.py's ``front``; ``phases`` is it as a
+middleware of its own), and a request's body progress from ``request.content.total_bytes`` (bytes received so far). One
+sweeper task checks every connection a few times per deadline.
+tests/gateway/serving/test_slow_clients.py exercises each rule against a real server (test_inline_requests.py the
+connection loop): run them when aiohttp moves.
 A connection counts as authenticated once a request on it presented a valid tenant key, the admin token or a
 status-page session; probes and metric scrapes never do, so they count as unauthenticated while open.
 """
