@@ -12,7 +12,8 @@ past it (OpenTelemetry's spans, the only ones that set any, reset them on exit),
 tests/gateway/serving/test_inline_requests.py holds the gateway's requests to that. Everything else (the pipelined
 requests' queue, the error handler for an unparsable request, the lingering read of an unread body, keep-alive, the
 cancellations) is aiohttp's, line for line, and pinned to aiohttp 3.14 with gateway/serving/connections.py
-(pyproject: >=3.14,<3.15).
+(pyproject: >=3.14,<3.15); tests/gateway/serving/test_aiohttp_pinned.py fails when the installed aiohttp's
+``RequestHandler.start`` is not the 3.14.5 source this was copied from.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The parts of aiohttp's ``RequestHandler`` the tenant listener builds on, pinned to the source they were read from
-(aiohttp 3.14.5). gateway/serving/connections.py's read rule (``fragmented``) counts every ``data_received`` call
-with bytes as a socket read and relies on aiohttp calling it with ``b""`` only to resume a parse it paused
-(``_resume_reading_if_drained``); a copy of ``start`` with its per-request task removed (an inline request loop)
-is aiohttp's loop line for line but for that. pyproject allows any 3.14 patch release, and a patch release may
-change any of these (a new branch in ``start``, another caller of ``data_received``) while every behaviour test
-still passes: this test fails on any change to their source, so that an upgrade is read against them first. When
-it fails: read the new source against what builds on it, update those, then the digest here."""
+(aiohttp 3.14.5). gateway/serving/connections.py's read rule (``fragmented``) counts every ``data_received`` call with
+bytes as a socket read and relies on aiohttp calling it with ``b""`` only to resume a parse it paused
+(``_resume_reading_if_drained``); gateway/serving/inline_requests.py is a copy of ``start`` with its per-request task
+removed, aiohttp's loop line for line but for that. pyproject allows any 3.14 patch release, and a patch release may
+change any of these (a new branch in ``start``, another caller of ``data_received``) while every behaviour test still
+passes: this test fails on any change to their source, so that an upgrade is read against them first. When it fails:
+read the new source against what builds on it, update those, then the digest here."""
 
 from __future__ import annotations
 
