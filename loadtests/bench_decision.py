@@ -28,12 +28,12 @@ in a fresh process, so its build time and RSS growth (VmRSS from /proc after the
 the pool was built: the pool, its ring and what the calls left behind, such as reservations and memos) are its own.
 Above 100 replicas the seen-before and explain counts shrink in proportion (``--full`` keeps them) so the default
 run stays within about two minutes on 2 cores; the counts used are printed under the tables. The first sights do
-not shrink: they cost little time, and the pool's per-key tables (a key's candidates, reservation and recent
-replicas) double at sizes spaced by powers of two, the first sight that crosses one rehashing all three, so of n
-first sights on a new pool about log2(n) pay it: 8 of 500 (1.6%, enough to be the p99 on their own), 11 of 5,000
-(0.2%). The same count at every fleet size gives every fleet the same share of them. ``--causes`` classes each
-first sight by what it did besides deciding (grew those tables, took a minor page fault) and prints each class's
-share and p50 / p99.
+not shrink: they cost little time, and the pool's per-key tables (its keys' entries: candidates and recent
+replicas, gateway/fleet/keys.py; their reservations) double at sizes spaced by powers of two, the first sight that
+crosses one rehashing both, so of n first sights on a new pool about log2(n) pay it: 8 of 500 (1.6%, enough to be
+the p99 on their own), 11 of 5,000 (0.2%). The same count at every fleet size gives every fleet the same share
+of them. ``--causes`` classes each first sight by what it did besides deciding (grew those tables, took a minor page
+fault) and prints each class's share and p50 / p99.
 
     python -m loadtests.bench_decision [--replicas 16,64,256,1000] [--keys 100000] [--calls 20000] [--runs 3]
 """
@@ -186,7 +186,7 @@ def _timed(call: Callable[[str], None], keys: Sequence[str], clock: Callable[[],
 
 
 # What a first sight did besides deciding, as --causes classes it: grew the pool's per-key tables (the dicts behind a
-# key's candidates, reservation and recent replicas), took a minor page fault, both, or neither ("").
+# key's entry and its reservation), took a minor page fault, both, or neither ("").
 CAUSES = ("", "fault", "tables", "tables+fault")
 
 
@@ -281,7 +281,7 @@ def run_fleet(
         place_release(f"prefill-{index}")
     first_causes: list[str] = []
     if causes:
-        tables = (pool._orders, pool.reservations._keys, pool.recent_served)
+        tables = (pool.keys, pool.reservations._keys)
         first_sight, first_causes = _timed_causes(place_release, first_keys, timer, tables)
     else:
         first_sight = _timed(place_release, first_keys, timer)

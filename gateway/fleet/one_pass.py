@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Collection
 from typing import Protocol
 
-from gateway.fleet.health import ReplicaHealth
+from gateway.fleet.keys import Entry, KeyEntry
 from gateway.fleet.replica import Replica
-from gateway.residency.lifecycle import PoolResidency, ReplicaView, among_newest
+from gateway.residency.lifecycle import PoolResidency, among_newest
 from gateway.routing.costs import Regime, gpu_slot_waits, loads_ahead_ms
 from gateway.routing.decision import NO_PARTS, Prediction, RoutingDecision
 from gateway.routing.reservations import HomeReservations
@@ -54,19 +53,12 @@ class Pool(Protocol):
     scrape_fresh_s: float
     running_fresh_s: float
     prefix_warm_s: float
-    recent_served: OrderedDict[str, dict[str, float]]
 
 
 _NEVER = -math.inf
 _NOWHERE: frozenset[str] = frozenset()
 # A named tuple's own __new__ without its Python-level argument handling (every field is passed, in order).
 _new = tuple.__new__
-
-
-# What the loop reads of one replica, built once with the pool (Pool.records) and kept with each key's candidates
-# (Pool._candidates): its id, its record, health and residency view, the objects themselves, so a decision looks
-# none of them up by id.
-Entry = tuple[str, Replica, ReplicaHealth, ReplicaView]
 
 
 def decide_plain(
@@ -77,10 +69,12 @@ def decide_plain(
     candidates: tuple[Entry, ...],
     homes: frozenset[str],
     resident: frozenset[str],
+    entry: KeyEntry,
 ) -> RoutingDecision | None:
     """The decision when the case is plain (see the module docstring), else None. ``order``: the key's candidates,
     home first; ``candidates``: their entries (``Entry``); ``homes``: the key's replica set (its home and the
-    rest: no affinity margin there); ``resident``: where the request's adapter is resident."""
+    rest: no affinity margin there); ``resident``: where the request's adapter is resident; ``entry``: the key's
+    (gateway/fleet/keys.py), where it was served last."""
     if not order:
         return None
     scoring = pool.scoring
@@ -136,7 +130,7 @@ def decide_plain(
     home = order[0]
     # Where the key was served within prefix_warm_s (its prefix likely still in the KV cache): read only where the
     # adapter is on the GPU, the one regime split it decides.
-    recent = pool.recent_served.get(key)
+    served_by, served_at, served_more = entry.served_by, entry.served_at, entry.served_more
     warm_since = now - pool.prefix_warm_s
     # Where other gateways have requests in flight with the adapter (their loads under way included).
     flying: Collection[str] = ()
@@ -220,7 +214,9 @@ def decide_plain(
                 if gpu_slot_waits(engine_model, view.in_flight, there_now, running, scraped.gpu_slots):
                     slot_ms = gpu_slot_ms
         if on_gpu:
-            if recent is not None and recent.get(replica_id, _NEVER) >= warm_since:
+            if (replica_id == served_by and served_at >= warm_since) or (
+                served_more is not None and served_more.get(replica_id, _NEVER) >= warm_since
+            ):
                 regime = "warm"
                 constant, per_request, off_home_ms, per_slot = warm_c, warm_p, warm_o, warm_s
             else:

@@ -17,7 +17,8 @@ from gateway.config import PoolConfig, RoutingConfig
 from gateway.errors import GatewayError
 from gateway.fleet import rings
 from gateway.fleet.health import ReplicaHealth
-from gateway.fleet.one_pass import Entry, decide_plain
+from gateway.fleet.keys import Entry, KeyEntry, new_entry
+from gateway.fleet.one_pass import decide_plain
 from gateway.fleet.outlier import Failure
 from gateway.fleet.plan_bound import Confined, PlanBound, split
 from gateway.fleet.replica import Replica
@@ -47,16 +48,13 @@ SEATS_LOWER_BELOW = 0.75
 _SPREADING = frozenset({"round_robin", "least_loaded"})
 # Policies that keep a slot at an active key's home (routing/reservations.py).
 _RESERVING = frozenset({"bounded_consistent_hash", "predicted_ttft"})
-# Keys whose recent replicas predicted_ttft remembers (the least recently routed go first): session keys are
-# unbounded in number.
+# Keys the pool keeps an entry for (their candidates; under predicted_ttft their recent replicas too), the least
+# recently routed going first: session keys are unbounded in number.
 _RECENT_KEYS = 65_536
 # The resident set of a request without an adapter (or a policy that does not read residency): one object, so a
 # key's kept candidates (_candidates) are seen to hold.
 _NOWHERE: frozenset[str] = frozenset()
-# A key's candidates as Pool._candidates keeps them: the resident set and ring version they were built from, the
-# candidates in the key's order, the rest of its replica set, the one pass's entries for the candidates and the whole
-# replica set (home included).
-_Candidates = tuple[frozenset[str], int, tuple[str, ...], frozenset[str], tuple[Entry, ...], frozenset[str]]
+_make = object.__new__  # a KeyEntry with no fields set (gateway/fleet/keys.py)
 # Resident sets whose sorted order is kept (one per adapter with a distinct set; cleared when full).
 _RESIDENT_ORDERS = 4_096
 
@@ -141,15 +139,18 @@ class Pool:
         self.eviction_horizon_s = routing.eviction_horizon_s
         self.prefix_warm_s = routing.prefix_warm_s
         self.router = Router(self.name, config.policy, self.balance_factor, self.capacity_floor, self.scoring)
-        # Per key, the replicas that served it last (when, monotonic), least recently routed key first: what "its
-        # prefix is warm there" reads. An OrderedDict, not a dict: a dict whose oldest key is dropped at each new one
+        # Per key placed, its entry (gateway/fleet/keys.py): its candidates as last built (_candidates) and, under
+        # predicted_ttft, the replicas that served it last (what "its prefix is warm there" reads), least recently
+        # routed key first (a policy that does not predict keeps them in the order first placed), at most
+        # _RECENT_KEYS. An OrderedDict, not a dict: a dict whose oldest key is dropped at each new one
         # (del d[next(iter(d))]) is read from its front past every slot deleted since it last compacted, 4.6 us per
         # new key once full.
-        self.recent_served: OrderedDict[str, dict[str, float]] = OrderedDict()
+        self.keys: OrderedDict[str, KeyEntry] = OrderedDict()
+        # The entry the last _decide read or built, and the one it built for a key without one (None where it found
+        # it): place keeps and updates it without a second lookup.
+        self._entry: KeyEntry | None = None
+        self._fresh: KeyEntry | None = None
         self._resident_order: dict[frozenset[str], tuple[str, ...]] = {}
-        # Per key, its candidates and the rest of its replica set, with the resident set and ring version they were
-        # built from (_candidates).
-        self._orders: dict[str, _Candidates] = {}
         # The plain case is decided in one pass over the records (one_pass.py); False: the general pipeline only
         # (tests compare the two).
         self.one_pass = config.policy in _RESERVING
@@ -251,22 +252,24 @@ class Pool:
             self.replicas[chosen].in_flight += 1
             self.in_flight += 1
             self.reservations.arrived(key, decision.home, chosen)
+            fresh = self._fresh
+            if fresh is not None:  # the key's first placement (or its first since it was forgotten): keep its entry
+                self._fresh = None
+                keys = self.keys
+                if len(keys) >= _RECENT_KEYS:
+                    keys.popitem(last=False)
+                keys[key] = fresh
+                if self.scoring is not None:
+                    fresh.served_by, fresh.served_at = chosen, time.monotonic()  # KeyEntry.served, inline
             if self.scoring is not None:
-                self._served(key, chosen)
+                if fresh is None:
+                    self.keys.move_to_end(key)  # in the keys' recency: the least recently routed go first
+                    entry = self._entry
+                    assert entry is not None
+                    entry.served(chosen, time.monotonic())
                 if self._evicting and engine_model is not None:
                     self._used(engine_model)
         return decision
-
-    def _served(self, key: str, replica_id: str) -> None:
-        keys = self.recent_served  # in the keys' recency, the least recently routed first
-        recent = keys.get(key)
-        if recent is None:
-            if len(keys) >= _RECENT_KEYS:
-                keys.popitem(last=False)
-            keys[key] = {replica_id: time.monotonic()}
-        else:
-            keys.move_to_end(key)
-            recent[replica_id] = time.monotonic()
 
     def _used(self, engine_model: str) -> None:
         now = time.monotonic()
@@ -312,16 +315,18 @@ class Pool:
         resident = self.residency.resident_on(engine_model) if engine_model and wants_resident else _NOWHERE
         # The key's candidates as last built, while the ring and the resident set are the ones they were built from
         # (_candidates, inline: one lookup for a key seen before).
-        known = self._orders.get(key)
-        if known is None or known[0] is not resident or known[1] != self.ring.version:
-            known = self._candidates(key, resident)
-        order, also_home = known[2], known[3]
+        entry = self.keys.get(key)
+        self._fresh = None
+        if entry is None or entry.resident is not resident or entry.version != self.ring.version:
+            entry = self._candidates(key, resident, entry)
+        self._entry = entry
+        order, also_home = entry.order, entry.also_home
         if self.plan_bound is not None and engine_model is not None:
             confined = split(self, self.plan_bound, key, engine_model, order, resident, avoid)
             if confined is not None:
-                return self._decide_confined(key, engine_model, confined, known[5], resident, avoid, explain)
+                return self._decide_confined(key, engine_model, confined, entry, resident, avoid, explain)
         if self.one_pass and not explain and not avoid:
-            plain = decide_plain(self, key, engine_model, order, known[4], known[5], resident)
+            plain = decide_plain(self, key, engine_model, order, entry.records, entry.homes, resident, entry)
             if plain is not None:
                 return plain
         loads = self.snapshot(key, engine_model, order, resident)
@@ -342,7 +347,7 @@ class Pool:
         key: str,
         engine_model: str,
         confined: Confined,
-        homes: frozenset[str],
+        entry: KeyEntry,
         resident: frozenset[str],
         avoid: Collection[str],
         explain: bool,
@@ -353,10 +358,10 @@ class Pool:
         load more (what that adapter's key pays at its next request); a policy that does not predict takes a pick
         that pushes out nothing in use as its own rule says, and no other."""
         inside, outside, displace = confined
-        planned = self._decide_among(key, engine_model, inside, homes, resident, avoid, explain)
+        planned = self._decide_among(key, engine_model, inside, entry, resident, avoid, explain)
         if not outside or planned.chosen is None:
             return planned
-        either = self._decide_among(key, engine_model, inside + outside, homes, resident, avoid, explain)
+        either = self._decide_among(key, engine_model, inside + outside, entry, resident, avoid, explain)
         chosen = either.chosen
         if chosen is None or chosen in inside:
             return planned
@@ -373,15 +378,16 @@ class Pool:
         key: str,
         engine_model: str,
         order: tuple[str, ...],
-        homes: frozenset[str],
+        entry: KeyEntry,
         resident: frozenset[str],
         avoid: Collection[str],
         explain: bool,
     ) -> RoutingDecision:
         """``_decide``'s last steps over ``order`` (candidates the key's preference has put first)."""
+        homes = entry.homes
         if self.one_pass and not explain and not avoid:
             entries = tuple(self.records[r] for r in order)
-            plain = decide_plain(self, key, engine_model, order, entries, homes, resident)
+            plain = decide_plain(self, key, engine_model, order, entries, homes, resident, entry)
             if plain is not None:
                 return plain
         loads = self.snapshot(key, engine_model, order, resident)
@@ -401,8 +407,8 @@ class Pool:
         warm_since = now - self.prefix_warm_s
         # Where the key was served within prefix_warm_s (its prefix likely still in the KV cache there): one or two
         # replicas, found once per decision rather than looked up per candidate.
-        recent = self.recent_served.get(key) if predicting else None
-        warm_here = [replica_id for replica_id, at in recent.items() if at >= warm_since] if recent else ()
+        entry = self.keys.get(key) if predicting else None
+        warm_here = entry.served_since(warm_since) if entry is not None else ()
         # Where other gateways have requests in flight with the adapter (their loads under way included).
         flying = self.residency.signal.flying_on(self.name, engine_model) if predicting and engine_model else ()
         elsewhere = self.residency.signal.load_elsewhere(self.name) if self.shared_load_view else None
@@ -486,17 +492,18 @@ class Pool:
             return self.scoring.model.gpu_slot_ms
         return 0.0
 
-    def _candidates(self, key: str, resident: frozenset[str]) -> _Candidates:
+    def _candidates(self, key: str, resident: frozenset[str], entry: KeyEntry | None) -> KeyEntry:
         """The replicas a decision weighs, in the key's preference order, ``routing.candidates`` (K) of them at
         most, so a decision costs the same at any fleet size: the first K of the key's ring order, of which the
         last up to K/2 give way to replicas where the adapter is resident outside them (by name: a spill finds a
         warm one). The baselines that spread load (round robin, least loaded) weigh every replica. Returned with the
         rest of the key's placement replica set (``Ring.also_home``) and the one pass's entries for the candidates
-        (one_pass.Entry), as ``_Candidates``."""
+        (one_pass.Entry), in ``entry`` (the key's, whose candidates are stale) or a new one that ``place`` keeps
+        (``_fresh``)."""
         ring = self.ring
-        if self._spreading:
+        if self._spreading:  # built at every decision, not kept
             order = ring.preference(key)
-            return resident, ring.version, order, ring.also_home(key), (), _NOWHERE
+            return new_entry(resident, ring.version, order, ring.also_home(key), (), _NOWHERE)
         # Built here when the key's last answer is missing or stale (_decide looks it up: it holds while the ring and
         # the resident set, the same object until it changes, are the ones it was built from).
         count = self.candidate_count
@@ -521,15 +528,17 @@ class Pool:
                 order = order[: count - len(warm)] + warm
         # The rest of the key's replica set (Ring.also_home, inline): none without a placement table.
         also_home = ring.also_homes.get(key, _NOWHERE) if ring.also_homes else _NOWHERE
-        if len(self._orders) >= _RECENT_KEYS:
-            self._orders.clear()
         # The candidates' entries by one itemgetter (one C call: half a list comprehension's cost at 8 candidates).
         records = itemgetter(*order)(self.records) if len(order) > 1 else tuple(self.records[r] for r in order)
         # The key's whole replica set: its home alone (one frozenset per replica, made once) unless the placement
         # table gives it more.
         homes = also_home.union(order[:1]) if also_home or not order else self._alone[order[0]]
-        known = self._orders[key] = (resident, ring.version, order, also_home, records, homes)
-        return known
+        if entry is None:  # new_entry, inline: one call fewer at a first sight
+            entry = self._fresh = _make(KeyEntry)
+            entry.served_by, entry.served_at, entry.served_more = None, 0.0, None
+        entry.resident, entry.version, entry.order = resident, ring.version, order
+        entry.also_home, entry.records, entry.homes = also_home, records, homes
+        return entry
 
     def _by_name(self, resident: frozenset[str]) -> tuple[str, ...]:
         """``resident`` sorted, once per distinct set (residency hands out the same set until it changes)."""

@@ -30,9 +30,9 @@ def test_first_sights_do_not_shrink_with_the_fleet() -> None:
 
 def test_a_new_pools_per_key_tables_grow_together_at_about_log2_of_the_first_sights() -> None:
     """The docstring's reason first sights do not shrink: of n first sights on a new pool, those that grow the pool's
-    per-key tables (a key's candidates, reservation and recent replicas) are about log2(n), the three at once."""
+    per-key tables (a key's entry and its reservation) are about log2(n), the two at once."""
     pool = build_pool(16, "predicted_ttft")
-    tables = (pool._orders, pool.reservations._keys, pool.recent_served)
+    tables = (pool.keys, pool.reservations._keys)
     grew: list[tuple[bool, ...]] = []
     for index in range(500):
         before = [dict.__sizeof__(table) for table in tables]
