@@ -187,7 +187,9 @@ async def test_a_registry_key_of_another_type_is_refused_as_altered(
     raw = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
     entries, head = f"{prefix}:{{registry}}:entries", f"{prefix}:{{registry}}:head"
     try:
-        saved_entries, saved_head = await raw.hgetall(entries), await raw.get(head)
+        saved_entries = {str(field): str(value) for field, value in (await raw.hgetall(entries)).items()}
+        saved_head = await raw.get(head)
+        assert saved_head is not None
         for key, wrong in ((entries, "set"), (head, "hset")):
             await raw.delete(key)
             await (raw.set(key, "x") if wrong == "set" else raw.hset(key, "x", "y"))
@@ -219,7 +221,9 @@ async def test_an_older_registry_put_back_whole_is_refused(
     key = hash_key("revoked-later")
     try:
         await a.change({"kind": "add_key", "tenant_id": "acme", "key_hash": key}, config)
-        saved_entries, saved_head = await raw.hgetall(entries), await raw.get(head)
+        saved_entries = {str(field): str(value) for field, value in (await raw.hgetall(entries)).items()}
+        saved_head = await raw.get(head)
+        assert saved_head is not None
         await a.change({"kind": "revoke_key", "key_hash": key}, config)
         await until(lambda: key in b.state.revoked, "the revocation at b")
         await raw.delete(entries)
