@@ -201,7 +201,11 @@ async def test_a_registry_key_of_another_type_is_refused_as_altered(
             with pytest.raises(StoreUnavailable, match="altered"):
                 await a.change({"kind": "add_key", "tenant_id": "acme", "key_hash": hash_key("new")}, config)
             await raw.delete(key)
-            await (raw.hset(entries, mapping=saved_entries) if key == entries else raw.set(head, saved_head))
+            if key == entries:
+                for field, value in saved_entries.items():
+                    await raw.hset(entries, field, value)
+            else:
+                await raw.set(head, saved_head)
         # Put back, the registry is believed again.
         await a.change({"kind": "add_key", "tenant_id": "acme", "key_hash": hash_key("after")}, config)
         await until(lambda: b.state.keys.get(hash_key("after")) == "acme", "a change after the repair")
