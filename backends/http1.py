@@ -62,6 +62,11 @@ class ResponseError(ConnectionError):
     """The answer broke off (the connection closed or reset mid-way) or could not be read (malformed)."""
 
 
+class AnswerTooLong(ResponseError):
+    """The answer is longer than the reader takes whole (``Response.read``'s limit): not read, the connection
+    dropped."""
+
+
 class ConnectionWaitTimeout(TimeoutError):
     """The request's timeout passed while it waited for a connection at this client's own per-origin limit: it was
     never sent, and says nothing of the engine (the drivers answer it as the request's deadline, not the replica's
@@ -322,13 +327,14 @@ class Response:
 
     async def read(self, limit: int = MAX_WHOLE_BODY) -> bytes:
         """The whole body, at most ``limit`` bytes: a larger answer (a buggy engine) is refused with
-        ``ResponseError`` as soon as that shows, rather than held in memory; the connection is then dropped."""
+        ``AnswerTooLong`` (a ``ResponseError``) as soon as that shows, rather than held in memory; the connection is
+        then dropped."""
         connection = self._connection
         if connection is None:
             raise ResponseError("the answer was released")
         length = self.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
-            raise ResponseError(f"the engine's answer is {length} bytes, over the {limit} this client reads whole")
+            raise AnswerTooLong(f"the engine's answer is {length} bytes, over the {limit} this client reads whole")
         body = connection.whole_body()
         if body is not None and len(body) <= limit:
             return body
@@ -339,7 +345,7 @@ class Response:
             if size > limit:
                 break
         if size > limit:
-            raise ResponseError(f"the engine's answer is over the {limit} bytes this client reads whole")
+            raise AnswerTooLong(f"the engine's answer is over the {limit} bytes this client reads whole")
         return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:

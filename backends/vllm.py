@@ -166,8 +166,12 @@ class VllmDriver:
             return VllmResponse(response)
         try:
             text = (await response.read(MAX_ERROR_BODY)).decode("utf-8", "replace")
-        except OSError as exc:  # http1.ResponseError past MAX_ERROR_BODY too: no engine's refusal is that long
-            raise EngineUnavailable(f"{replica.id} broke off its error answer, or sent one too long: {exc!r}") from exc
+        except http1.AnswerTooLong:
+            # Not read, but the engine's status stands: a refusal that echoes a large request (a validation error
+            # quoting the field it refused) is the request's, and must not count against the replica.
+            text = f"the engine's error answer is longer than {MAX_ERROR_BODY:,} bytes (not read)"
+        except OSError as exc:
+            raise EngineUnavailable(f"{replica.id} broke off its error answer: {exc!r}") from exc
         finally:
             response.release()
         if response.status < 400:  # a redirect (a front one hop off the engine): no answer, the replica's failure

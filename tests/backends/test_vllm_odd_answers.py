@@ -171,10 +171,14 @@ async def test_a_health_probe_answered_with_a_redirect_is_down() -> None:
 async def test_an_error_answer_of_megabytes_is_not_read_whole_or_parsed() -> None:
     """An error answer is read to give the client the engine's reason: one of 20 MB (a proxy's page, a hostile
     engine) was read whole (up to the 64 MiB an answer may take), decoded and parsed as JSON on the event loop, every
-    tenant's requests behind it, and its message went on whole. Past MAX_ERROR_BODY the answer is no answer: the
-    replica's failure (EngineUnavailable), read no further."""
-    huge = answer(b'{"error": {"message": "' + b"x" * (20 << 20) + b'"}}', status=400)
-    async with engine("POST", "/v1/completions", huge) as (driver, replica):
-        with pytest.raises(EngineUnavailable):
-            await driver.send(replica, EngineRequest("/v1/completions", b"{}", False))
+    tenant's requests behind it, and its message went on whole. Past MAX_ERROR_BODY it is read no further, and the
+    engine's status stands: a 400 that echoes a large request (a validation error quoting the field it refused) is
+    the request's fault, never the replica's (which a client could otherwise have ejected replicas with)."""
+    for status, blame in ((400, "none"), (500, "suspect")):
+        huge = answer(b'{"error": {"message": "' + b"x" * (20 << 20) + b'"}}', status=status)
+        async with engine("POST", "/v1/completions", huge) as (driver, replica):
+            with pytest.raises(EngineRejected) as refused:
+                await driver.send(replica, EngineRequest("/v1/completions", b"{}", False))
+        assert refused.value.status == status and len(refused.value.message) < 200
+        assert classify(refused.value).blame == blame
     assert backends.vllm.MAX_ERROR_BODY <= 1 << 20
