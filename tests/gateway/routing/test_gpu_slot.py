@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.costs import Line, Regime, TtftModel, gpu_slot_waits
+from gateway.routing.costs import TtftModel, gpu_slot_waits
 from gateway.routing.decision import NEW_KEY, ReplicaLoad
 from gateway.routing.pipeline import decide
-from gateway.routing.ring import Ring
 from gateway.routing.scorers import SCORERS, Candidate, ScorerSettings, build_scoring
+from tests.gateway.routing.test_predicted_ttft import HOME, KEY, PRIORS, RING, SECOND, THIRD
 
-PRIORS: dict[Regime, Line] = {
-    "warm": Line(20, 10),
-    "kv_cold": Line(40, 10),
-    "host": Line(70, 10),
-    "cold": Line(500, 10),
-}
-RING = Ring(["r0", "r1", "r2"], vnodes=160)
-KEY = "acme"
-HOME, SECOND, THIRD = RING.preference(KEY)
 DEFAULT = {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0}
 NONE: frozenset[str] = frozenset()
 
