@@ -143,6 +143,14 @@ class _Wait:
     last: dict[str, int] = field(default_factory=dict)  # gateway -> number of its newest held set heard
 
 
+def _uncount(counts: dict[str, int], name: str, by: int = 1) -> None:
+    """Take ``by`` off ``name``'s count, forgetting it once nothing is left (the tallies of other gateways' news)."""
+    if counts[name] > by:
+        counts[name] -= by
+    else:
+        del counts[name]
+
+
 class SlotSignal:
     def __init__(
         self,
@@ -545,26 +553,17 @@ class SlotSignal:
         self._sum_loading(loads_on)
         for (pool, replica), count in requests.items():
             loads = self._load[pool]
-            if loads[replica] > count:
-                loads[replica] -= count
-            else:
-                del loads[replica]
-                if not loads:
-                    del self._load[pool]
+            _uncount(loads, replica, count)
+            if not loads:
+                del self._load[pool]
         for (pool, replica), names in sets.items():
             on_replica = self._flying_here[(pool, replica)]
             for name in names:
                 counts = self._flying[(pool, name)]
-                if counts[replica] > 1:
-                    counts[replica] -= 1
-                else:
-                    del counts[replica]
-                    if not counts:
-                        del self._flying[(pool, name)]
-                if on_replica[name] > 1:
-                    on_replica[name] -= 1
-                else:
-                    del on_replica[name]
+                _uncount(counts, replica)
+                if not counts:
+                    del self._flying[(pool, name)]
+                _uncount(on_replica, name)
             if not on_replica:
                 del self._flying_here[(pool, replica)]
 
