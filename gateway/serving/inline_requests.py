@@ -14,6 +14,11 @@ requests' queue, the error handler for an unparsable request, the lingering read
 cancellations) is aiohttp's, line for line, and pinned to aiohttp 3.14 with gateway/serving/connections.py
 (pyproject: >=3.14,<3.15); tests/gateway/serving/test_aiohttp_pinned.py fails when the installed aiohttp's
 ``RequestHandler.start`` is not the 3.14.5 source this was copied from.
+
+One consequence to keep: a request's task (``request.task``) is now its connection's, so nothing may cancel it while
+the connection goes on serving. ``asyncio.timeout`` and the Triton driver's cancellation check read the task's
+``cancelling()`` count, which a cancel left on the connection's task would carry into every later request on it.
+aiohttp cancels that task only when the connection is lost or at shutdown, and the gateway never cancels it itself.
 """
 
 from __future__ import annotations
