@@ -25,7 +25,11 @@ set's replicas. One interval changes at most ``max_moves`` keys, in this order:
    the noise: the lightest such key there pays for the slot. A key overloaded (its requests in flight per replica past
    every seat of a replica: its queue there grows without bound) is paid for by the lightest key planned alone anywhere
    that is lighter than the copy's share, whatever ``unplan_below_rps`` says: a payer's reloads cost about a cold load
-   per request it sends, bounded, and the queue is not. That key is *unplanned* (``Plan.unplanned``): it keeps its set
+   per request it sends, bounded, and the queue is not. Any key pays only while the copies the growing key may have
+   serve its demand (its requests in flight within every seat of ``max_replicas_per_key`` replicas): one whose demand
+   passes those queues on its set whatever its neighbours pay, and one tenant's traffic shape (long generations) cost
+   the lightest planned key its slot at every interval up to that many copies, for as long as it kept that shape; it
+   grows into free slots only. That key is *unplanned* (``Plan.unplanned``): it keeps its set
    for routing, but no slot is planned for its adapter (the fill does not load it; a request loads it where that pushes
    out no planned adapter in use, gateway/fleet/plan_bound.py). A set that would stay below ``shrink_below`` x that mean
    with one replica fewer (its own requests in flight per replica then below ``shrink_below`` x ``seat_share`` x
@@ -215,6 +219,12 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         # Past every seat of its replicas: its queue there grows without bound, whatever its neighbours pay.
         overloaded = seated and demand / size > seats
         limit = min(settings.max_replicas_per_key, len(replicas))
+        # Another key pays for a copy only while the copies this key may have serve its demand (its requests in
+        # flight within every seat of ``limit`` replicas). A key whose demand passes them (long generations: more
+        # streams at once than a fleet gives one key) queues on its set whatever its neighbours pay; with payers it
+        # cost the lightest planned key its warm slot at every interval up to max_replicas_per_key copies, each
+        # unplanned for as long as its traffic kept that shape. It grows into free slots only.
+        servable = demand <= limit * seats
         spilled = given.spills.get(key, 0.0)
         hot = rate / size > settings.grow_above * mean + settings.noise(rate) / size
         spilling = spilled > settings.spill_share * rate + settings.noise(spilled)
@@ -225,7 +235,7 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         if grows and within:
             extra = _extra_replica(homes, loads, replicas, members, given.slots, unplanned)
         paid = None
-        if grows and extra is None and seated:  # every slot planned: the lightest key planned alone pays
+        if grows and extra is None and seated and servable:  # every slot planned: the lightest key alone pays
             # A payer busier than unplan_below_rps costs about a cold load per request it sends; an overloaded key's
             # queue grows without bound, which no such cost outweighs: then any key lighter than the copy's share
             # pays, the lightest first (the hot trace's tenant at 40x its rate: 5-6 requests in flight for 4 seats,

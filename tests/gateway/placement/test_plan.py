@@ -363,6 +363,43 @@ def test_an_overloaded_key_gains_a_copy_paid_for_by_the_lightest_key_whatever_it
     assert plan(given_heavy, PlanSettings(grow_above=100.0)).changes == []
 
 
+def slot_losses(demand: float, intervals: int) -> tuple[int, Homes]:
+    """t5 sends 3 requests a second whose generations hold a seat ``demand`` / 3 seconds each (its requests in
+    flight by Little's law: ``demand``) on 4 replicas of 4 seats and 4 slots, every slot planned, its 15 neighbours
+    at 0.5 req/s (none below unplan_below_rps); the plan ticks ``intervals`` times, each taking the last one's table.
+    Returns how many times a neighbour gave up its planned slot (became unplanned), and t5's set at the end."""
+    loads = {key: 0.5 for key in RING} | {"t5": 3.0}
+    in_flight = {key: 0.2 for key in RING} | {"t5": demand}
+    current: dict[str, Homes] = {}
+    unplanned: set[str] = set()
+    below: dict[str, float] = {}
+    losses = 0
+    for step in range(intervals):
+        given_ = given_input(
+            loads, current, slots=4, in_flight=in_flight, seats=4, unplanned=unplanned, below_since=below,
+            now=10.0 * step,
+        )  # fmt: skip
+        result = plan(given_, PlanSettings())
+        losses += len(result.unplanned - unplanned)
+        current, unplanned, below = result.homes, result.unplanned, result.below_since
+    return losses, current.get("t5", ("r1",))
+
+
+def test_a_tenant_whose_demand_no_copy_serves_costs_no_neighbour_its_slot() -> None:
+    """Long generations: t5's 20 requests in flight pass every seat of the 3 replicas a key may have (12), so its
+    queue grows whatever its neighbours pay. Before, the lightest planned key gave up its slot at each interval until
+    t5 had max_replicas_per_key copies (2 losses, unplanned for as long as t5 kept that shape); now none does, and
+    t5 queues on its own replica (every slot is planned: no free one to grow into)."""
+    assert slot_losses(20.0, intervals=30) == (0, ("r1",))
+    # A demand the copies serve (10 in flight: 3.3 a replica of 3, within 4 seats) still gets them, paid for once
+    # each and then held: no neighbour loses its slot again while the demand stays.
+    losses, homes = slot_losses(10.0, intervals=30)
+    assert (losses, len(homes)) == (2, 3)
+    # The hot trace's tenant (6 in flight: 2 replicas serve it) gains its second home, one neighbour paying.
+    losses, homes = slot_losses(6.0, intervals=30)
+    assert (losses, len(homes)) == (1, 2)
+
+
 def test_an_unplanned_key_is_planned_again_once_the_copy_it_paid_for_is_given_back() -> None:
     loads = {key: 0.5 for key in RING} | {"t5": 3.0, "t14": 0.1}
     in_flight = {key: 0.1 for key in RING} | {"t5": 3.0}
