@@ -7,7 +7,10 @@ table rehashes once, a key seen before is looked up once per decision, and a fir
 bytes: the replica that served the key, and when, are two fields here, where a dict of one was about 300 bytes
 with its table entry; a second replica's time goes to a dict made then (``served_more``).
 
-The key's reservation is not here: it lapses by the key's activity (routing/reservations.py), these by routing.
+The key's reservation state is here too (a KeyEntry is a routing/reservations.py Reservation: ``Pool.place`` hands
+the entry to ``HomeReservations.arrived`` at the key's first request), so a first sight makes one object, not two;
+its table is still the reservations' own, ordered by the key's activity: a reservation lapses 2 s after the key's
+last request began or ended, this entry is forgotten by routing recency.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from gateway.fleet.health import ReplicaHealth
 from gateway.fleet.replica import Replica
 from gateway.residency.lifecycle import ReplicaView
+from gateway.routing.reservations import Reservation
 
 # What the one pass (one_pass.py) reads of one replica, built once with the pool (Pool.records) and kept with each
 # key's candidates (Pool._candidates): its id, its record, health and residency view, the objects themselves, so a
@@ -22,8 +26,9 @@ from gateway.residency.lifecycle import ReplicaView
 Entry = tuple[str, Replica, ReplicaHealth, ReplicaView]
 
 
-class KeyEntry:
-    """One key's candidates (``Pool._candidates`` fills them) and the replicas that served it (``served``)."""
+class KeyEntry(Reservation):
+    """One key's candidates (``Pool._candidates`` fills them), the replicas that served it (``served``) and, as a
+    ``Reservation``, its reservation state while it holds one (``HomeReservations`` sets and reads those fields)."""
 
     __slots__ = (
         "also_home",

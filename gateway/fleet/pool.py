@@ -251,7 +251,8 @@ class Pool:
         if chosen is not None:
             self.replicas[chosen].in_flight += 1
             self.in_flight += 1
-            self.reservations.arrived(key, decision.home, chosen)
+            # The key's entry keeps its reservation state where it has none (a first sight: one object, not two).
+            self.reservations.arrived(key, decision.home, chosen, self._entry)
             fresh = self._fresh
             if fresh is not None:  # the key's first placement (or its first since it was forgotten): keep its entry
                 self._fresh = None

@@ -20,15 +20,20 @@ import math
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from gateway.routing.decision import NEW_KEY, KeyStanding
 
 _IDLE_HOLDING = KeyStanding(0, holds_reservation=True)
 
 
-@dataclass(slots=True)  # one per active key, read and written on every request of it
-class _KeyState:
+class Reservation:
+    """One active key's reservation state, read and written on every request of it. A base class: the pool's
+    per-key entry (gateway/fleet/keys.py's KeyEntry) is one, and the pool hands it to ``arrived``, so a key's first
+    request makes no object of its own here (a dataclass's ``__init__`` was a Python call at every first sight, and
+    its object 64 bytes more per key)."""
+
+    __slots__ = ("home", "in_flight", "in_flight_at_home", "last_active")
+
     home: str
     in_flight: int
     in_flight_at_home: int
@@ -39,7 +44,7 @@ class HomeReservations:
     def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
         self._clock = clock
-        self._keys: OrderedDict[str, _KeyState] = OrderedDict()
+        self._keys: OrderedDict[str, Reservation] = OrderedDict()
         # No key lapses before this (clock time): the front key's last activity plus the window, when ``expire`` last
         # looked. Keys only move to the back with a later activity, so the front's (the oldest) only grows and this
         # stays a lower bound: ``expire`` is one comparison until then (it runs at every decision).
@@ -85,13 +90,20 @@ class HomeReservations:
         # None left: a key that comes later is active from then on.
         self._quiet_until = now + self.window_s
 
-    def arrived(self, key: str, home: str, chosen: str) -> None:
+    def arrived(self, key: str, home: str, chosen: str, fresh: Reservation | None = None) -> None:
+        """A request of ``key`` placed on ``chosen`` (its home ``home``). ``fresh``: where the key has no state here
+        (its first request, or its first since its reservation lapsed), the object to keep it in (the pool's entry
+        for the key, every field set here), else one is made."""
         if self.window_s <= 0:  # not ``enabled``: a property call per request
             return
         state = self._keys.get(key)
         if state is None:  # its first request: its reservation is held from now on, taken by this request at home
             at_home = chosen == home
-            self._keys[key] = _KeyState(home, 1, 1 if at_home else 0, self._clock())
+            if fresh is None:
+                fresh = Reservation()
+            fresh.home, fresh.in_flight, fresh.in_flight_at_home = home, 1, 1 if at_home else 0
+            fresh.last_active = self._clock()
+            self._keys[key] = fresh
             if not at_home:
                 self.by_replica[home] += 1
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.routing.decision import KeyStanding, ReplicaLoad, RoutingDecision
 from gateway.routing.pipeline import decide
-from gateway.routing.reservations import HomeReservations
+from gateway.routing.reservations import HomeReservations, Reservation
 from gateway.routing.ring import Ring
 from tests.clock import Clock
 
@@ -82,3 +82,27 @@ def test_a_key_with_nothing_in_flight_is_not_bound_by_reservations() -> None:
         ring.preference("newcomer"), "newcomer", loads, pool="p", policy="bounded_consistent_hash", balance_factor=1.25
     )
     assert decision.chosen == home and not decision.used_reservation
+
+
+def test_a_state_handed_in_keeps_the_keys_reservation_and_lapses_in_the_order_of_activity() -> None:
+    """A caller's object (the pool's entry for the key) holds the key's state where it has none here; a key that
+    already has one keeps it; reservations lapse by last activity whichever object holds them."""
+    clock = Clock()
+    reservations = HomeReservations(window_s=2.0, clock=clock)
+    mine, other = Reservation(), Reservation()
+    reservations.arrived("acme", home="r0", chosen="r1", fresh=mine)
+    assert (mine.home, mine.in_flight, mine.in_flight_at_home) == ("r0", 1, 0) and reservations.reserved("r0") == 1
+    reservations.arrived("acme", home="r0", chosen="r0", fresh=other)  # acme has its state: ``other`` is not used
+    assert (mine.in_flight, mine.in_flight_at_home) == (2, 1) and not hasattr(other, "home")
+    assert reservations.reserved("r0") == 0
+    reservations.arrived("beta", home="r1", chosen="r1")  # none handed in: one made here
+    reservations.finished("acme", chosen="r1")
+    reservations.finished("acme", chosen="r0")  # acme's last activity is after beta's
+    reservations.finished("beta", chosen="r1")
+    clock.advance(1.0)
+    reservations.arrived("acme", home="r0", chosen="r0")
+    reservations.finished("acme", chosen="r0")
+    clock.advance(1.5)  # beta idle 2.5 s, acme 1.5 s
+    reservations.expire()
+    assert reservations.standing("beta") == KeyStanding() and reservations.standing("acme").holds_reservation
+    assert reservations.reserved("r1") == 0 and reservations.reserved("r0") == 1
