@@ -25,6 +25,10 @@ request. Where seats are not stated a queue cannot be told from a batch (a noisy
 that run 64 at once), and the bound stays as it was. A request
 whose planned replicas are all down, avoided (a retry) or at their cap is not confined.
 
+A key whose adapter already has a second home (planned, or warm where an earlier spill loaded it) takes no replica
+off the set where its adapter is cold: the pool warms it there in the background and the request takes the best of
+the rest (Pool._decide_confined; the hot trace's hot tenant waited for its third copy's load on the request path).
+
 A key the plan left without a planned slot (``Pool.unplanned``: its slot paid for a heavy key's copy) goes to the
 replicas of its order where its adapter is resident, or where a load pushes out no planned adapter in use
 (``room_for``, as a spill above); where there is none it is not confined.

@@ -209,7 +209,8 @@ class Pool:
 
     def warm_ahead(self, replica_id: str, adapter: AdapterRef, *, due: bool = False) -> None:
         """predicted_ttft found ``replica_id``, where the adapter is cold, within the cold margin of a hot key's warm
-        replicas (pickers.warm_or_cold): load and warm the adapter there in the background (a load and a one-token
+        replicas (pickers.warm_or_cold), or a request confined to its key's planned replicas would have left them for
+        it (``_decide_confined``): load and warm the adapter there in the background (a load and a one-token
         request), so the key's next requests spill there warm rather than one of them paying the load (issue 19: a
         hot adapter is warmed on a replica before requests spill there). One warm-up ahead at a time in the pool
         (each is a cold load that stalls its replica and may evict an adapter; on the collide trace two heavy keys
@@ -357,10 +358,51 @@ class Pool:
         (the queue bound passed), among those too: the off-set pick is taken only when predicted faster than the
         planned one by the bound's margin, and where its load pushes out a planned adapter in use by one adapter
         load more (what that adapter's key pays at its next request); a policy that does not predict takes a pick
-        that pushes out nothing in use as its own rule says, and no other."""
+        that pushes out nothing in use as its own rule says, and no other.
+
+        A key whose adapter already has a second home (planned, or warm where an earlier spill loaded it) takes no
+        off-set replica where its adapter is cold: the request would wait for that load off the plan, and so would
+        every request of the key that follows it there while the load runs (the hot trace: the hot tenant's third
+        copy, loaded on the request path a second after its surge and seconds before the plan's first look at it,
+        6-7 of its streams waiting in each seed). The adapter is warmed there in the background instead (due: the
+        key would take it now) and the request takes the best of the rest, so the key's next requests leave warm
+        (issue 19: a hot adapter warm on a replica before requests spill there). A key with one copy leaves as
+        before: its first spill loads its second home."""
         inside, outside, displace = confined
         planned = self._decide_among(key, engine_model, inside, entry, resident, avoid, explain)
         if not outside or planned.chosen is None:
+            return planned
+        decision = self._leave(key, engine_model, planned, inside, outside, displace, entry, resident, avoid, explain)
+        chosen = decision.chosen
+        if chosen is None or chosen in inside or self.residency.is_resident(chosen, engine_model):
+            return decision
+        residency = self.residency
+        copies = residency.resident_on(engine_model).union(
+            r for r, names in residency.plan.items() if engine_model in names
+        )
+        if len(copies) <= 1:
+            return decision
+        warm = tuple(r for r in outside if residency.is_resident(r, engine_model))
+        decision = self._leave(key, engine_model, planned, inside, warm, displace, entry, resident, avoid, explain)
+        decision.warm_ahead, decision.warm_ahead_due = chosen, True
+        return decision
+
+    def _leave(
+        self,
+        key: str,
+        engine_model: str,
+        planned: RoutingDecision,
+        inside: tuple[str, ...],
+        outside: tuple[str, ...],
+        displace: frozenset[str],
+        entry: KeyEntry,
+        resident: frozenset[str],
+        avoid: Collection[str],
+        explain: bool,
+    ) -> RoutingDecision:
+        """``planned`` (the decision among ``inside``), or the decision among ``inside`` and ``outside`` where it
+        picks a replica off the set by the margin (``_decide_confined``)."""
+        if not outside:
             return planned
         either = self._decide_among(key, engine_model, inside + outside, entry, resident, avoid, explain)
         chosen = either.chosen

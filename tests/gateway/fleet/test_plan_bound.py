@@ -10,7 +10,7 @@ from gateway.config import RoutingConfig
 from gateway.fleet.plan_bound import PlanBound
 from gateway.fleet.pool import Pool
 from tests.gateway.fleet.test_pool_properties import pool_of
-from tests.gateway.fleet.test_predicted_pool import PRIORS
+from tests.gateway.fleet.test_predicted_pool import ADAPTER, PRIORS, until_resident_on
 
 
 def planned_pool(margin_ms: float = 100.0) -> Pool:
@@ -145,3 +145,58 @@ def test_with_seats_stated_a_planned_replica_far_over_them_may_push_out_a_planne
     assert pool.place("k", "a").chosen in ("r1", "r2")
     pool.seats = 0  # not stated: a queue cannot be told from a batch, the bound stays as it was
     assert pool.explain("k", "a").chosen == "r0"
+
+
+async def test_a_key_with_a_second_home_leaving_for_a_cold_replica_warms_it_there_and_stays_meanwhile() -> None:
+    """The hot trace (issue 19): the hot tenant's first spill loaded its second home; past the bound on both, its
+    requests left them for a third replica where its adapter was cold, and each waited for that load on the request
+    path (6-7 of its streams a seed, seconds before the plan's first look at it). A key whose adapter already has a
+    second home (planned, or warm where a spill loaded it) stays on its planned replicas instead, its adapter is
+    warmed on that replica in the background, and its next requests leave warm. A key with one copy leaves as
+    before: its first spill loads its second home (above)."""
+    pool = planned_pool()
+    pool.ring.install({"k": ("r0", "r1"), "x": ("r1",)})
+    pool.residency.plan = {"r0": frozenset({"a"}), "r1": frozenset({"a", "x"}), "r2": frozenset()}
+    hold(pool, "r0", "a")
+    hold(pool, "r1", "a")
+    hold(pool, "r1", "x")
+    pool.replicas["r0"].in_flight = pool.replicas["r1"].in_flight = 60  # about 640 ms; r2 cold and free: 510 ms
+    decision = pool.explain("k", "a")
+    assert decision.chosen in ("r0", "r1") and (decision.warm_ahead, decision.warm_ahead_due) == ("r2", True)
+    with pool.lease("k", ADAPTER) as stayed:
+        assert stayed.replica_id in ("r0", "r1")  # not on r2 while the adapter loads there
+        await until_resident_on(pool, "r2", "a")
+    assert pool.warm_aheads == 1
+    with pool.lease("k", ADAPTER) as left:  # warm on r2 now: it leaves for it, no load on its path
+        assert left.replica_id == "r2" and left.adapter_resident()
+    # Planned on r0 alone, its adapter warm on r1 too (its first spill loaded it there; r1 busy now): the same.
+    pool.ring.install({"k": ("r0",), "x": ("r1",)})
+    pool.residency.plan = {"r0": frozenset({"a"}), "r1": frozenset({"x"}), "r2": frozenset()}
+    pool.residency.views["r2"].resident.clear()
+    pool.residency._sets_changed()
+    decision = pool.explain("k", "a")
+    assert decision.chosen == "r0" and decision.warm_ahead == "r2"
+    # One copy (r0's) and nothing else: its first spill takes the cold r2 as before.
+    pool.residency.views["r1"].resident.pop("a")
+    pool.residency._sets_changed()
+    decision = pool.explain("k", "a")
+    assert decision.chosen == "r2" and decision.warm_ahead is None
+
+
+def test_a_key_refused_a_cold_replica_takes_the_best_of_the_rest_a_warm_copy_off_the_set_included() -> None:
+    """The cold replica off the set is warmed ahead, not taken; a replica off the set where the adapter is warm
+    still competes for the request by the margin, as before."""
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0.0, home_reservation_s=0)
+    pool = pool_of(4, routing, policy="predicted_ttft")
+    pool.plan_bound = PlanBound(queue=8, margin_ms=100.0, idle_s=5.0)
+    pool.ring.install({"k": ("r0", "r1")})
+    pool.residency.plan = {"r0": frozenset({"a"}), "r1": frozenset({"a"}), "r2": frozenset(), "r3": frozenset()}
+    for replica_id in ("r0", "r1", "r3"):
+        hold(pool, replica_id, "a")  # r3: a copy an earlier spill loaded
+    pool.replicas["r0"].in_flight = pool.replicas["r1"].in_flight = 60  # about 640 ms; r2 cold and free: 510 ms
+    pool.replicas["r3"].in_flight = 48  # warm, about 520 ms: slower than r2, faster than r0 by more than 100 ms
+    decision = pool.explain("k", "a")
+    assert (decision.chosen, decision.warm_ahead) == ("r3", "r2")
+    pool.replicas["r3"].in_flight = 58  # within the margin of r0: the planned replicas keep it
+    decision = pool.explain("k", "a")
+    assert decision.chosen in ("r0", "r1") and decision.warm_ahead == "r2"
