@@ -1005,3 +1005,17 @@ def test_the_readmes_counted_when_placed_figures_are_the_benchmarks_table() -> N
     reading = " ".join(section.split())
     assert "traffic homes 11, 19 and 26 against balanced homes' 0, 7 and 7" in reading
     assert "cold streams after its second home is warm 11-26 against 0-7" in readme
+
+
+def test_the_heap_reserve_the_docs_state_is_the_one_start_up_makes() -> None:
+    """README and docs/benchmarks.md say the gateway touches 16 MiB of its heap at start-up (gateway/fleet/heap.py):
+    that is the reserve's size, and the server and the decision benchmark both make it."""
+    from gateway.fleet import heap
+
+    mib = heap.RESERVE_BYTES // (1024 * 1024)
+    readme = " ".join((REPO / "README.md").read_text().split())
+    benchmarks = " ".join((REPO / "docs" / "benchmarks.md").read_text().split())
+    assert f"touches {mib} MiB of its small-object heap once at start-up" in readme
+    assert f"{mib} MiB of the small-object heap touched once" in benchmarks
+    for source in ("gateway/server.py", "loadtests/bench_decision.py"):
+        assert "heap.reserve()" in (REPO / source).read_text(), source
