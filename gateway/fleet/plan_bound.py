@@ -28,6 +28,8 @@ whose planned replicas are all down, avoided (a retry) or at their cap is not co
 A key whose adapter already has a second home (planned, or warm where an earlier spill loaded it) takes no replica
 off the set where its adapter is cold: the pool warms it there in the background and the request takes the best of
 the rest (Pool._decide_confined; the hot trace's hot tenant waited for its third copy's load on the request path).
+Once the adapter is resident on ``routing.spill_warm_replicas`` replicas nothing is warmed and it stays refused:
+its spills make no copy more.
 
 A key the plan left without a planned slot (``Pool.unplanned``: its slot paid for a heavy key's copy) goes to the
 replicas of its order where its adapter is resident, or where a load pushes out no planned adapter in use

@@ -377,14 +377,18 @@ class Pool:
         if chosen is None or chosen in inside or self.residency.is_resident(chosen, engine_model):
             return decision
         residency = self.residency
-        copies = residency.resident_on(engine_model).union(
-            r for r, names in residency.plan.items() if engine_model in names
-        )
+        resident_on = residency.resident_on(engine_model)
+        copies = resident_on.union(r for r, names in residency.plan.items() if engine_model in names)
         if len(copies) <= 1:
             return decision
         warm = tuple(r for r in outside if residency.is_resident(r, engine_model))
         decision = self._leave(key, engine_model, planned, inside, warm, displace, entry, resident, avoid, explain)
-        decision.warm_ahead, decision.warm_ahead_due = chosen, True
+        # Resident on spill_warm_replicas replicas already, no warm-up ahead starts (warm_ahead's cap): the key's
+        # spills make no copy more, neither warmed nor on the request path, and the decision names none (/admin/route
+        # showed one that never came). It stays on its copies (the hot trace: refused a fourth, its cold streams
+        # after its second home was warm 0 in seed 19, 6 where it took the fourth cold).
+        if len(resident_on) < self.spill_warm_replicas:
+            decision.warm_ahead, decision.warm_ahead_due = chosen, True
         return decision
 
     def _leave(

@@ -188,6 +188,7 @@ def test_a_key_refused_a_cold_replica_takes_the_best_of_the_rest_a_warm_copy_off
     still competes for the request by the margin, as before."""
     routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0.0, home_reservation_s=0)
     pool = pool_of(4, routing, policy="predicted_ttft")
+    pool.spill_warm_replicas = 4  # a fourth copy may be warmed ahead (at the cap none is: the test below)
     pool.plan_bound = PlanBound(queue=8, margin_ms=100.0, idle_s=5.0)
     pool.ring.install({"k": ("r0", "r1")})
     pool.residency.plan = {"r0": frozenset({"a"}), "r1": frozenset({"a"}), "r2": frozenset(), "r3": frozenset()}
@@ -200,3 +201,22 @@ def test_a_key_refused_a_cold_replica_takes_the_best_of_the_rest_a_warm_copy_off
     pool.replicas["r3"].in_flight = 58  # within the margin of r0: the planned replicas keep it
     decision = pool.explain("k", "a")
     assert decision.chosen in ("r0", "r1") and decision.warm_ahead == "r2"
+
+
+def test_a_key_resident_on_spill_warm_replicas_replicas_stays_on_its_copies_and_no_warm_up_is_named() -> None:
+    """At warm_ahead's cap (the adapter resident on routing.spill_warm_replicas replicas) no warm-up ahead starts, so
+    the key's spills make no copy more: refused the cold replica, it stays on its copies, and the decision names no
+    warm-up (it named one that never came, on /admin/route too). Taking the cold fourth instead cost the hot trace's
+    hot tenant 6 cold streams after its second home was warm (seed 19)."""
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0.0, home_reservation_s=0, spill_warm_replicas=3)
+    pool = pool_of(4, routing, policy="predicted_ttft")
+    pool.plan_bound = PlanBound(queue=8, margin_ms=100.0, idle_s=5.0)
+    pool.ring.install({"k": ("r0", "r1")})
+    pool.residency.plan = {"r0": frozenset({"a"}), "r1": frozenset({"a"}), "r2": frozenset(), "r3": frozenset()}
+    for replica_id in ("r0", "r1", "r3"):
+        hold(pool, replica_id, "a")  # r3: a copy an earlier spill loaded; three copies, the cap
+        pool.replicas[replica_id].in_flight = 60  # about 640 ms each; r2 cold and free: 510 ms
+    decision = pool.explain("k", "a")
+    assert decision.chosen in ("r0", "r1", "r3") and (decision.warm_ahead, decision.warm_ahead_due) == (None, False)
+    with pool.lease("k", ADAPTER) as lease:
+        assert lease.replica_id in ("r0", "r1", "r3") and not pool._warming_ahead
