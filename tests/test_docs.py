@@ -1019,3 +1019,8 @@ def test_the_heap_reserve_the_docs_state_is_the_one_start_up_makes() -> None:
     assert f"{mib} MiB of the small-object heap touched once" in benchmarks
     for source in ("gateway/server.py", "loadtests/bench_decision.py"):
         assert "heap.reserve()" in (REPO / source).read_text(), source
+    # Each worker is a `tenantgate serve` process of its own (gateway/workers.py starts them), whose start-up makes
+    # the reserve: operations.md's --workers section counts it per worker, and the supervisor makes none.
+    operations = " ".join((REPO / "docs" / "operations.md").read_text().split())
+    assert f"N workers start N x {mib} MiB more resident than N bare processes, the supervisor none" in operations
+    assert "heap" not in (REPO / "gateway" / "workers.py").read_text()
