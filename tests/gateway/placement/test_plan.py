@@ -4,7 +4,7 @@ pins and evacuations apply. The property test bounds the keys changed per interv
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 from hypothesis import given, settings
@@ -363,21 +363,24 @@ def test_an_overloaded_key_gains_a_copy_paid_for_by_the_lightest_key_whatever_it
     assert plan(given_heavy, PlanSettings(grow_above=100.0)).changes == []
 
 
-def slot_losses(demand: float, intervals: int) -> tuple[int, Homes]:
+def slot_losses(
+    demand: float, intervals: int, slots: int = 4, quiet: Callable[[int], bool] = lambda step: False
+) -> tuple[int, Homes]:
     """t5 sends 3 requests a second whose generations hold a seat ``demand`` / 3 seconds each (its requests in
-    flight by Little's law: ``demand``) on 4 replicas of 4 seats and 4 slots, every slot planned, its 15 neighbours
-    at 0.5 req/s (none below unplan_below_rps); the plan ticks ``intervals`` times, each taking the last one's table.
-    Returns how many times a neighbour gave up its planned slot (became unplanned), and t5's set at the end."""
-    loads = {key: 0.5 for key in RING} | {"t5": 3.0}
-    in_flight = {key: 0.2 for key in RING} | {"t5": demand}
+    flight by Little's law: ``demand``) on 4 replicas of 4 seats and ``slots`` slots (4: every slot planned), its
+    15 neighbours at 0.5 req/s (none below unplan_below_rps), t5 too in the intervals where ``quiet``; the plan
+    ticks ``intervals`` times, 10 s apart, each taking the last one's table. Returns how many times a neighbour gave
+    up its planned slot (became unplanned), and t5's set at the end."""
     current: dict[str, Homes] = {}
     unplanned: set[str] = set()
     below: dict[str, float] = {}
     losses = 0
     for step in range(intervals):
+        rate, in_flight = (0.5, 0.2) if quiet(step) else (3.0, demand)
         given_ = given_input(
-            loads, current, slots=4, in_flight=in_flight, seats=4, unplanned=unplanned, below_since=below,
-            now=10.0 * step,
+            {key: 0.5 for key in RING} | {"t5": rate}, current, slots=slots,
+            in_flight={key: 0.2 for key in RING} | {"t5": in_flight}, seats=4, unplanned=unplanned,
+            below_since=below, now=10.0 * step,
         )  # fmt: skip
         result = plan(given_, PlanSettings())
         losses += len(result.unplanned - unplanned)
@@ -391,6 +394,9 @@ def test_a_tenant_whose_demand_no_copy_serves_costs_no_neighbour_its_slot() -> N
     t5 had max_replicas_per_key copies (2 losses, unplanned for as long as t5 kept that shape); now none does, and
     t5 queues on its own replica (every slot is planned: no free one to grow into)."""
     assert slot_losses(20.0, intervals=30) == (0, ("r1",))
+    # It grows into free slots only: with one free on each replica it gains copies there up to max_replicas_per_key,
+    # no neighbour paying (the docs' "grows into free slots only").
+    assert slot_losses(20.0, intervals=30, slots=5) == (0, ("r1", "r0", "r2"))
     # A demand the copies serve (10 in flight: 3.3 a replica of 3, within 4 seats) still gets them, paid for once
     # each and then held: no neighbour loses its slot again while the demand stays.
     losses, homes = slot_losses(10.0, intervals=30)
@@ -398,6 +404,16 @@ def test_a_tenant_whose_demand_no_copy_serves_costs_no_neighbour_its_slot() -> N
     # The hot trace's tenant (6 in flight: 2 replicas serve it) gains its second home, one neighbour paying.
     losses, homes = slot_losses(6.0, intervals=30)
     assert (losses, len(homes)) == (1, 2)
+
+
+def test_a_tenant_whose_bursts_come_further_apart_than_shrink_after_s_makes_a_neighbour_pay_at_each() -> None:
+    """What the hysteresis bounds, and what it does not: a copy paid for is held while the demand lasts and given
+    back shrink_after_s (60 s) after it ends, so a tenant whose bursts (10 in flight: 3 copies) come back later than
+    that makes its neighbours pay again at each burst; bursts closer together cost them once."""
+    burst = 6  # intervals of 10 s: 60 s of burst in each cycle
+    apart = slot_losses(10.0, intervals=3 * (burst + 7), quiet=lambda step: step % (burst + 7) >= burst)
+    close = slot_losses(10.0, intervals=3 * (burst + 5), quiet=lambda step: step % (burst + 5) >= burst)
+    assert (apart[0], close[0]) == (4, 2)
 
 
 def test_an_unplanned_key_is_planned_again_once_the_copy_it_paid_for_is_given_back() -> None:
