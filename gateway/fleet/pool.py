@@ -57,6 +57,10 @@ _NOWHERE: frozenset[str] = frozenset()
 _make = object.__new__  # a KeyEntry with no fields set (gateway/fleet/keys.py)
 # Resident sets whose sorted order is kept (one per adapter with a distinct set; cleared when full).
 _RESIDENT_ORDERS = 4_096
+# After a warm-up ahead of an adapter on a replica fails, none is tried there again for this long: a confined key is
+# refused its cold replica at each request (_decide_confined), and without it each refused request started one more
+# load of an adapter that replica would not load (an engine call and a warning per request, nothing backing off).
+WARM_AHEAD_RETRY_S = 10.0
 
 
 class Pool:
@@ -157,6 +161,8 @@ class Pool:
         self._welcomes: set[asyncio.Task[None]] = set()
         # The adapter being warmed ahead of a key's spills (warm_ahead), by (replica, adapter), and how many were.
         self._warming_ahead: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # When a warm-up ahead last failed, by (replica, adapter): not tried there again for WARM_AHEAD_RETRY_S.
+        self._warm_failed: dict[tuple[str, str], float] = {}
         # Per replica, its engine scrape under way: a round starts no second one there, and does not wait for it.
         self._scraping: dict[str, asyncio.Task[EngineLoad | None]] = {}
         # The readings taken since the last round returned, a slow replica's among them: the next round returns
@@ -221,10 +227,14 @@ class Pool:
         and its load push out the same adapter. Where the adapters fill every slot exactly, a copy pushing out a
         tenant still in use costs that tenant a cold load, and its load pushes out another (collide: warm-ups
         ahead of spills that never came raised its cold loads by half, in some runs).
-        The copies go as any adapter does, by the engine's LRU and the eviction timer, once the key's demand falls."""
+        The copies go as any adapter does, by the engine's LRU and the eviction timer, once the key's demand falls.
+        One that failed is not tried on that replica again for ``WARM_AHEAD_RETRY_S``."""
         name = adapter.engine_name
         slot = (replica_id, name)
         if self._warming_ahead or self.residency.is_resident(replica_id, name):
+            return
+        failed_at = self._warm_failed.get(slot)
+        if failed_at is not None and time.monotonic() - failed_at < WARM_AHEAD_RETRY_S:
             return
         if len(self.residency.resident_on(name)) >= self.spill_warm_replicas:
             return
@@ -237,8 +247,14 @@ class Pool:
     async def _warm_ahead(self, replica_id: str, adapter: AdapterRef) -> None:
         try:
             await self.residency.warm(replica_id, adapter, pinned=False)
-        except (BackendError, GatewayError) as exc:  # a later decision may ask again
+        except (BackendError, GatewayError) as exc:  # a later decision may ask again, WARM_AHEAD_RETRY_S on
             log.warning("warming %s ahead on %s/%s failed: %s", adapter.engine_name, self.name, replica_id, exc)
+            now = time.monotonic()
+            # Failures are one at a time (one warm-up ahead in the pool): the past ones are dropped here, so the
+            # table holds only those within the retry window.
+            failed = {slot: at for slot, at in self._warm_failed.items() if now - at < WARM_AHEAD_RETRY_S}
+            failed[(replica_id, adapter.engine_name)] = now
+            self._warm_failed = failed
             return
         self.warm_aheads += 1
         self.residency.metrics.warm_aheads.labels(self.name).inc()

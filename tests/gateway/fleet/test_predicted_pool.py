@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gateway.fleet.pool as pool_module
-from backends.base import AdapterRef, EngineLoad
+from backends.base import AdapterRef, Endpoint, EngineLoad
+from backends.errors import EngineUnavailable
 from gateway.config import RoutingConfig, TelemetryConfig, TtftPriors
 from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
@@ -341,6 +342,32 @@ async def test_warm_ups_ahead_run_one_at_a_time_in_a_pool() -> None:
     pool.warm_ahead("r1", ADAPTER)  # resident already
     assert not pool._warming_ahead
     assert engine.loads[("r1", "a")] == 1 and engine.duplicate_loads == 0 and len(engine.warm_requests) == 1
+
+
+async def test_a_warm_up_ahead_that_failed_is_not_tried_on_that_replica_again_within_the_retry_window() -> None:
+    """A confined key refused its cold replica asks for a warm-up there at each request (Pool._decide_confined): one
+    that failed (the replica would not load the adapter) was started again by every such request, a load attempt
+    and a warning each, nothing backing off. Now not on that replica for WARM_AHEAD_RETRY_S; elsewhere, and there
+    after the window, it is tried."""
+    pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0))
+    attempts: list[str] = []
+
+    async def refused_on_r1(replica: Endpoint, adapter: AdapterRef) -> None:
+        attempts.append(replica.id)
+        if replica.id == "r1":
+            raise EngineUnavailable(f"{replica.id} would not load {adapter.engine_name}")
+
+    pool.residency.driver.before_load = refused_on_r1  # type: ignore[attr-defined]
+    for _ in range(3):
+        pool.warm_ahead("r1", ADAPTER, due=True)
+        await until(lambda: not pool._warming_ahead, lambda: "the warm-up ahead did not end")
+    assert attempts == ["r1"]
+    pool.warm_ahead("r2", ADAPTER, due=True)
+    await until_resident_on(pool, "r2", "a")
+    pool._warm_failed[("r1", "a")] -= pool_module.WARM_AHEAD_RETRY_S  # the window past
+    pool.warm_ahead("r1", ADAPTER, due=True)
+    await until(lambda: not pool._warming_ahead, lambda: "the warm-up ahead did not end")
+    assert attempts == ["r1", "r2", "r1"]
 
 
 async def test_a_warm_up_ahead_takes_a_free_slot_or_pushes_out_only_an_adapter_idle_long_enough() -> None:
