@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 
 from gateway.routing.ring import Ring
+from loadtests.collector import collector_held
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, gateway_process, sim_stats, write_adapters
 from loadtests.processes import free_port, healthy, running, sim_command
 from loadtests.sim.defaults import SimParams
@@ -404,7 +405,8 @@ async def replay(
                 await asyncio.sleep(0.1)
 
         samplers = [asyncio.create_task(sample_cold_loads()), asyncio.create_task(sample_queues())]
-        await asyncio.gather(*(one(index, arrival) for index, arrival in enumerate(trace)))
+        with collector_held():  # the client's own pauses are not the router's (loadtests/collector.py)
+            await asyncio.gather(*(one(index, arrival) for index, arrival in enumerate(trace)))
         for sampler in samplers:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):

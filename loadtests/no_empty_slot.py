@@ -15,39 +15,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import gc
 import json
 import statistics
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 
+from loadtests.collector import collector_held
 from loadtests.fleet import api_key, fleet_with_gateway, sim_stats
 
 TENANTS = {f"t{i:02d}": [f"adapter-t{i:02d}"] for i in range(16)}
-
-
-@contextlib.contextmanager
-def collector_held() -> Iterator[None]:
-    """This process's cyclic garbage collector run once, then held off until the block ends: the client's own
-    pauses are not the router's. A full collection here took 108 ms in the middle of a timed run, the second of three
-    in one process (the first's garbage still about): every tenant's request in flight stalled with it, TTFT p99
-    161 ms against a p50 of 34 ms (4.7x), the slowest three 155-165 ms, the usual 50-60 ms plus the pause. A timed
-    run lasts seconds; what it leaves is collected at the next block's start."""
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 async def traffic(base_urls: dict[str, str], api_keys: dict[str, str], requests: int) -> list[float]:

@@ -9,7 +9,8 @@ import json
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from loadtests.no_empty_slot import TENANTS, collector_held, traffic
+from loadtests.collector import collector_held
+from loadtests.no_empty_slot import TENANTS, traffic
 
 
 def _stub(seen: list[bool]) -> web.Application:
@@ -59,3 +60,27 @@ def test_the_collector_is_left_off_after_the_block_where_it_was_off_before() -> 
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+async def test_the_routing_benchmarks_replay_runs_with_the_clients_collector_held_off() -> None:
+    """bench_routing's replay times its trace as no_empty_slot does (loadtests/collector.py)."""
+    from loadtests.bench_routing import Arrival, replay
+
+    seen: list[bool] = []
+    app = _stub(seen)
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"cold_loads": 0})
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app.router.add_get("/sim/stats", stats)
+    app.router.add_get("/metrics", metrics)
+    async with TestServer(app, host="127.0.0.1") as server:
+        base = str(server.make_url("")).rstrip("/")
+        trace = [Arrival(offset_s=0.01 * i, tenant=f"t{i}", prompt="p") for i in range(4)]
+        observed = await replay([base], "vllm-router", trace, {"r0": base})
+    assert observed.failures == 0 and len(observed.ttft) == len(seen) == 4
+    assert not any(seen)
+    assert gc.isenabled()
