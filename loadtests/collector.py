@@ -4,9 +4,11 @@ router's.
 A benchmark client is a Python process too. Its cyclic garbage collector stops everything it does, every stream it
 reads included, for as long as a collection takes, and each request in flight at that moment reads the pause as the
 router's latency. Measured: no_empty_slot's second run in one process, a full collection of 108 ms inside its timed
-traffic (TTFT p99 4.7x the p50 instead of 1.6-2.0x); bench_routing's hot trace, full collections of 57 and 165 ms
-inside a peer's 30 s replay and 8-19 ms inside tenantgate's (gc.callbacks around ``replay``, seeds 17 and 18). A
-timed run lasts seconds to a minute; what it leaves is collected at the next block's start.
+traffic (TTFT p99 4.7x the p50 instead of 1.6-2.0x); bench_routing's hot trace, full collections of 60 and 19 ms (seed
+17) and 165 and 57 ms (seed 18) inside vllm-router sticky_least_loaded's 30 s replays, one of 8 ms inside
+tenantgate predicted_ttft's (gc.callbacks around ``replay``). A
+timed run's garbage stays until the block ends and is collected at the next block's start: no_empty_slot's runs
+last seconds, bench_routing's a trace's ``--seconds`` (30 by default; a longer trace holds more memory meanwhile).
 """
 
 from __future__ import annotations
