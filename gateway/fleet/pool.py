@@ -394,9 +394,11 @@ class Pool:
             return decision
         residency = self.residency
         resident_on = residency.resident_on(engine_model)
-        copies = resident_on.union(r for r, names in residency.plan.items() if engine_model in names)
-        if len(copies) <= 1:
-            return decision
+        # Two copies resident settle it without the plan's scan (every replica's planned set, past the queue bound).
+        if len(resident_on) < 2:
+            copies = resident_on.union(r for r, names in residency.plan.items() if engine_model in names)
+            if len(copies) <= 1:
+                return decision
         warm = tuple(r for r in outside if residency.is_resident(r, engine_model))
         decision = self._leave(key, engine_model, planned, inside, warm, displace, entry, resident, avoid, explain)
         # Resident on spill_warm_replicas replicas already, no warm-up ahead starts (warm_ahead's cap): the key's
