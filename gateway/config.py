@@ -778,6 +778,11 @@ class PlacementConfig(_Frozen):
     # replica it gains, sending fewer requests per second than 1 / off_plan_idle_s by more than the noise (sigmas),
     # gives its planned slot up (its adapter loaded on demand; plan.py).
     seat_share: float = Field(default=0.5, gt=0, le=100)
+    # A key that gave a copy back as its demand fell makes no other key give up its planned slot for a copy again
+    # for this long (seconds; it grows into free slots only): a tenant bursting past shrink_after_s apart took a
+    # neighbour's slot at every burst (29 an hour at 60 s on, 70 s off), at most max_replicas_per_key - 1 per
+    # cool-down with it (4 in that hour). 0: no cool-down.
+    repay_after_s: float = Field(default=1800.0, ge=0, le=86_400)
     # A key is replicated only with at least this many requests per second (below it one replica serves it).
     replicate_min_rps: float = Field(default=1.0, ge=0, le=1_000_000)
     # The most replicas one key's set may hold (1: no replication).

@@ -50,7 +50,7 @@ def plan_settings(config: GatewayConfig) -> PlanSettings:
         replicate_min_rps=placement.replicate_min_rps, max_replicas_per_key=placement.max_replicas_per_key,
         window_s=config.traffic.window_s, sigmas=placement.sigmas, spill_share=placement.spill_share,
         seat_share=placement.seat_share, unplan_below_rps=1 / placement.off_plan_idle_s if placement.off_plan_idle_s
-        else math.inf,
+        else math.inf, repay_after_s=placement.repay_after_s,
     )  # fmt: skip
 
 
@@ -274,6 +274,7 @@ class Placer:
                 in_flight={key: rate.in_flight for key, rate in rates.items() if rate.in_flight},
                 seats=pool.seats,
                 unplanned=before.unplanned,
+                cooled_at=before.cooled_at,
             ),
             planning,
         )
@@ -293,7 +294,7 @@ class Placer:
             if key in result.homes or key in settled or key in pins or key in result.unplanned
         }
         unplanned = frozenset(result.unplanned)
-        table = PoolTable(result.homes, warming, warming_since, why, result.below_since, unplanned)
+        table = PoolTable(result.homes, warming, warming_since, why, result.below_since, unplanned, result.cooled_at)
         return table, len(result.changes)
 
     async def read_operator(self) -> bool:

@@ -29,12 +29,14 @@ set's replicas. One interval changes at most ``max_moves`` keys, in this order:
    serve its demand (its requests in flight within every seat of ``max_replicas_per_key`` replicas): one whose demand
    passes those queues on its set whatever its neighbours pay, and one tenant's traffic shape (long generations) cost
    the lightest planned key its slot at every interval up to that many copies, for as long as it kept that shape; it
-   grows into free slots only. That key is *unplanned* (``Plan.unplanned``): it keeps its set
-   for routing, but no slot is planned for its adapter (the fill does not load it; a request loads it where that pushes
-   out no planned adapter in use, gateway/fleet/plan_bound.py). A set that would stay below ``shrink_below`` x that mean
-   with one replica fewer (its own requests in flight per replica then below ``shrink_below`` x ``seat_share`` x
-   ``seats``), and spills less than half that share, loses its last after ``shrink_after_s`` (hysteresis: the thresholds
-   differ and shrinking waits);
+   grows into free slots only; so does, for ``repay_after_s``, a key that gave a copy back as its demand fell (a
+   tenant bursting past ``shrink_after_s`` apart had its copy given back in each lull and paid for again at each
+   burst: 29 neighbours' slots an hour at 60 s on, 70 s off; ``Plan.cooled_at``). The key that pays is
+   *unplanned* (``Plan.unplanned``): it keeps its set for routing, but no slot is planned for its adapter (the fill
+   does not load it; a request loads it where that pushes out no planned adapter in use, gateway/fleet/plan_bound.py).
+   A set that would stay below ``shrink_below`` x that mean with one replica fewer (its own requests in flight per
+   replica then below ``shrink_below`` x ``seat_share`` x ``seats``), and spills less than half that share, loses its
+   last after ``shrink_after_s`` (hysteresis: the thresholds differ and shrinking waits);
 4. balance: the most loaded replica gives a key away, to the replica whose pair then has the lowest peak (a plain
    move where that replica holds fewer than ``ceil(adapters / replicas)`` adapters, else a swap with its lightest
    key, which keeps adapter counts even: heavy keys spread, light keys pack where their adapters fit). A move is
@@ -82,6 +84,10 @@ class PlanSettings:
     # theirs by it (collide's light tenants at 0.7 req/s: 54-55 cold loads in 30 s against 8-25).
     seat_share: float = 0.5
     unplan_below_rps: float = 0.2
+    # A key that gave a copy back as its demand fell (cooled) makes no neighbour pay for a copy again for this long:
+    # it grows into free slots only. A tenant bursting 60 s on and 70 s off took a neighbour's slot at each burst, its
+    # copies given back shrink_after_s into each lull (29 slots an hour, 0-2 with this; tests/gateway/placement).
+    repay_after_s: float = 1800.0
 
     def noise(self, rate: float) -> float:
         """``sigmas`` standard deviations of a measured rate of ``rate`` requests per second."""
@@ -120,6 +126,8 @@ class PlanInput:
     seats: float = 0.0
     # Keys the plan in force left without a planned slot (routed by their set, their adapter loaded on demand).
     unplanned: Collection[str] = ()
+    # When each key last gave a copy back as its demand fell (cooled): none pays for its copies until repay_after_s on.
+    cooled_at: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,6 +139,8 @@ class Plan:
     adapters: dict[str, int]  # planned keys (adapters) per replica after the plan
     # Keys without a planned slot: each paid for a heavy key's copy sized by seats (their sets still route them).
     unplanned: set[str] = field(default_factory=set)
+    # When a key last gave a copy back as its demand fell, for the keys within repay_after_s of it.
+    cooled_at: dict[str, float] = field(default_factory=dict)
 
 
 def plan(given: PlanInput, settings: PlanSettings) -> Plan:
@@ -142,8 +152,10 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         homes[key] = current if current else (given.ring_home(key),)
     below_since = {k: t for k, t in given.below_since.items() if k in homes}
     unplanned = {k for k in given.unplanned if k in homes and k not in given.pinned}
+    # Kept while they bar a payer (a key that left the table keeps its entry too: back within the time, it is barred).
+    cooled_at = {k: t for k, t in given.cooled_at.items() if given.now - t < settings.repay_after_s}
     if not replicas:
-        return Plan(_kept(homes, given), [], below_since, {}, {}, unplanned)
+        return Plan(_kept(homes, given), [], below_since, {}, {}, unplanned, cooled_at)
     changes: list[Change] = []
     budget = settings.max_moves
     loads = given.loads
@@ -235,7 +247,10 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
         if grows and within:
             extra = _extra_replica(homes, loads, replicas, members, given.slots, unplanned)
         paid = None
-        if grows and extra is None and seated and servable:  # every slot planned: the lightest key alone pays
+        # A key that gave a copy back within repay_after_s pays with nobody's slot: a burst's copy taken back in the
+        # lull and paid for again at the next burst cost a neighbour its slot at every burst (the cool-down).
+        repays = key not in cooled_at
+        if grows and extra is None and seated and servable and repays:  # every slot planned: the lightest key pays
             # A payer busier than unplan_below_rps costs about a cold load per request it sends; an overloaded key's
             # queue grows without bound, which no such cost outweighs: then any key lighter than the copy's share
             # pays, the lightest first (the hot trace's tenant at 40x its rate: 5-6 requests in flight for 4 seats,
@@ -270,6 +285,7 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             since = below_since.setdefault(key, given.now)
             if given.now - since >= settings.shrink_after_s:
                 del below_since[key]
+                cooled_at[key] = given.now
                 change(key, members[:-1], f"cooled: {rate:.3g} req/s, mean {mean:.3g}")
                 fixed.add(key)
         else:
@@ -283,7 +299,7 @@ def plan(given: PlanInput, settings: PlanSettings) -> Plan:
             change(key, after, move.why)
             fixed.add(key)  # one move per key per interval
     load, adapters = _tally(homes, loads, replicas, unplanned)
-    return Plan(_kept(homes, given), changes, below_since, load, adapters, unplanned)
+    return Plan(_kept(homes, given), changes, below_since, load, adapters, unplanned, cooled_at)
 
 
 def _extra_replica(

@@ -4,7 +4,7 @@ A key moving (or gaining a replica) is published before its traffic moves: ``hom
 ``warming`` the set requests keep going to until the adapter is resident at every new member (make before break,
 placer.py). ``unplanned`` names the keys whose adapter has no planned slot (each paid for a heavy key's copy,
 plan.py): they are routed by their set, and the fill plans nothing for them. ``why`` says why each key's set is
-what it is; ``below_since`` and ``warming_since`` (wall-clock
+what it is; ``below_since``, ``warming_since`` and ``cooled_at`` (wall-clock
 seconds) carry the leader's timers over to the next leader. Encoded as compact JSON. Pure: no I/O.
 """
 
@@ -27,6 +27,8 @@ class PoolTable:
     why: Mapping[str, str] = field(default_factory=dict)
     below_since: Mapping[str, float] = field(default_factory=dict)
     unplanned: frozenset[str] = frozenset()
+    # When a key last gave a copy back as its demand fell: it makes no key pay for a copy until repay_after_s on.
+    cooled_at: Mapping[str, float] = field(default_factory=dict)
 
     def routed(self) -> dict[str, Homes]:
         """The sets requests go to now: a warming key's previous set, every other key's planned one."""
@@ -63,6 +65,7 @@ def encode(table: HomesTable) -> str:
                 "why": dict(pool.why),
                 "below_since": dict(pool.below_since),
                 "unplanned": sorted(pool.unplanned),
+                "cooled_at": dict(pool.cooled_at),
             }
             for name, pool in table.pools.items()
         },
@@ -97,7 +100,9 @@ def decode(text: str) -> HomesTable:
         why = {str(k): str(v) for k, v in dict(pool["why"]).items()}
         # A table of the version before unplanned keys has none.
         unplanned = frozenset(str(key) for key in pool.get("unplanned", ()))
-        return PoolTable(sets(pool["homes"]), warming, since, why, times(pool["below_since"]), unplanned)
+        # Nor cool-downs: a key of such a table may pay at once, as it could then.
+        cooled = times(pool.get("cooled_at", {}))
+        return PoolTable(sets(pool["homes"]), warming, since, why, times(pool["below_since"]), unplanned, cooled)
 
     def whole(raw: Any) -> int:
         # int() of an infinite float (JSON's Infinity, or 1e400) raises OverflowError, which went past the store's

@@ -27,7 +27,7 @@ from gateway.fleet.fleet import Fleet
 from gateway.observe.traffic import PoolTraffic, Rate, Traffic
 from gateway.placement.placer import Placer
 from gateway.placement.store import LocalHomesStore, RedisHomesStore
-from gateway.placement.table import PoolTable
+from gateway.placement.table import HomesTable, PoolTable
 from gateway.placement.table import decode as decode_table
 from gateway.placement.table import encode as encode_table
 from gateway.redis_client import make_client
@@ -284,6 +284,19 @@ async def test_no_key_is_confined_until_a_table_planned_from_a_whole_window_of_t
     finally:
         await placer.close()
         await fleet.close()
+
+
+def test_a_key_s_cool_down_passes_to_the_next_leader_with_the_table() -> None:
+    """plan.py's repay_after_s: when a key last gave a copy back travels in the table, so a new leader does not let
+    a bursting key make a neighbour pay at once; a table of the version before it has none (every key may pay)."""
+    table = HomesTable(3, "gw-a", {"llama": PoolTable(cooled_at={"t5": 1234.5})})
+    assert decode_table(encode_table(table)).pools["llama"].cooled_at == {"t5": 1234.5}
+    older = json.loads(encode_table(table))
+    del older["pools"]["llama"]["cooled_at"]
+    assert decode_table(json.dumps(older)).pools["llama"].cooled_at == {}
+    older["pools"]["llama"]["cooled_at"] = {"t5": "nan"}
+    with pytest.raises(ValueError):
+        decode_table(json.dumps(older))
 
 
 async def test_a_move_not_warm_in_time_is_given_up(adapters: dict[str, str]) -> None:
