@@ -169,6 +169,21 @@ class RoutingConfig(_Frozen):
             raise ValueError("scorer weights must be between 0 and 1000")
         return weights
 
+    @model_validator(mode="after")
+    def _traffic_homes_not_by_session(self) -> RoutingConfig:
+        # Homes from traffic plan one adapter slot per key, and bound a key's copies per key: a tenant's session
+        # keys share its one adapter, so the slot count is wrong (two sessions' copies on one replica count two
+        # slots), and a tenant splitting its demand over sessions passed the bound (20 in flight as two keys cost
+        # its neighbours 4 planned slots, as one key none: tests/gateway/placement/test_plan.py). Refused, not bounded.
+        if self.affinity == "session" and self.home_placement == "traffic":
+            raise ValueError(
+                "home_placement: traffic cannot be used with affinity: session: the plan counts one adapter slot per"
+                " key, and a tenant's session keys share one adapter, so a tenant could split its demand over"
+                " sessions to take its neighbours' slots; use affinity: tenant (or adapter) with traffic homes, or"
+                " home_placement: balanced with session affinity"
+            )
+        return self
+
 
 class ReplicaConfig(_Frozen):
     """A replica entry. ``id`` and ``url`` are every engine's; any other key is the pool's engine's own (Triton:

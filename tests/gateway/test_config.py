@@ -30,6 +30,10 @@ def _with(replace: str, by: str) -> str:
     [
         pytest.param(_with("vnodes: 160", "vnodes: 160\n  colour: blue"), "routing.colour: Extra inputs",
                      id="unknown-key"),
+        # A tenant's session keys share its adapter: traffic homes would count a slot per session, and a tenant
+        # splitting its demand over sessions took its neighbours' slots (test_plan.py).
+        pytest.param(_with("affinity: tenant ", "affinity: session ").replace("ment: balanced", "ment: traffic"),
+                     "home_placement: traffic cannot be used with affinity: session", id="session-traffic-homes"),
         pytest.param(_with("balance_factor: 1.25", "balance_factor: 0.5"), "routing.balance_factor", id="factor<1"),
         pytest.param(_with("pool: llama, source: /srv/loras/sql", "pool: nope, source: /srv/loras/sql"),
                      "names unknown pool 'nope'", id="unknown-pool"),

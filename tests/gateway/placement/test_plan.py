@@ -433,6 +433,38 @@ def test_a_tenant_whose_bursts_come_further_apart_than_shrink_after_s_makes_a_ne
     assert 2 < ten_minutes <= 2 * math.ceil(3600 / (600 + 60))
 
 
+def test_a_tenant_splitting_its_demand_over_session_keys_passes_the_payer_bound_which_is_why_config_refuses_it() -> (
+    None
+):
+    """Why routing.affinity: session is refused with home_placement: traffic (gateway/config.py): t5's 20 requests in
+    flight as one key pass every seat of the 3 replicas a key may have, and no neighbour pays; the same demand as two
+    session keys of 10 each is servable per key, and 4 neighbours lose their planned slots. And the plan counts a
+    slot per key where a tenant's sessions share one adapter: both keys hold a copy on one replica, two slots
+    counted (and paid for) where one adapter is loaded."""
+
+    def losses(sessions: Mapping[str, float]) -> tuple[int, dict[str, Homes]]:
+        current: dict[str, Homes] = {}
+        unplanned: set[str] = set()
+        below: dict[str, float] = {}
+        lost = 0
+        others = {key: 0.5 for key in RING if key != "t5"}
+        for step in range(30):
+            given_ = given_input(
+                others | dict.fromkeys(sessions, 3.0 / len(sessions)), current, slots=4,
+                in_flight=dict.fromkeys(others, 0.2) | dict(sessions), seats=4, unplanned=unplanned,
+                below_since=below, now=10.0 * step,
+            )  # fmt: skip
+            result = plan(given_, PlanSettings())
+            lost += len(result.unplanned - unplanned)
+            current, unplanned, below = result.homes, result.unplanned, result.below_since
+        return lost, {key: current.get(key, (ring_home(key),)) for key in sessions}
+
+    assert losses({"t5": 20.0})[0] == 0
+    lost, sets = losses({"t5/a": 10.0, "t5/b": 10.0})
+    assert lost == 4
+    assert set(sets["t5/a"]) & set(sets["t5/b"])  # one adapter on that replica, two slots planned for it
+
+
 def test_an_unplanned_key_is_planned_again_once_the_copy_it_paid_for_is_given_back() -> None:
     loads = {key: 0.5 for key in RING} | {"t5": 3.0, "t14": 0.1}
     in_flight = {key: 0.1 for key in RING} | {"t5": 3.0}
