@@ -524,6 +524,13 @@ class ResidencyConfig(_Frozen):
     # (vLLM's --max-loras, LRU) hold the most important and a first request does not wait for its copy to the GPU
     # (loadtests/no_empty_slot.py: TTFT p99 about 4x the p50 without it, about 2x with it). false: load only.
     fill_warm_up: bool = True
+    # A warm-up (an adapter's load and one-token request that no request waits for: the pre-warm, the fill, a
+    # warm-up ahead of a hot key's spills, a move's make before break) is waited for at most this long, in seconds;
+    # then it is given up and logged. The pool runs one warm-up ahead at a time: one tenant's adapter whose load
+    # hung held it for every other tenant's up to adapter_load_timeout_s (60 s), and a hung one-token request up to
+    # the pool's request_timeout_s (300 s). A load requests wait for goes on within adapter_load_timeout_s, as do an
+    # operator's warm-ups (the admin API's, a rollout's).
+    warm_up_timeout_s: float = Field(default=15.0, gt=0, le=3600)
     # A load that finds every slot of a replica's working set in use waits (outside the replica's lock) up to this
     # long for one to free. Then an engine that queues such requests itself (vLLM) gets the adapter anyway, over
     # max_adapters until the timer brings it back; one that refuses them (TensorRT-LLM) answers 503 Retry-After.

@@ -17,7 +17,7 @@ async def warm_adapter(serving: Serving, adapter: AdapterConfig) -> list[str]:
     homes = sorted(prewarm_homes(serving.config, pool, adapter.name))
     try:
         for replica_id in homes:
-            await pool.residency.warm(replica_id, ref, pinned=adapter.pinned)
+            await pool.residency.warm(replica_id, ref, pinned=adapter.pinned, bounded=False)
     except BackendError as exc:
         raise to_gateway_error(exc) from exc
     return homes

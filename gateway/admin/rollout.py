@@ -114,7 +114,7 @@ async def _run(app: web.Application, rollout: Rollout) -> None:
         ref = AdapterRef(adapter.engine_name or adapter.name, adapter.source)
         try:
             for replica_id in homes:
-                await pool.residency.warm(replica_id, ref, pinned=False)
+                await pool.residency.warm(replica_id, ref, pinned=False, bounded=False)
         except (BackendError, GatewayError) as exc:  # it fails before any user sees it: never shifted
             rollout.status, rollout.reason = "rolled_back", f"the new version failed its warm-up: {exc}"
             log.warning("rollout of %s to %s %s", rollout.name, rollout.new, rollout.reason)

@@ -228,10 +228,15 @@ class Pool:
         tenant still in use costs that tenant a cold load, and its load pushes out another (collide: warm-ups
         ahead of spills that never came raised its cold loads by half, in some runs).
         The copies go as any adapter does, by the engine's LRU and the eviction timer, once the key's demand falls.
-        One that failed is not tried on that replica again for ``WARM_AHEAD_RETRY_S``."""
+        One that failed is not tried on that replica again for ``WARM_AHEAD_RETRY_S``; one whose load is under way
+        there already is not started (it would only wait for that load): a warm-up given up after
+        ``residency.warm_up_timeout_s`` leaves its hung load running, and a warm-up asking again joined it and held
+        the pool's one warm-up ahead again for every other tenant's."""
         name = adapter.engine_name
         slot = (replica_id, name)
         if self._warming_ahead or self.residency.is_resident(replica_id, name):
+            return
+        if self.residency.load_under_way(replica_id, name):
             return
         failed_at = self._warm_failed.get(slot)
         if failed_at is not None and time.monotonic() - failed_at < WARM_AHEAD_RETRY_S:

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from dataclasses import dataclass, field
 
 from backends.base import AdapterRef, Endpoint, EngineDriver, EngineRequest
-from backends.errors import AdapterCacheFull, BackendError, EngineUnavailable
+from backends.errors import AdapterCacheFull, BackendError, EngineTimeout, EngineUnavailable
 from gateway.config import ResidencyConfig
 from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics, adder
@@ -155,6 +155,10 @@ class PoolResidency:
         # resident, before the load's hold ends: ``_settle``), and the tasks themselves.
         self._loads: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._load_tasks: set[asyncio.Task[None]] = set()
+        # Each load's task by (replica, adapter), and how many ``ensure`` calls wait for it now: a warm-up given up
+        # cancels a load that no one else waits for (``warm``).
+        self._load_task_of: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._load_waiters: dict[tuple[str, str], int] = {}
         # Per (replica, adapter): the requests that waited for its load and have not had their first byte yet
         # (``started``), and what a load holding the replica's lock for them waits on (``_settle``).
         self._starting: dict[tuple[str, str], int] = {}
@@ -335,8 +339,13 @@ class PoolResidency:
             task = asyncio.create_task(self._load(replica_id, adapter, pinned, ready), name=f"load {key}")
             self._load_tasks.add(task)
             task.add_done_callback(self._load_tasks.discard)
+            self._load_task_of[key] = task
+            task.add_done_callback(
+                lambda done: self._load_task_of.pop(key) if self._load_task_of.get(key) is done else None
+            )
         if first_byte:
             self._starting[key] = self._starting.get(key, 0) + 1
+        self._load_waiters[key] = self._load_waiters.get(key, 0) + 1
         try:
             # shield: one caller giving up (client gone) must not cancel the load the others wait for.
             await asyncio.shield(ready)
@@ -344,6 +353,12 @@ class PoolResidency:
             if first_byte:
                 self.started(replica_id, adapter.engine_name)
             raise
+        finally:
+            left = self._load_waiters[key] - 1
+            if left:
+                self._load_waiters[key] = left
+            else:
+                del self._load_waiters[key]
         return True
 
     def started(self, replica_id: str, engine_name: str) -> None:
@@ -358,6 +373,10 @@ class PoolResidency:
         event = self._all_started.pop(key, None)
         if event is not None:
             event.set()
+
+    def load_under_way(self, replica_id: str, engine_name: str) -> bool:
+        """Whether this gateway is loading the adapter on the replica now (a request's load, or a warm-up's)."""
+        return (replica_id, engine_name) in self._loads
 
     @property
     def loading(self) -> list[tuple[str, str]]:
@@ -985,14 +1004,17 @@ class PoolResidency:
                 break
             try:
                 await self.driver.prepare_adapter(adapter)
-                async with self._locked(replica_id, f"fill {name}") as record:
-                    if name in record.resident:
-                        continue
-                    if len(record.resident) >= self.max_adapters or self.slot_waiters[replica_id]:
-                        break
-                    await self._load_locked(replica_id, adapter, False, record)
-            except (BackendError, GatewayError) as exc:
-                log.error("filling %s/%s with %s failed: %s", self.pool, replica_id, name, exc)
+                # A load that hangs is given up after warm_up_timeout_s (its lock let go): it held the rest of the
+                # replica's fill, every other tenant's adapter behind it, up to adapter_load_timeout_s.
+                async with asyncio.timeout(self.config.warm_up_timeout_s):
+                    async with self._locked(replica_id, f"fill {name}") as record:
+                        if name in record.resident:
+                            continue
+                        if len(record.resident) >= self.max_adapters or self.slot_waiters[replica_id]:
+                            break
+                        await self._load_locked(replica_id, adapter, False, record)
+            except (BackendError, GatewayError, TimeoutError) as exc:
+                log.error("filling %s/%s with %s failed: %r", self.pool, replica_id, name, exc)
                 continue
             loaded.append(name)
             refs.append(adapter)
@@ -1000,15 +1022,34 @@ class PoolResidency:
             self.metrics.fill_loads.labels(self.pool).inc()
         for adapter in reversed(refs) if self.config.fill_warm_up else ():
             try:
-                await self._one_token(replica_id, adapter)
-            except (BackendError, GatewayError) as exc:  # loaded all the same: its first request pays the copy
-                log.warning("warming %s on %s/%s failed: %s", adapter.engine_name, self.pool, replica_id, exc)
+                async with asyncio.timeout(self.config.warm_up_timeout_s):  # not the pool's request_timeout_s
+                    await self._one_token(replica_id, adapter)
+            except (BackendError, GatewayError, TimeoutError) as exc:  # loaded all the same: its first request pays
+                log.warning("warming %s on %s/%s failed: %r", adapter.engine_name, self.pool, replica_id, exc)
         return loaded
 
-    async def warm(self, replica_id: str, adapter: AdapterRef, *, pinned: bool) -> None:
-        """Load the adapter and run a one-token request through it, so its first real request finds it hot."""
-        await self.ensure(replica_id, adapter, pinned=pinned)
-        await self._one_token(replica_id, adapter)
+    async def warm(self, replica_id: str, adapter: AdapterRef, *, pinned: bool, bounded: bool = True) -> None:
+        """Load the adapter and run a one-token request through it, so its first real request finds it hot. Waited
+        for at most ``warm_up_timeout_s`` (then ``EngineTimeout``): one adapter whose load hung held the pool's one
+        warm-up ahead (Pool.warm_ahead), and the pre-warm of the replica's other adapters, for every other tenant up
+        to ``adapter_load_timeout_s``. Its load is then cancelled (the replica's lock let go) unless a request waits
+        for it too (``ensure``'s load is shared): that one goes on within ``adapter_load_timeout_s``. Not
+        ``bounded``: an operator's warm-up (the admin API's, a rollout's), which someone waits for and a rollout
+        judges its new version by, as a request's load: within ``adapter_load_timeout_s``."""
+        try:
+            async with asyncio.timeout(self.config.warm_up_timeout_s if bounded else None):
+                await self.ensure(replica_id, adapter, pinned=pinned)
+                await self._one_token(replica_id, adapter)
+        except TimeoutError as exc:
+            key = (replica_id, adapter.engine_name)
+            task = self._load_task_of.get(key)
+            if task is not None and key in self._loads and not self._load_waiters.get(key):
+                # No request waits for it: the hung load lets the replica's lock go, or every other adapter's load
+                # there (the pre-warm's next, another tenant's) waited for it up to adapter_load_timeout_s.
+                task.cancel()
+            raise EngineTimeout(
+                f"{self.pool}/{replica_id}: warming {adapter.engine_name} took over {self.config.warm_up_timeout_s:g} s"
+            ) from exc
 
     async def _one_token(self, replica_id: str, adapter: AdapterRef) -> None:
         """A one-token request through the adapter: the engine moves it into a GPU slot (vLLM's --max-loras)."""

@@ -370,6 +370,45 @@ async def test_a_warm_up_ahead_that_failed_is_not_tried_on_that_replica_again_wi
     assert attempts == ["r1", "r2", "r1"]
 
 
+async def test_a_warm_up_ahead_whose_load_hangs_gives_the_pool_s_one_slot_up_for_another_tenant_s() -> None:
+    """The pool runs one warm-up ahead at a time. Tenant a's adapter hangs at its load on r1 (the engine never
+    answers; its own bound, adapter_load_timeout_s, is 60 s): it held that one slot, and r1's lock, and tenant b's
+    warm-up ahead was refused for as long as the load hung. Now a warm-up is given up after
+    residency.warm_up_timeout_s and its load cancelled (no request waits for it): b's warm-up takes the slot and
+    completes, on r1 itself. A load a request waits for goes on, and no warm-up ahead joins it (it would hold the
+    slot again). No timing assertion: the hung load never ends on its own, so before, the slot was never freed
+    (the bounded poll failed)."""
+    pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0))
+    pool.residency.config = pool.residency.config.model_copy(update={"warm_up_timeout_s": 0.05})
+    hang = asyncio.Event()
+
+    async def hangs_a_on_r1(replica: Endpoint, adapter: AdapterRef) -> None:
+        if (replica.id, adapter.engine_name) == ("r1", "a"):
+            await hang.wait()
+
+    pool.residency.driver.before_load = hangs_a_on_r1  # type: ignore[attr-defined]
+    request: asyncio.Task[bool] | None = None
+    try:
+        pool.warm_ahead("r1", ADAPTER, due=True)
+        pool.warm_ahead("r1", ref("b"), due=True)  # while a's runs: one at a time
+        assert list(pool._warming_ahead) == [("r1", "a")]
+        await until(lambda: not pool._warming_ahead, lambda: "the hung warm-up ahead still holds the pool's slot")
+        assert not pool.residency.load_under_way("r1", "a") and not pool.residency.is_resident("r1", "a")
+        pool.warm_ahead("r1", ref("b"), due=True)
+        await until_resident_on(pool, "r1", "b")
+        # A request waits for a's load: it is not cancelled, and a warm-up ahead does not join it.
+        request = asyncio.create_task(pool.residency.ensure("r1", ADAPTER))
+        await until(lambda: pool.residency.load_under_way("r1", "a"), lambda: "the request's load did not begin")
+        pool._warm_failed.clear()  # past the retry window
+        pool.warm_ahead("r1", ADAPTER, due=True)
+        assert not pool._warming_ahead
+    finally:
+        hang.set()
+        if request is not None:
+            await request
+    assert pool.residency.is_resident("r1", "a")
+
+
 async def test_a_warm_up_ahead_takes_a_free_slot_or_pushes_out_only_an_adapter_idle_long_enough() -> None:
     """Where the replica's set is full, warming ahead would push out its least recently used adapter: only one no
     request has used for routing.spill_warm_idle_s is pushed out (its tenant is not back soon); one used more

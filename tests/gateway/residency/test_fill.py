@@ -3,10 +3,13 @@ keeps a replica full while no other adapter wants a slot there (fake engine, bot
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import pytest
+
 from backends.base import AdapterRef, Endpoint
-from backends.errors import AdapterLoadFailed
+from backends.errors import AdapterLoadFailed, EngineTimeout
 from gateway.config import ResidencyConfig
 from gateway.residency.lifecycle import PoolResidency
 from gateway.residency.store import ResidencyStore
@@ -77,6 +80,35 @@ async def test_a_failing_fill_load_is_skipped_and_the_next_loaded(store: Residen
     driver.before_load = refuse_broken
     assert await life.fill("r0", [ref("broken"), ref("a")]) == ["a"]
     assert engine.loaded["r0"] == {"a"}
+
+
+async def test_a_fill_or_pre_warm_load_that_hangs_is_given_up_and_the_next_tenant_s_adapter_loaded(
+    store: ResidencyStore,
+) -> None:
+    """A replica hangs tenant a's load (its engine never answers; the driver's own bound is adapter_load_timeout_s,
+    60 s). The fill, one adapter after another under the replica's lock, and the pre-warm (PoolResidency.warm) held
+    every other tenant's adapter there behind it for that long; now each gives a up after
+    residency.warm_up_timeout_s (the load cancelled, the lock let go) and loads b. No timing assertion: the hung
+    load never ends on its own, so before, the fill and the warm-up never returned (the outer bound failed)."""
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig(warm_up_timeout_s=0.5))
+    driver = life.driver
+    assert isinstance(driver, FakeDriver)
+    hang = asyncio.Event()
+
+    async def hangs_a(replica: Endpoint, adapter: AdapterRef) -> None:
+        if adapter.engine_name == "a":
+            await hang.wait()
+
+    driver.before_load = hangs_a
+    try:
+        assert await asyncio.wait_for(life.fill("r0", [ref("a"), ref("b")]), 10) == ["b"]
+        with pytest.raises(EngineTimeout):
+            await asyncio.wait_for(life.warm("r1", ref("a"), pinned=False), 10)
+        await asyncio.wait_for(life.warm("r1", ref("c"), pinned=False), 10)
+    finally:
+        hang.set()
+    assert engine.loaded == {"r0": {"b"}, "r1": {"c"}} and life.loading == []
 
 
 async def test_the_timer_keeps_planned_idle_adapters_until_another_wants_the_slot(store: ResidencyStore) -> None:
