@@ -8,7 +8,8 @@ traffic (TTFT p99 4.7x the p50 instead of 1.6-2.0x); bench_routing's hot trace, 
 17) and 165 and 57 ms (seed 18) inside vllm-router sticky_least_loaded's 30 s replays, one of 8 ms inside
 tenantgate predicted_ttft's (gc.callbacks around ``replay``). A
 timed run's garbage stays until the block ends and is collected at the next block's start: no_empty_slot's runs
-last seconds, bench_routing's a trace's ``--seconds`` (30 by default; a longer trace holds more memory meanwhile).
+last seconds, bench_routing's a trace's ``--seconds`` (30 by default; a longer trace holds more memory meanwhile),
+locust's (loadtests/locustfile.py) its test, from start to stop (``LOADTEST_SECONDS``).
 """
 
 from __future__ import annotations

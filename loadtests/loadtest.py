@@ -17,6 +17,7 @@ from loadtests.fleet import fleet_with_gateway
 
 SIM_ARGS = ["--time-scale", "0.1", "--max-loras", "2", "--max-cpu-loras", "4"]
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+REPO = Path(__file__).resolve().parent.parent
 
 
 def run(seconds: float, users: int, shape: str, tenants: int, out: Path) -> int:
@@ -30,6 +31,8 @@ def run(seconds: float, users: int, shape: str, tenants: int, out: Path) -> int:
             "TENANTGATE_TENANTS": str(tenants),
             "LOADTEST_SHAPE": shape,
             "LOADTEST_SECONDS": str(seconds),
+            # The locustfile imports loadtests.collector: the repository on the path whatever the caller's directory.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         }
         cmd = [
             sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", fleet.gateway_url,

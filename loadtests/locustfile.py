@@ -9,10 +9,15 @@ tables and CSVs have a row per tenant and adapter.
 Run it through `make loadtest` (which starts a simulated fleet and the gateway); the environment says where:
 TENANTGATE_TENANTS (how many tenants, named t00, t01, ...; key key-tNN, adapter lora-tNN), LOADTEST_SHAPE
 (steady or burst), LOADTEST_SECONDS.
+
+Locust times each request in this process, so its cyclic garbage collector is held off from the test's start to
+its stop (loadtests/collector.py, as the routing benchmarks' replays): a collection's pause would be read as the
+gateway's latency by every request in flight. The run's garbage stays until it stops (LOADTEST_SECONDS bounds it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -20,6 +25,8 @@ import time
 from typing import Any
 
 from locust import FastHttpUser, LoadTestShape, between, events, task
+
+from loadtests.collector import collector_held
 
 TENANTS = [f"t{i:02d}" for i in range(int(os.environ.get("TENANTGATE_TENANTS", "12")))]
 WEIGHTS = [1 / (rank + 1) ** 1.1 for rank in range(len(TENANTS))]
@@ -109,3 +116,20 @@ def _fail_on_errors(environment: Any, **_: Any) -> None:
 
 
 events.quitting.add_listener(_fail_on_errors)  # type: ignore[no-untyped-call]
+
+# The collector held while the test runs: entered at its start, left at its stop (or when locust quits mid-run).
+_held = contextlib.ExitStack()
+
+
+def _hold_collector(**_: Any) -> None:
+    _held.close()  # a second start without a stop (locust's web UI restarts a test): one hold at a time
+    _held.enter_context(collector_held())
+
+
+def _release_collector(**_: Any) -> None:
+    _held.close()
+
+
+events.test_start.add_listener(_hold_collector)  # type: ignore[no-untyped-call]
+events.test_stop.add_listener(_release_collector)  # type: ignore[no-untyped-call]
+events.quitting.add_listener(_release_collector)  # type: ignore[no-untyped-call]
