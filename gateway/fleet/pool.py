@@ -23,7 +23,7 @@ from gateway.fleet.outlier import Failure
 from gateway.fleet.plan_bound import Confined, PlanBound, split
 from gateway.fleet.replica import Replica
 from gateway.fleet.retry_budget import RetryBudget
-from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.lifecycle import PoolResidency, WarmUpTimedOut
 from gateway.residency.signal import NO_SIGNAL
 from gateway.routing.costs import Line, Regime, TtftModel, gpu_slot_waits, loads_ahead_ms
 from gateway.routing.decision import ReplicaLoad, RoutingDecision
@@ -228,7 +228,8 @@ class Pool:
         tenant still in use costs that tenant a cold load, and its load pushes out another (collide: warm-ups
         ahead of spills that never came raised its cold loads by half, in some runs).
         The copies go as any adapter does, by the engine's LRU and the eviction timer, once the key's demand falls.
-        One that failed is not tried on that replica again for ``WARM_AHEAD_RETRY_S``; one whose load is under way
+        One that failed is not tried on that replica again for ``WARM_AHEAD_RETRY_S`` (one that timed out, on no
+        replica); one whose load is under way
         there already is not started (it would only wait for that load): a warm-up given up after
         ``residency.warm_up_timeout_s`` leaves its hung load running, and a warm-up asking again joined it and held
         the pool's one warm-up ahead again for every other tenant's."""
@@ -238,8 +239,8 @@ class Pool:
             return
         if self.residency.load_under_way(replica_id, name):
             return
-        failed_at = self._warm_failed.get(slot)
-        if failed_at is not None and time.monotonic() - failed_at < WARM_AHEAD_RETRY_S:
+        failed_at = max(self._warm_failed.get(slot, -math.inf), self._warm_failed.get(("", name), -math.inf))
+        if time.monotonic() - failed_at < WARM_AHEAD_RETRY_S:
             return
         if len(self.residency.resident_on(name)) >= self.spill_warm_replicas:
             return
@@ -258,7 +259,10 @@ class Pool:
             # Failures are one at a time (one warm-up ahead in the pool): the past ones are dropped here, so the
             # table holds only those within the retry window.
             failed = {slot: at for slot, at in self._warm_failed.items() if now - at < WARM_AHEAD_RETRY_S}
-            failed[(replica_id, adapter.engine_name)] = now
+            # One that timed out is not tried on any replica within the window: an adapter whose loads hang everywhere
+            # took the pool's one warm-up ahead replica after replica, warm_up_timeout_s each.
+            hung = isinstance(exc, WarmUpTimedOut)
+            failed[("" if hung else replica_id, adapter.engine_name)] = now
             self._warm_failed = failed
             return
         self.warm_aheads += 1

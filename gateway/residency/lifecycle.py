@@ -46,6 +46,11 @@ from gateway.residency.store import FUTURE_MARK_S, ReplicaRecord, ResidencyStore
 
 log = logging.getLogger(__name__)
 
+
+class WarmUpTimedOut(EngineTimeout):
+    """A warm-up given up after ``residency.warm_up_timeout_s`` (``PoolResidency.warm``)."""
+
+
 # A wait for the store's lock polls it this soon, then twice as long each time up to the last: a fallback, as another
 # gateway's load says when it lets the lock go (``unlocked``: the wait polls again at once).
 _POLL_FIRST_S = 0.01
@@ -1047,7 +1052,7 @@ class PoolResidency:
                 # No request waits for it: the hung load lets the replica's lock go, or every other adapter's load
                 # there (the pre-warm's next, another tenant's) waited for it up to adapter_load_timeout_s.
                 task.cancel()
-            raise EngineTimeout(
+            raise WarmUpTimedOut(
                 f"{self.pool}/{replica_id}: warming {adapter.engine_name} took over {self.config.warm_up_timeout_s:g} s"
             ) from exc
 

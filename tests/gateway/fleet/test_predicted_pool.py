@@ -375,9 +375,10 @@ async def test_a_warm_up_ahead_whose_load_hangs_gives_the_pool_s_one_slot_up_for
     answers; its own bound, adapter_load_timeout_s, is 60 s): it held that one slot, and r1's lock, and tenant b's
     warm-up ahead was refused for as long as the load hung. Now a warm-up is given up after
     residency.warm_up_timeout_s and its load cancelled (no request waits for it): b's warm-up takes the slot and
-    completes, on r1 itself. A load a request waits for goes on, and no warm-up ahead joins it (it would hold the
-    slot again). No timing assertion: the hung load never ends on its own, so before, the slot was never freed
-    (the bounded poll failed)."""
+    completes, on r1 itself; a is not warmed ahead again on any replica within WARM_AHEAD_RETRY_S (replica after
+    replica, it would take the slot again). A load a request waits for goes on, and no warm-up ahead joins it (it
+    would hold the slot again). No timing assertion: the hung load never ends on its own, so before, the slot was
+    never freed (the bounded poll failed)."""
     pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0))
     pool.residency.config = pool.residency.config.model_copy(update={"warm_up_timeout_s": 0.05})
     hang = asyncio.Event()
@@ -394,6 +395,8 @@ async def test_a_warm_up_ahead_whose_load_hangs_gives_the_pool_s_one_slot_up_for
         assert list(pool._warming_ahead) == [("r1", "a")]
         await until(lambda: not pool._warming_ahead, lambda: "the hung warm-up ahead still holds the pool's slot")
         assert not pool.residency.load_under_way("r1", "a") and not pool.residency.is_resident("r1", "a")
+        pool.warm_ahead("r2", ADAPTER, due=True)  # timed out: on no replica within the retry window
+        assert not pool._warming_ahead
         pool.warm_ahead("r1", ref("b"), due=True)
         await until_resident_on(pool, "r1", "b")
         # A request waits for a's load: it is not cancelled, and a warm-up ahead does not join it.
