@@ -285,7 +285,7 @@ def run_fleet(
         place_release(f"prefill-{index}")
     first_causes: list[str] = []
     if causes:
-        tables = (pool.keys, pool.reservations._keys)
+        tables = (pool.keys, pool.reservations.active)
         first_sight, first_causes = _timed_causes(place_release, first_keys, timer, tables)
     else:
         first_sight = _timed(place_release, first_keys, timer)

@@ -31,7 +31,7 @@ from gateway.fleet.keys import Entry, KeyEntry
 from gateway.fleet.replica import Replica
 from gateway.residency.lifecycle import PoolResidency, among_newest
 from gateway.routing.costs import Regime, gpu_slot_waits, loads_ahead_ms
-from gateway.routing.decision import NO_PARTS, Prediction, RoutingDecision
+from gateway.routing.decision import NO_PARTS, Prediction, RoutingDecision, plain_decision
 from gateway.routing.reservations import HomeReservations
 from gateway.routing.scorers import Scoring
 
@@ -78,12 +78,16 @@ def decide_plain(
     if not order:
         return None
     scoring = pool.scoring
-    table = scoring.table() if scoring is not None else None
-    if scoring is not None and table is None:  # a scorer that is not linear: asked per candidate, generally
+    if scoring is not None and scoring.table() is None:  # a scorer that is not linear: asked per candidate, generally
         return None
-    standing = pool.reservations.standing(key)
-    count_reserved = standing.in_flight > 0
-    reserved = pool.reservations.by_replica
+    # The key's standing (HomeReservations.standing, inline): its requests in flight, and whether it holds its home
+    # reservation (an active key does while it has none in flight, or none at home).
+    reservations = pool.reservations
+    state = reservations.active.get(key)
+    key_in_flight = 0 if state is None else state.in_flight
+    holds_reservation = state is not None and (not key_in_flight or not state.in_flight_at_home)
+    count_reserved = key_in_flight > 0
+    reserved = reservations.by_replica
     cap = pool.max_in_flight_per_replica
     # One clock read for the whole decision: health's clock and the scrapes' are both time.monotonic here.
     now = time.monotonic()
@@ -93,7 +97,7 @@ def decide_plain(
     max_age = pool.engine_view_max_age_s
     own = elsewhere is None and max_age is None
     total, most = 1, 0
-    if table is None:  # bounded_consistent_hash: check and sum, no score
+    if scoring is None:  # bounded_consistent_hash: check and sum, no score
         for replica_id, replica, health, _ in candidates:
             if now < health.full_weight_at:
                 healthy, weight = health.routing_state(now)
@@ -117,16 +121,13 @@ def decide_plain(
         capacity = math.ceil(pool.balance_factor * total / len(order))
         if capacity < pool.capacity_floor:
             capacity = pool.capacity_floor
-        if most >= capacity and not standing.holds_reservation:  # a reservation takes home whatever the bound says
+        if most >= capacity and not holds_reservation:  # a reservation takes home whatever the bound says
             return None
-        # RoutingDecision's fields in order (pool, policy, key, home, chosen, reasons, excluded, unavailable, capacity,
-        # used_reservation, predictions, snapshot, resident_on, kept, warm_ahead, warm_ahead_due, order): every
-        # candidate kept, no snapshot.
-        return RoutingDecision(
-            pool.name, pool.policy, key, order[0], order[0], ["home"], {}, None, capacity,
-            standing.holds_reservation, {}, (), resident, (), None, False, order,
+        home = order[0]
+        return plain_decision(
+            pool.name, pool.policy, key, home, home, "home", capacity, holds_reservation, {}, resident, None,
+            False, order,
         )  # fmt: skip
-    assert scoring is not None
     home = order[0]
     # Where the key was served within prefix_warm_s (its prefix likely still in the KV cache): read only where the
     # adapter is on the GPU, the one regime split it decides.
@@ -137,11 +138,12 @@ def decide_plain(
     if engine_model is not None:
         flying = pool.residency.signal.flying_on(pool.name, engine_model)
     listed_after = now - pool.scrape_fresh_s  # a scrape since then still lists the adapters running
-    # Each regime's row as three locals: per candidate, three local reads instead of three attribute reads.
-    warm_c, warm_p, warm_o, _, warm_s = table["warm"]
-    kv_cold_c, kv_cold_p, kv_cold_o, _, kv_cold_s = table["kv_cold"]
-    host_c, host_p, host_o, _, host_s = table["host"]
-    cold_c, cold_p, cold_o, cold_a, cold_s = table["cold"]
+    # Each regime's row (Scoring.table's, as one plain tuple) as locals: per candidate, local reads instead of
+    # attribute reads.
+    (
+        warm_c, warm_p, warm_o, _, warm_s, kv_cold_c, kv_cold_p, kv_cold_o, _, kv_cold_s,
+        host_c, host_p, host_o, _, host_s, cold_c, cold_p, cold_o, cold_a, cold_s,
+    ) = scoring.rows  # fmt: skip
     # The gpu_slot term (when on): the expected wait for a GPU adapter slot where the adapter would wait for one
     # (Pool._gpu_slot_ms, inline).
     slot_waits = engine_model is not None and bool(warm_s or kv_cold_s or host_s or cold_s)
@@ -226,7 +228,9 @@ def decide_plain(
             regime = "host"
             constant, per_request, off_home_ms, per_slot = host_c, host_p, host_o, host_s
         else:
-            ms = cold_c + cold_p * load + cold_s * slot_ms
+            ms = cold_c + cold_p * load
+            if slot_ms:  # the term is 0 without a wait: no float arithmetic for it (most candidates)
+                ms += cold_s * slot_ms
             if cold_a:
                 assert loading_here is not None and loading_there is not None
                 here, there = loading_here.get(replica_id), loading_there.get(replica_id)
@@ -239,7 +243,9 @@ def decide_plain(
             continue
         warm_count += 1
         warm_load += load
-        ms = constant + per_request * load + per_slot * slot_ms
+        ms = constant + per_request * load
+        if slot_ms:
+            ms += per_slot * slot_ms
         if replica_id not in homes:
             ms += off_home_ms
         if ms < best_ms:
@@ -257,19 +263,16 @@ def decide_plain(
         best_id, best_ms, best_load, best_regime, best_slot = cold_id, cold_ms, cold_load, "cold", cold_slot
     else:
         margin = scoring.cold_margin_ms
-        if margin:
-            key_in_flight = standing.in_flight
-            if key_in_flight < pool.capacity_floor * warm_count or 3 * key_in_flight < 2 * warm_load:
-                margin = 0.0  # not a hot key
+        if margin and (key_in_flight < pool.capacity_floor * warm_count or 3 * key_in_flight < 2 * warm_load):
+            margin = 0.0  # not a hot key
         if cold_ms + margin < best_ms:
             best_id, best_ms, best_load, best_regime, best_slot = cold_id, cold_ms, cold_load, "cold", cold_slot
         elif margin and cold_ms < best_ms + margin:
             # Due once the cold replica is predicted faster outright (warm_or_cold): warmed whatever it pushes out.
             ahead, due = cold_id, cold_ms < best_ms
-    # As above; the chosen replica's prediction only.
-    return RoutingDecision(
-        pool.name, pool.policy, key, home, best_id, ["home" if best_id == home else "spill:faster"], {}, None,
-        capacity, False, {best_id: _new(Prediction, (best_regime, best_load, NO_PARTS, best_ms, best_slot))}, (),
-        resident, (),
-        ahead, due, order,
+    # The chosen replica's prediction only.
+    prediction = _new(Prediction, (best_regime, best_load, NO_PARTS, best_ms, best_slot))
+    return plain_decision(
+        pool.name, pool.policy, key, home, best_id, "home" if best_id == home else "spill:faster", capacity, False,
+        {best_id: prediction}, resident, ahead, due, order,
     )  # fmt: skip

@@ -293,7 +293,10 @@ class Pool:
                     self.keys.move_to_end(key)  # in the keys' recency: the least recently routed go first
                     entry = self._entry
                     assert entry is not None
-                    entry.served(chosen, time.monotonic())
+                    if entry.served_by == chosen:  # served by the same replica again: KeyEntry.served, inline
+                        entry.served_at = time.monotonic()
+                    else:
+                        entry.served(chosen, time.monotonic())
                 if self._evicting and engine_model is not None:
                     self._used(engine_model)
         return decision
@@ -335,7 +338,8 @@ class Pool:
         self, key: str, engine_model: str | None, avoid: Collection[str] = (), explain: bool = False
     ) -> RoutingDecision:
         reservations = self.reservations
-        reservations.expire()
+        if reservations.clock() >= reservations.quiet_until:  # some key may lapse now: HomeReservations.expire
+            reservations.expire()
         # Where the adapter is resident: where a spill looks first, and (predicted_ttft) the host regime's evidence,
         # whatever prefer_resident says.
         wants_resident = self.prefer_resident or self.scoring is not None

@@ -43,12 +43,15 @@ class Reservation:
 class HomeReservations:
     def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
-        self._clock = clock
-        self._keys: OrderedDict[str, Reservation] = OrderedDict()
+        self.clock = clock
+        # The active keys' states, the least recently active first (the pool's one pass reads a key's here: see
+        # ``standing``).
+        self.active: OrderedDict[str, Reservation] = OrderedDict()
         # No key lapses before this (clock time): the front key's last activity plus the window, when ``expire`` last
         # looked. Keys only move to the back with a later activity, so the front's (the oldest) only grows and this
-        # stays a lower bound: ``expire`` is one comparison until then (it runs at every decision).
-        self._quiet_until = -math.inf
+        # stays a lower bound: ``expire`` is one comparison until then (the pool makes it before calling, at every
+        # decision: a call to find nothing due cost about 550 instructions).
+        self.quiet_until = -math.inf
         # Slots held per replica, read per candidate per decision: a defaultdict, so the reader indexes it (a
         # replica never reserved reads 0) rather than calling get; see ``reserved``.
         self.by_replica: defaultdict[str, int] = defaultdict(int)
@@ -63,7 +66,7 @@ class HomeReservations:
 
     def standing(self, key: str) -> KeyStanding:
         """``key``'s requests in flight and whether it holds its home reservation now (call after ``expire``)."""
-        state = self._keys.get(key)
+        state = self.active.get(key)
         if state is None:
             return NEW_KEY
         if not state.in_flight:  # the common case, built once: an active key with nothing in flight holds its slot
@@ -72,23 +75,23 @@ class HomeReservations:
 
     def expire(self) -> None:
         """Drop the reservations of keys idle for longer than the window."""
-        now = self._clock()
-        if now < self._quiet_until:
+        now = self.clock()
+        if now < self.quiet_until:
             return
         deadline = now - self.window_s
-        while self._keys:
-            key, state = next(iter(self._keys.items()))
+        while self.active:
+            key, state = next(iter(self.active.items()))
             if state.last_active >= deadline:
-                self._quiet_until = state.last_active + self.window_s
+                self.quiet_until = state.last_active + self.window_s
                 return
             if state.in_flight:  # a long request is activity: keep tracking it, re-check later
-                state.last_active = self._clock()
-                self._keys.move_to_end(key)
+                state.last_active = self.clock()
+                self.active.move_to_end(key)
                 continue
-            del self._keys[key]
+            del self.active[key]
             self.by_replica[state.home] -= 1
         # None left: a key that comes later is active from then on.
-        self._quiet_until = now + self.window_s
+        self.quiet_until = now + self.window_s
 
     def arrived(self, key: str, home: str, chosen: str, fresh: Reservation | None = None) -> None:
         """A request of ``key`` placed on ``chosen`` (its home ``home``). ``fresh``: where the key has no state here
@@ -96,19 +99,19 @@ class HomeReservations:
         for the key, every field set here), else one is made."""
         if self.window_s <= 0:  # not ``enabled``: a property call per request
             return
-        state = self._keys.get(key)
+        state = self.active.get(key)
         if state is None:  # its first request: its reservation is held from now on, taken by this request at home
             at_home = chosen == home
             if fresh is None:
                 fresh = Reservation()
             fresh.home, fresh.in_flight, fresh.in_flight_at_home = home, 1, 1 if at_home else 0
-            fresh.last_active = self._clock()
-            self._keys[key] = fresh
+            fresh.last_active = self.clock()
+            self.active[key] = fresh
             if not at_home:
                 self.by_replica[home] += 1
             return
-        state.last_active = self._clock()
-        self._keys.move_to_end(key)
+        state.last_active = self.clock()
+        self.active.move_to_end(key)
         state.in_flight += 1
         if chosen == state.home:
             if state.in_flight_at_home == 0:
@@ -116,11 +119,11 @@ class HomeReservations:
             state.in_flight_at_home += 1
 
     def finished(self, key: str, chosen: str) -> None:
-        state = self._keys.get(key)
+        state = self.active.get(key)
         if state is None:  # reservations are off
             return
-        state.last_active = self._clock()
-        self._keys.move_to_end(key)
+        state.last_active = self.clock()
+        self.active.move_to_end(key)
         state.in_flight -= 1
         if chosen == state.home:
             state.in_flight_at_home -= 1

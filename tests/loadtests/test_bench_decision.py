@@ -32,7 +32,7 @@ def test_a_new_pools_per_key_tables_grow_together_at_about_log2_of_the_first_sig
     """The docstring's reason first sights do not shrink: of n first sights on a new pool, those that grow the pool's
     per-key tables (a key's entry and its reservation) are about log2(n), the two at once."""
     pool = build_pool(16, "predicted_ttft")
-    tables = (pool.keys, pool.reservations._keys)
+    tables = (pool.keys, pool.reservations.active)
     grew: list[tuple[bool, ...]] = []
     for index in range(500):
         before = [dict.__sizeof__(table) for table in tables]

@@ -103,7 +103,7 @@ class Scoring:
     """A pool's scorers with their weights, and the TTFT model they read. ``weighted``: each term's name, weight
     and bound ``score``, looked up once here rather than per candidate."""
 
-    __slots__ = ("_linear", "_table", "_table_version", "cold_margin_ms", "model", "terms", "weighted")
+    __slots__ = ("_linear", "_table", "_table_version", "cold_margin_ms", "model", "rows", "terms", "weighted")
 
     def __init__(
         self, terms: tuple[tuple[str, float, Scorer], ...], model: TtftModel, cold_margin_ms: float = 0.0
@@ -118,6 +118,10 @@ class Scoring:
         self._linear = linear if len(linear) == len(terms) else None
         self._table: Mapping[Regime, Linear] = {}
         self._table_version = -1
+        # The table as one plain tuple, each regime's row in REGIMES order (``table`` sets it): what the one pass
+        # (gateway/fleet/one_pass.py) unpacks at each decision. A plain tuple, not four ``Linear``s: unpacking a
+        # named tuple is not specialised by the interpreter (it iterates), 800 instructions a row against 100.
+        self.rows: tuple[float, ...] = ()
 
     def table(self) -> Mapping[Regime, Linear] | None:
         """Per regime, the weighted sum of every scorer's coefficients for the model's lines now (rebuilt when a
@@ -138,6 +142,7 @@ class Scoring:
                     sum(weight * part.per_slot_ms for weight, part in parts),
                 )
             self._table, self._table_version = table, model.version
+            self.rows = tuple(value for regime in REGIMES for value in table[regime])
         return self._table
 
 

@@ -470,13 +470,13 @@ def test_a_keys_first_request_keeps_its_reservation_in_its_entry(monkeypatch: py
     pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0.0, home_reservation_s=2))
     with pool.lease("k0", None) as lease:
         entry = pool.keys["k0"]
-        assert pool.reservations._keys["k0"] is entry and (entry.home, entry.in_flight) == (lease.decision.home, 1)
+        assert pool.reservations.active["k0"] is entry and (entry.home, entry.in_flight) == (lease.decision.home, 1)
     assert entry.in_flight == 0 and pool.reservations.reserved(entry.home) == 1
     for key in ("k1", "k2"):  # k0 forgotten by the pool, its reservation still held
         with pool.lease(key, None):
             pass
-    assert "k0" not in pool.keys and pool.reservations._keys["k0"] is entry
+    assert "k0" not in pool.keys and pool.reservations.active["k0"] is entry
     held = pool.reservations.reserved(entry.home)
     with pool.lease("k0", None):  # a new entry for its candidates; its reservation is still the one it held
-        assert pool.keys["k0"] is not entry and pool.reservations._keys["k0"] is entry and entry.in_flight == 1
+        assert pool.keys["k0"] is not entry and pool.reservations.active["k0"] is entry and entry.in_flight == 1
     assert pool.reservations.reserved(entry.home) == held
