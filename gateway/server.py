@@ -15,7 +15,7 @@ from gateway.admin.operator import OperatorSite
 from gateway.app import GatewayRunner, create_app
 from gateway.appkeys import METRICS, STATE
 from gateway.config import GatewayConfig
-from gateway.fleet import heap
+from gateway.fleet import heap, warm_up
 from gateway.observe import logs
 from gateway.reload import ReloadRefused, reload
 from gateway.serving.connections import ConnectionGuard, GuardedSite, HandlerSite, keepalive_timeout
@@ -42,6 +42,10 @@ async def _run(config: GatewayConfig, config_path: Path | None, worker: WorkerSo
     # not take page faults on the request path (gateway/fleet/heap.py). Before the listener opens: it holds the event
     # loop some 14 ms, which no client should wait for.
     heap.reserve()
+    # Each policy's decision code run on a throw-away pool, so the first tenants' requests are not the ones the
+    # interpreter specialises it on (gateway/fleet/warm_up.py). Before the listener opens, as above.
+    serving = app[STATE].serving
+    warm_up.decisions(serving.fleet.pools.values(), serving.config.routing)
     guard = ConnectionGuard(config.listen, app[METRICS])
     sites = await listen(runner, config, guard, worker)
     guard.start()

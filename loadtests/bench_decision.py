@@ -27,7 +27,9 @@ work"): its p99 is what the machine alone does to a call that long. The share of
 in a fresh process, so its build time and RSS growth (VmRSS from /proc after the measurements, less VmRSS before
 the pool was built: the pool, its ring and what the calls left behind, such as reservations and memos; since
 2026-12-02 afternoon the gateway's start-up heap reserve too, gateway/fleet/heap.py, which the bench makes after
-building its pool as the gateway does after building its fleet) are its own.
+building its pool as the gateway does after building its fleet) are its own. Since 2026-12-02 evening the bench also
+warms the decision path on a throw-away pool before timing, as the gateway's start-up does (gateway/fleet/warm_up.py):
+a process's first decisions are no longer the interpreter's first runs of that code.
 Above 100 replicas the seen-before and explain counts shrink in proportion (``--full`` keeps them) so the default
 run stays within about two minutes on 2 cores; the counts used are printed under the tables. The first sights do
 not shrink: they cost little time, and the pool's per-key tables (its keys' entries: candidates and recent
@@ -59,7 +61,7 @@ from pathlib import Path
 from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest, EngineResponse
 from backends.errors import EngineUnavailable
 from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
-from gateway.fleet import heap
+from gateway.fleet import heap, warm_up
 from gateway.fleet.pool import Pool
 from gateway.observe.metrics import GatewayMetrics
 from gateway.residency.lifecycle import PoolResidency
@@ -271,6 +273,7 @@ def run_fleet(
     asyncio.run(pool.probe())  # the start-up probe: every replica up
     asyncio.run(pool.scrape_engines())  # and one scrape of each engine's own signals
     heap.reserve()  # as the gateway's start-up does once its fleet is built (gateway/server.py)
+    warm_up.decisions([pool], RoutingConfig())  # and its decision path warmed on a throw-away pool, as there
     assert all(replica.healthy for replica in pool.replicas.values())
     for replica_id in rng.sample(sorted(pool.replicas), max(1, round(RESIDENT_SHARE * replicas))):
         pool.residency.views[replica_id].resident[ADAPTER] = time.time()
