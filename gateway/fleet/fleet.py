@@ -85,6 +85,20 @@ class InstalledHomes:
     measured: bool = True
 
 
+def pinned_homes(config: GatewayConfig, pools: Mapping[str, Pool]) -> InstalledHomes:
+    """The homes the config's pins (``placement.pins``) give before any table, with homes from traffic (none
+    otherwise): each pinned key alone on its replica, in each pool that has the replica; the others' homes stay
+    count-balanced. Not measured: nothing is confined by them."""
+    if config.routing.home_placement != "traffic":
+        return InstalledHomes()
+    sets = {
+        name: {key: (replica_id,) for key, replica_id in config.placement.pins.items() if replica_id in pool.replicas}
+        for name, pool in pools.items()
+    }
+    why = {name: {key: f"pinned to {members[0]}" for key, members in keyed.items()} for name, keyed in sets.items()}
+    return InstalledHomes(0, routed=sets, planned=sets, why=why, measured=False)
+
+
 class Fleet:
     def __init__(
         self,
@@ -143,8 +157,12 @@ class Fleet:
         # Per pool, the placement table's replica sets, new members still warming included (placer.py installs
         # them): what the fill plans, and so the eviction timer, count as each replica's own keys.
         self.homes = InstalledHomes()
+        # Before any table: the config's pins (homes from traffic only), so that the start-up fill loads a pinned
+        # key's adapter at its pinned replica rather than at its balanced home, where the first table's move would
+        # have to warm it again and push a planned neighbour out.
+        self._pinned = pinned_homes(config, self.pools)
         self._traffic: Traffic = {}
-        self.order_fill_by({})
+        self.install_homes(self._pinned)
         self.warmed = False
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -175,6 +193,8 @@ class Fleet:
         # Spills kept on the plan's replica sets once a table planned from a whole window of traffic is in force:
         # before it the sets are count-balanced homes no traffic chose, and a key confined to one it shares with
         # another heavy key queues there (docs/benchmarks.md, 2026-12-02 morning).
+        if table.version == 0:  # no plan published yet (or none readable): route by the config's pins
+            table = self._pinned
         confining = self.config.routing.home_placement == "traffic" and table.version > 0 and table.measured
         for name, pool in self.pools.items():
             pool.ring.install(table.routed.get(name, {}))

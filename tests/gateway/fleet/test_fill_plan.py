@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.fleet.fill import fill_plan
-from gateway.fleet.fleet import Fleet
+from gateway.fleet.fleet import Fleet, InstalledHomes
 from gateway.observe.traffic import PoolTraffic, Rate
 from gateway.tenants.identity import hash_key
 
@@ -113,3 +113,31 @@ async def test_the_fleets_measured_traffic_reorders_the_fill_and_its_absence_res
         assert names(llama.fill) == expected(fleet)
     finally:
         await fleet.close()
+
+
+async def test_with_homes_from_traffic_the_configs_pins_place_the_fill_before_any_table() -> None:
+    """A pinned key's adapter is filled at its pinned replica at start-up, not at its balanced home (where the first
+    table's move would load it again and push a planned neighbour out), and an empty table (version 0: none
+    published yet, or none readable) keeps the pins; balanced homes leave pins to the placer, as before."""
+    raw = config()
+    balanced = Fleet(GatewayConfig.model_validate(raw))
+    try:
+        home = balanced.pools["llama"].ring.home("t5")
+        assert "a5" in names(balanced.pools["llama"].fill)[home]
+    finally:
+        await balanced.close()
+    pinned_to = next(r for r in REPLICAS if r != home)
+    raw["placement"] = {"pins": {"t5": pinned_to}}
+    for placement, filled_at in (("balanced", home), ("traffic", pinned_to)):
+        raw["routing"] = {"home_placement": placement}
+        fleet = Fleet(GatewayConfig.model_validate(raw))
+        try:
+            llama = fleet.pools["llama"]
+            for _ in range(2):
+                plan = names(llama.fill)
+                assert llama.ring.replica_set("t5") == (filled_at,)
+                assert "a5" in plan[filled_at] and all("a5" not in plan[r] for r in REPLICAS if r != filled_at)
+                assert llama.plan_bound is None  # nothing confined by homes no traffic chose
+                fleet.install_homes(InstalledHomes())
+        finally:
+            await fleet.close()
