@@ -52,6 +52,7 @@ from loadtests.collector import collector_held
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, gateway_process, sim_stats, write_adapters
 from loadtests.processes import free_port, healthy, running, sim_command
 from loadtests.sim.defaults import SimParams
+from loadtests.sim.timeline import prompt_digest
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / ".peers"
@@ -144,6 +145,21 @@ class Setup:
 TRAFFIC_HOMES = (("traffic", {"interval_s": 1.0, "window_s": 4.0}), ("placement", {"interval_s": 2.0}))
 
 
+# An oracle for the collide trace (docs/benchmarks.md, "Collide: what placement can reach"): the homes traffic
+# homes reach once they have split the two heavy tenants (t09 pinned to r2, the light t03 to r0 in its place), from
+# the start, frozen, every adapter filled at its home before the first request; a table counts as measured after
+# 0.25 s, so the plan's confinement holds from the first requests.
+ORACLE_PINS = {"t09": "r2", "t03": "r0"}
+ORACLE_HOMES = (
+    ("traffic", {"interval_s": 0.25, "window_s": 0.25}),
+    ("placement", {"interval_s": 0.25, "freeze": True, "pins": ORACLE_PINS}),
+)
+# ... and with no exit off the plan: every key served at its one home, however long the queue there.
+ORACLE_HOMES_CONFINED = (
+    ("traffic", {"interval_s": 0.25, "window_s": 0.25}),
+    ("placement", {"interval_s": 0.25, "freeze": True, "pins": ORACLE_PINS, "off_plan_margin_ms": 600_000.0}),
+)
+
 # The default scorers and the load_ahead term (a cold load priced by the loads under way where it would run).
 LOAD_AHEAD = {"queue": 1.0, "regime": 1.0, "affinity": 1.0, "cold_stall": 1.0, "load_ahead": 1.0}
 
@@ -169,6 +185,20 @@ SETUPS = [
         sections=TRAFFIC_HOMES,
     ),
     Setup("tenantgate predicted_ttft, engine load view", "tenantgate", "predicted_ttft", load_view="engine"),
+    Setup(
+        "tenantgate predicted_ttft, oracle homes",
+        "tenantgate",
+        "predicted_ttft",
+        home_placement="traffic",
+        sections=ORACLE_HOMES,
+    ),
+    Setup(
+        "tenantgate predicted_ttft, oracle homes, confined",
+        "tenantgate",
+        "predicted_ttft",
+        home_placement="traffic",
+        sections=ORACLE_HOMES_CONFINED,
+    ),
     # A hot key's adapter warmed ahead of its spills (routing.cold_margin_ms, off by default: docs/benchmarks.md).
     Setup(
         "tenantgate predicted_ttft, warm ahead", "tenantgate", "predicted_ttft", routing=(("cold_margin_ms", 500.0),)
@@ -337,6 +367,10 @@ class Observed:
     # tenantgate, on a trace with a hot tenant: its streams by (replica, regime met), summed over the gateways, read
     # from tenantgate_stream_regimes_total once the trace has run.
     hot_regimes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Per answered request, in the order of ``ttft``: when it was sent (time.monotonic) and its prompt's digest,
+    # which find it in the engines' timelines (tail_regimes).
+    sent: list[float] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
 
 
 def headers_for(router: str, tenant: str) -> dict[str, str]:
@@ -380,6 +414,7 @@ async def replay(
         async def one(index: int, arrival: Arrival) -> None:
             url = urls[index % len(urls)]
             await asyncio.sleep(max(0.0, started + arrival.offset_s - time.monotonic()))
+            sent = time.monotonic()
             timed = await streamed(client, url, router, arrival.tenant, arrival.prompt)
             if timed is None:
                 observed.failures += 1
@@ -387,6 +422,8 @@ async def replay(
             observed.ttft.append(timed[0])
             observed.e2e.append(timed[1])
             observed.tenants.append(arrival.tenant)
+            observed.sent.append(sent)
+            observed.digests.append(prompt_digest(arrival.prompt))
 
         async def sample_cold_loads() -> None:
             while True:
@@ -580,14 +617,94 @@ def run_setup(setup: Setup, trace: list[Arrival], spec: TraceSpec, time_scale: f
         before = {r: sim_stats(u) for r, u in replicas.items()}
         observed = asyncio.run(replay(router_urls, setup.router, trace, replicas, hot=spec.hot_extra > 0))
         after = {r: sim_stats(u) for r, u in replicas.items()}
+        timelines = {r: httpx.get(u + "/sim/timeline", timeout=30).json() for r, u in replicas.items()}
         kept = os.environ.get("BENCH_KEEP_LOGS")  # a directory: every process's log of the run, for reading later
         if kept:
             into = Path(kept) / f"{spec.name}-{setup.name.replace(' ', '_').replace(',', '')}-{time.time():.0f}"
             into.mkdir(parents=True, exist_ok=True)
             for log in root.glob("*.log"):
                 shutil.copy(log, into / log.name)
-    return summarize(setup, trace, observed, before, after, hot=spec.hot_extra > 0, time_scale=time_scale,
-                     heavy=heavy_tenants(spec))  # fmt: skip
+    row = summarize(setup, trace, observed, before, after, hot=spec.hot_extra > 0, time_scale=time_scale,
+                    heavy=heavy_tenants(spec))  # fmt: skip
+    return {**row, "tail": tail_regimes(observed, timelines, heavy_tenants(spec))}
+
+
+# What a slow request's time to first token went to; the largest part names its regime (tail_regimes): its own
+# adapter's load (on the request path, by the gateway or the engine), other adapters' loads on its replica (vLLM runs
+# a load between steps: every request there waits), swap-ins into a GPU slot, the wait for a step to admit it (for a
+# seat, a GPU adapter slot, or only the step under way), its own step (prefill and first decode), and the gateway.
+TAIL_PARTS = ("own load", "others' loads", "swap-ins", "wait for a seat", "wait for a GPU slot", "wait for a step",
+              "first step", "gateway")  # fmt: skip
+
+
+def overlap(start: float, end: float, spans: list[tuple[float, float]]) -> float:
+    """Seconds of [start, end] that ``spans`` cover (the spans do not overlap each other: one engine's stalls)."""
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
+
+
+def unstalled(start: float, end: float, stalls: list[tuple[float, float]]) -> float:
+    """Seconds of [start, end] that no stall covers."""
+    return max(0.0, end - start - overlap(start, end, stalls))
+
+
+def tail_regimes(
+    observed: Observed, timelines: dict[str, dict[str, Any]], heavy: set[str], share: float = 0.01
+) -> dict[str, Any]:
+    """The slowest ``share`` of requests by TTFT (those at or above the p99), each split into ``TAIL_PARTS`` from
+    the engines' timelines (loadtests/sim/timeline.py) and its send time: per request (the tenant, heavy or light,
+    seconds into the trace, the replica, the part it spent longest in, each part in ms), and the count per part,
+    heavy and light apart. Requests no timeline holds (a log run over) are left out."""
+    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+    for replica, timeline in timelines.items():
+        for record in timeline["requests"]:
+            seen[record["digest"]] = (replica, record)
+    if not observed.ttft:
+        return {"requests": [], "by_part": {}}
+    cut = sorted(observed.ttft)[int((1 - share) * (len(observed.ttft) - 1))]
+    slow = []
+    for index, ttft in enumerate(observed.ttft):
+        if ttft < cut or observed.digests[index] not in seen:
+            continue
+        replica, record = seen[observed.digests[index]]
+        sent = observed.sent[index]
+        arrived, admitted, first = record["arrived"], record["admitted"], record["first_token"]
+        stalls = timelines[replica]["stalls"]
+        own = [(a, b) for a, b, kind, adapter in stalls if kind == "load" and adapter == record["adapter"]]
+        others = [(a, b) for a, b, kind, adapter in stalls if kind == "load" and adapter != record["adapter"]]
+        swaps = [(a, b) for a, b, kind, _ in stalls if kind == "swap"]
+        stalled = own + others + swaps
+        waited = record["waited_for"]
+        wait = ("wait for a seat" if "batch" in waited else "wait for a GPU slot" if "lora_slot" in waited
+                else "wait for a step")  # fmt: skip
+        parts = dict.fromkeys(TAIL_PARTS, 0.0)
+        parts["own load"] = overlap(sent, first, own)
+        parts["others' loads"] = overlap(sent, first, others)
+        parts["swap-ins"] = overlap(sent, first, swaps)
+        parts["gateway"] = unstalled(sent, arrived, stalled)
+        parts[wait] = unstalled(arrived, admitted, stalled)
+        parts["first step"] = unstalled(admitted, first, stalled)
+        tenant = observed.tenants[index]
+        slow.append({
+            "tenant": tenant, "heavy": tenant in heavy, "at_s": round(sent - observed.started, 2), "replica": replica,
+            "ttft_ms": round(1000 * ttft, 1), "part": max(parts, key=lambda part: parts[part]),
+            "waited_for": waited, **{part: round(1000 * seconds, 1) for part, seconds in parts.items()},
+        })  # fmt: skip
+    by_part: dict[str, dict[str, int]] = {}
+    for request in slow:
+        counts = by_part.setdefault(request["part"], {"heavy": 0, "light": 0})
+        counts["heavy" if request["heavy"] else "light"] += 1
+    return {"requests": sorted(slow, key=lambda r: -r["ttft_ms"]), "by_part": by_part}
+
+
+def tail_lines(tail: dict[str, Any]) -> list[str]:
+    """The tail's split as printed lines (``--tail``): the count per part, then each request."""
+    lines = ["    top 1% by part: " + ", ".join(f"{part} {n['heavy']} heavy / {n['light']} light"
+                                          for part, n in sorted(tail["by_part"].items()))]  # fmt: skip
+    for r in tail["requests"]:
+        spent = ", ".join(f"{part} {r[part]:.0f}" for part in TAIL_PARTS if r[part] >= 1)
+        lines.append(f"    {r['ttft_ms']:.0f} ms {r['tenant']}{' (heavy)' if r['heavy'] else ''} at {r['at_s']} s on "
+                     f"{r['replica']}: {r['part']} ({spent} ms)")  # fmt: skip
+    return lines
 
 
 def summarize(
@@ -818,6 +935,8 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] = print)
     parser.add_argument("--trace", default="churn", help=f"one of {', '.join(TRACES)}, or all (default churn)")
     parser.add_argument("--seeds", default="17", help="the traces' seeds, comma-separated (default 17)")
     parser.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
+    parser.add_argument("--tail", action="store_true", help="print what the slowest 1%% of requests waited for "
+                        "(results.json keeps each run's in any case)")  # fmt: skip
     parser.add_argument("--time-scale", type=float, default=1.0, help="the simulator's clock: 1 (default) is a "
                         "data-centre GPU, a cold load 300-500 ms; 0.1 runs ten times faster")  # fmt: skip
     args = parser.parse_args(argv)
@@ -863,6 +982,9 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] = print)
                 progress(f"  seed {seed} {setup.name}: TTFT p50 {row['ttft_p50_ms']:.1f} ms, p99 "
                          f"{row['ttft_p99_ms']:.1f} ms{split}, cold loads {row['cold_loads']}, peak queue "
                          f"{row['peak_queue']:.0f}{spills}")  # fmt: skip
+                if args.tail:
+                    for line in tail_lines(row["tail"]):
+                        progress(line)
         results = [combine(rows) for rows in by_setup.values()]
         out = args.out / spec.name
         out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from loadtests.sim.defaults import SimParams
 from loadtests.sim.kvcache import Allocation, KVCache
 from loadtests.sim.stats import SimStats
 from loadtests.sim.textgen import answer_tokens
+from loadtests.sim.timeline import RequestSeen, Timeline, prompt_digest
 from loadtests.sim.tokenizer import tokenize
 
 
@@ -47,6 +48,9 @@ class SimRequest:
     # The adapter as it was when the request arrived: like vLLM's LoRARequest, a queued request keeps it, so an
     # unload (which only forgets the name) does not take it away from a request already accepted.
     adapter_info: AdapterInfo | None = None
+    # For the timeline (loadtests/sim/timeline.py): the prompt's digest, and when a step admitted the request.
+    digest: str = ""
+    admitted_wall: float | None = None
 
 
 class SimEngine:
@@ -70,6 +74,10 @@ class SimEngine:
         self.on_first_token: Callable[[float], None] = lambda seconds: None
         # vLLM's vllm:lora_requests_info: one series per label set ever seen, valued with when it was last seen.
         self.lora_info_series: dict[str, float] = {}
+        # What each request waited for, and the stalls between steps (GET /sim/timeline).
+        self.timeline = Timeline()
+        # The stalls the step being planned needs, in simulated seconds: (kind, adapter, seconds).
+        self._step_stalls: list[tuple[str, str, float]] = []
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -91,7 +99,10 @@ class SimEngine:
             cost = self.adapters.register(info)
             self.stats.registrations += 1
             self.stats.peak_registered = max(self.stats.peak_registered, len(self.adapters.registered))
+            started = time.monotonic()
             await self._spend(cost)
+            if cost > 0:
+                self.timeline.stall(started, time.monotonic(), "load", name)
 
     def unload_adapter(self, name: str) -> None:
         self.adapters.unregister(name)
@@ -140,6 +151,7 @@ class SimEngine:
             finish_reason="stop" if len(natural) <= wanted else "length",
             arrived_at=self._sim_now,
             submitted_wall=time.monotonic(),
+            digest=prompt_digest(prompt),
         )
         self.stats.requests += 1
         self.stats.requests_by_model[model] += 1
@@ -204,6 +216,7 @@ class SimEngine:
             await self._resumed.wait()
             async with self._lock:
                 batch, duration = self._plan_step()
+                self._note_stalls()
                 await self._spend(duration)
                 self.stats.steps += 1
                 self.stats.busy_s += duration
@@ -217,6 +230,8 @@ class SimEngine:
         p = self.params
         cost = 0.0
         still_waiting: list[SimRequest] = []
+        self._step_stalls = []
+        planned_at = time.monotonic()
         for index, request in enumerate(self._waiting):
             if len(self._running) >= p.max_num_seqs:
                 for blocked in self._waiting[index:]:
@@ -236,7 +251,13 @@ class SimEngine:
                 break
             request.allocation = allocation
             if request.adapter is not None:
-                cost += self.adapters.activate(request.adapter, request.adapter_info)
+                activation = self.adapters.activate(request.adapter, request.adapter_info)
+                if activation > 0:  # a swap-in, after a read from disk when the adapter had left host memory
+                    if activation > p.swap_in_s:
+                        self._step_stalls.append(("load", request.adapter, activation - p.swap_in_s))
+                    self._step_stalls.append(("swap", request.adapter, p.swap_in_s))
+                cost += activation
+            request.admitted_wall = planned_at
             uncached = len(request.prompt_tokens) - allocation.cached_tokens
             self.stats.prefix_hit_tokens += allocation.cached_tokens
             self.stats.prefix_miss_tokens += uncached
@@ -257,6 +278,10 @@ class SimEngine:
             if request.first_token_wall is None:
                 request.first_token_wall = now
                 self.on_first_token(now - request.submitted_wall)
+                self.timeline.requests.append(
+                    RequestSeen(request.adapter, request.digest, request.submitted_wall,
+                                request.admitted_wall or now, now, tuple(sorted(request.waited_for)))
+                )  # fmt: skip
             request.tokens.put_nowait(request.answer[request.emitted])
             request.emitted += 1
             self.stats.generation_tokens += 1
@@ -268,6 +293,15 @@ class SimEngine:
                 request.tokens.put_nowait(None)
         running = ",".join(sorted({r.adapter for r in self._running if r.adapter is not None}))
         self.lora_info_series[running] = time.time()
+
+    def _note_stalls(self) -> None:
+        """Lay the planned step's stalls on the wall clock from now, in the order the step pays them (loads and
+        swap-ins first, then prefill and decode, all within one sleep)."""
+        at = time.monotonic()
+        for kind, adapter, seconds in self._step_stalls:
+            end = at + seconds * self.params.time_scale
+            self.timeline.stall(at, end, kind, adapter)
+            at = end
 
     def _release(self, request: SimRequest) -> None:
         if request.allocation is not None:

@@ -374,6 +374,10 @@ async def sim_stats(request: web.Request) -> web.Response:
     return web.json_response(engine_stats(request.app[ENGINE]))
 
 
+async def sim_timeline(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ENGINE].timeline.as_json())
+
+
 async def sim_control(request: web.Request) -> web.Response:
     try:
         state = apply_control(request.app[ENGINE], request.app[FAULTS], await _json_object(request))
@@ -409,5 +413,6 @@ def create_app(engine: SimEngine, lora_modules: dict[str, str]) -> web.Applicati
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/sim/stats", sim_stats)
+    app.router.add_get("/sim/timeline", sim_timeline)
     app.router.add_post("/sim/control", sim_control)
     return app

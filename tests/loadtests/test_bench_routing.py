@@ -100,3 +100,43 @@ def test_the_tenant_split_shows_the_heavy_tenants_tail_apart_from_the_light_ones
     split = tenant_split(observed, {HOT})
     assert split == {"heavy_ttft_p99_ms": 2000.0, "light_ttft_p99_ms": 10.0}
     assert tenant_split(observed, set()) == {"heavy_ttft_p99_ms": None, "light_ttft_p99_ms": None}
+
+
+def test_the_tails_requests_are_split_by_what_they_waited_for() -> None:
+    """``tail_regimes``: the slowest 1% of requests, each split by the engines' timelines into its own adapter's
+    load, other adapters' loads on its replica, swap-ins, its wait for a step (by the reason it waited), its first
+    step and the gateway's time before the engine saw it; the largest part names it."""
+    from loadtests.bench_routing import Observed, tail_regimes
+    from loadtests.sim.timeline import prompt_digest
+
+    fast = [0.05] * 98
+    observed = Observed(
+        ttft=[*fast, 0.9, 0.6], tenants=["t01"] * 98 + ["t01", HOT], sent=[0.0] * 98 + [10.0, 20.0],
+        digests=[prompt_digest(f"p{i}") for i in range(98)] + [prompt_digest("own"), prompt_digest("queued")],
+        started=0.0,
+    )  # fmt: skip
+    timelines = {
+        # t01's request: the gateway loaded its adapter on the request path (0.4 s, before the engine saw the request),
+        # then another adapter's load (0.3 s) stalled the replica while it waited for a step.
+        "r0": {
+            "stalls": [[10.05, 10.45, "load", "lora-t01"], [10.5, 10.8, "load", "lora-t02"]],
+            "requests": [{"adapter": "lora-t01", "digest": prompt_digest("own"), "arrived": 10.46, "admitted": 10.85,
+                          "first_token": 10.9, "waited_for": []}],
+        },
+        # The hot tenant's: 0.5 s waiting for a seat, a swap-in of 25 ms in its first step.
+        "r1": {
+            "stalls": [[20.52, 20.545, "swap", f"lora-{HOT}"]],
+            "requests": [{"adapter": f"lora-{HOT}", "digest": prompt_digest("queued"), "arrived": 20.01,
+                          "admitted": 20.51, "first_token": 20.6, "waited_for": ["batch", "lora_slot"]}],
+        },
+    }  # fmt: skip
+    tail = tail_regimes(observed, timelines, {HOT})
+    own, queued = tail["requests"]
+    assert (own["tenant"], own["replica"], own["part"], own["at_s"]) == ("t01", "r0", "own load", 10.0)
+    assert own["own load"] == pytest.approx(400, abs=1) and own["others' loads"] == pytest.approx(300, abs=1)
+    assert own["gateway"] == pytest.approx(60, abs=1)  # 0.46 s before the engine saw it, 0.4 s of it the load
+    assert own["wait for a step"] == pytest.approx(90, abs=1) and own["first step"] == pytest.approx(50, abs=1)
+    assert (queued["tenant"], queued["heavy"], queued["part"]) == (HOT, True, "wait for a seat")
+    assert queued["wait for a seat"] == pytest.approx(500, abs=1) and queued["swap-ins"] == pytest.approx(25, abs=1)
+    assert queued["first step"] == pytest.approx(65, abs=1)
+    assert tail["by_part"] == {"own load": {"heavy": 0, "light": 1}, "wait for a seat": {"heavy": 1, "light": 0}}

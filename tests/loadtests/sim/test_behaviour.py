@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from loadtests.sim.defaults import SimParams
 from loadtests.sim.engine import SimEngine
+from loadtests.sim.timeline import prompt_digest
 from loadtests.sim.vllm_server import create_app
 from tests.servers import write_adapter
 
@@ -249,3 +251,28 @@ async def test_a_queued_request_is_served_after_its_adapter_is_unloaded(sim: Sim
         await paused(client, False)
         await asyncio.wait_for(asyncio.gather(first, queued), 10)
         assert (await complete(client, "a1"))["choices"]  # and the engine still serves
+
+
+async def test_the_timeline_says_what_each_request_waited_for_and_the_stalls_between_steps(sim: Sim) -> None:
+    """GET /sim/timeline (what bench_routing --tail splits the slowest requests by): per request at its first token,
+    its prompt's digest and when it arrived, was admitted and got that token, with the reasons it waited; beside it
+    the engine's stalls, each adapter read from disk (by the load API, or for a request whose adapter had left host
+    memory) and each swap-in, in the order paid."""
+    async with sim(preload=("a1", "a2", "a3"), max_loras=1, max_cpu_loras=2) as client:
+        # Loading a3 pushed a1 out of host memory: a1's request reads it again (pushing a2 out, which its request
+        # reads again in turn); a2's request waits for the one GPU slot.
+        await submit_in_order(client, [{"model": "a1", "prompt": "x"}, {"model": "a2", "prompt": "y"}])
+        timeline = await (await client.get("/sim/timeline")).json()
+    requests = timeline["requests"]
+    assert [(r["adapter"], r["digest"], r["waited_for"]) for r in requests] == [
+        ("a1", prompt_digest("x"), []), ("a2", prompt_digest("y"), ["lora_slot"]),
+    ]  # fmt: skip
+    for r in requests:
+        assert r["arrived"] <= r["admitted"] <= r["first_token"]
+    assert requests[0]["admitted"] < requests[1]["admitted"]
+    stalls = timeline["stalls"]
+    assert [(kind, adapter) for _, _, kind, adapter in stalls] == [
+        ("load", "a1"), ("load", "a2"), ("load", "a3"), ("load", "a1"), ("swap", "a1"), ("load", "a2"), ("swap", "a2"),
+    ]  # fmt: skip
+    for (start, end, _, _), (after, _, _, _) in itertools.pairwise(stalls):
+        assert start <= end <= after
