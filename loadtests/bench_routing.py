@@ -185,6 +185,15 @@ SETUPS = [
         sections=TRAFFIC_HOMES,
     ),
     Setup("tenantgate predicted_ttft, engine load view", "tenantgate", "predicted_ttft", load_view="engine"),
+    # Traffic homes learning as fast as the noise lets them (an experiment, docs/benchmarks.md "Collide: what
+    # placement can reach"): the average over 1 s, folded and planned every 0.5 s.
+    Setup(
+        "tenantgate predicted_ttft, traffic homes, 1 s window",
+        "tenantgate",
+        "predicted_ttft",
+        home_placement="traffic",
+        sections=(("traffic", {"interval_s": 0.5, "window_s": 1.0}), ("placement", {"interval_s": 0.5})),
+    ),
     Setup(
         "tenantgate predicted_ttft, oracle homes",
         "tenantgate",
@@ -758,6 +767,9 @@ def summarize(
         "peak_queue": max(observed.peak_queue.values(), default=0.0),
         "cold_loads_over_time": [(round(t, 1), n - start_cold) for t, n in observed.cold_loads_over_time if n >= 0],
         "ttft_ms": [round(1000 * t, 2) for t in observed.ttft],
+        # When each of those was sent, seconds into the trace (a tail read over part of the trace: the first seconds
+        # apart from the rest).
+        "ttft_sent_s": [round(t - observed.started, 2) for t in observed.sent],
         "cold_load_events": events,
         "served_by_replica": {r: dict(counts) for r, counts in served.items()},
         **cold_load_sources(events),
