@@ -58,8 +58,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends.base import AdapterRef, Endpoint, EngineLoad, EngineRequest, EngineResponse
-from backends.errors import EngineUnavailable
+from backends.base import Endpoint
 from gateway.config import PoolConfig, ResidencyConfig, RoutingConfig
 from gateway.fleet import heap, warm_up
 from gateway.fleet.pool import Pool
@@ -72,38 +71,13 @@ ADAPTER = "bench-lora"
 RESIDENT_SHARE = 0.10
 # What every replica's engine says of itself when scraped: idle, with vLLM's default --max-loras GPU slots. With
 # predicted_ttft the gateway scrapes every routing.load_scrape_interval_s, so a decision reads a scrape as here.
-IDLE_ENGINE = EngineLoad(running=0, waiting=0, kv_cache_usage=0.0, running_adapters=frozenset(), gpu_slots=1)
+IDLE_ENGINE = warm_up.IDLE
 # Above this many replicas the seen-before and explain counts shrink in proportion (unless --full); first sights do
 # not (see the module docstring).
 FULL_SAMPLES_UP_TO = 100
-
-
-class NullDriver:
-    """An EngineDriver with no engine behind it: every replica is healthy, nothing is ever sent."""
-
-    async def prepare_adapter(self, adapter: AdapterRef) -> None:
-        return None
-
-    async def load_adapter(self, replica: Endpoint, adapter: AdapterRef) -> None:
-        return None
-
-    async def unload_adapter(self, replica: Endpoint, engine_name: str) -> None:
-        return None
-
-    async def list_adapters(self, replica: Endpoint) -> set[str] | None:
-        return None
-
-    async def send(self, replica: Endpoint, request: EngineRequest) -> EngineResponse:
-        raise EngineUnavailable(f"{replica.id}: the null driver sends nothing")
-
-    async def healthy(self, replica: Endpoint) -> bool:
-        return True
-
-    async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
-        return IDLE_ENGINE
-
-    async def close(self) -> None:
-        return None
+# An EngineDriver with no engine behind it: every replica is healthy and idle, nothing is ever sent. The same as the
+# start-up warm-up's.
+NullDriver = warm_up.NoEngine
 
 
 @dataclass(frozen=True)

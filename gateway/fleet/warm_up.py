@@ -33,11 +33,12 @@ REPLICAS = 2
 DECISIONS = 30
 _KEYS = 10
 _ADAPTER = "warm-up-adapter"
-_IDLE = EngineLoad(running=0, waiting=0, kv_cache_usage=0.0, running_adapters=frozenset(), gpu_slots=1)
+IDLE = EngineLoad(running=0, waiting=0, kv_cache_usage=0.0, running_adapters=frozenset(), gpu_slots=1)
 
 
-class _NoEngine:
-    """An EngineDriver that reaches no engine: every replica answers healthy and idle, nothing is sent."""
+class NoEngine:
+    """An EngineDriver that reaches no engine: every replica answers healthy and idle, nothing is sent. Also the
+    decision benchmarks' driver (loadtests/bench_decision.py)."""
 
     async def prepare_adapter(self, adapter: AdapterRef) -> None:
         return None
@@ -58,7 +59,7 @@ class _NoEngine:
         return True
 
     async def load_signals(self, replica: Endpoint) -> EngineLoad | None:
-        return _IDLE
+        return IDLE
 
     async def close(self) -> None:
         return None
@@ -71,7 +72,7 @@ def throwaway(pool: Pool, routing: RoutingConfig) -> Pool:
     config = PoolConfig.model_validate(
         {"name": pool.name, "backend": "vllm", "base_model": "warm-up", "replicas": entries, "policy": pool.policy}
     )
-    driver = _NoEngine()
+    driver = NoEngine()
     endpoints = [Endpoint(entry["id"], entry["url"]) for entry in entries]
     residency = PoolResidency(
         pool.name, endpoints, driver, MemoryStore(), pool.residency.config, max_adapters=4, load_timeout_s=1.0,
@@ -79,7 +80,7 @@ def throwaway(pool: Pool, routing: RoutingConfig) -> Pool:
     )  # fmt: skip
     twin = Pool(config, routing, driver, residency)
     twin.took_probes({entry["url"]: True for entry in entries})
-    twin.took_scrape(time.monotonic(), dict.fromkeys(twin.replicas, _IDLE))
+    twin.took_scrape(time.monotonic(), dict.fromkeys(twin.replicas, IDLE))
     residency.views[entries[-1]["id"]].resident[_ADAPTER] = time.time()
     return twin
 
