@@ -18,7 +18,8 @@ from gateway.config import GatewayConfig
 from gateway.fleet import heap, warm_up
 from gateway.observe import logs
 from gateway.reload import ReloadRefused, reload
-from gateway.serving.connections import ConnectionGuard, GuardedSite, HandlerSite, keepalive_timeout
+from gateway.serving.connections import ConnectionGuard, HandlerSite, keepalive_timeout
+from gateway.serving.own_server import OwnSite
 from gateway.workers import WorkerSockets
 
 log = logging.getLogger("tenantgate")
@@ -84,7 +85,14 @@ async def listen(
     the port each is bound to (the real one where the config says 0)."""
     # A worker of serve --workers accepts on the sockets its supervisor opened (gateway/workers.py).
     listen_sock = worker.listening() if worker is not None else None
-    sites: list[HandlerSite] = [GuardedSite(runner, guard, config.listen.host, config.listen.port, sock=listen_sock)]
+    # The inference routes on the gateway's own server, everything else handed to aiohttp's (serving/own_server.py);
+    # its connections drain beside aiohttp's, within the one shutdown timeout (GatewayRunner.drains).
+    drains = runner.drains if isinstance(runner, GatewayRunner) else None
+    tenant = OwnSite(
+        runner, guard, config.listen.host, config.listen.port, sock=listen_sock,
+        drain_timeout_s=config.shutdown.drain_timeout_s, drains=drains,
+    )  # fmt: skip
+    sites: list[HandlerSite] = [tenant]
     operator = config.admin.listen
     if operator is not None:  # /metrics and /admin answer there only (gateway/admin/operator.py)
         operator_sock = worker.operator_listening() if worker is not None else None

@@ -41,7 +41,10 @@ phase comes from an outermost middleware (``request_began``, in gateway/app.py's
 middleware of its own), and a request's body progress from ``request.content.total_bytes`` (bytes received so far). One
 sweeper task checks every connection a few times per deadline.
 tests/gateway/serving/test_slow_clients.py exercises each rule against a real server (test_inline_requests.py the
-connection loop): run them when aiohttp moves.
+connection loop): run them when aiohttp moves. On the gateway the tenant listener is ``OwnSite``
+(gateway/serving/own_server.py): its connections are the gateway's own server's until one is handed to
+``GuardedHandler``; the guard sees both through ``Guarded``, and tests/gateway/serving/test_own_server.py runs each
+rule through an inference route on the own server.
 A connection counts as authenticated once a request on it presented a valid tenant key, the admin token or a
 status-page session; probes and metric scrapes never do, so they count as unauthenticated while open.
 """
@@ -53,7 +56,7 @@ import logging
 import resource
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestHandler
@@ -80,6 +83,27 @@ FRAMING_SHARE = 1.25
 # The socket reads a request's head or body may take: this many, and one more per this many bytes in them.
 READ_SLACK = 64
 MIN_BYTES_PER_READ = 64
+
+
+class Guarded(Protocol):
+    """A connection as the guard sees it: aiohttp's (``GuardedHandler``) or the own server's
+    (gateway/serving/own_server.py). Between requests ``current`` is None; ``first_byte_at`` is when the next
+    request's first byte came (None: none yet)."""
+
+    opened_at: float
+    idle_since: float
+    first_byte_at: float | None
+    head_at: float
+    requests: int
+
+    @property
+    def current(self) -> object | None: ...
+
+    def body_coming(self) -> int | None:
+        """The bytes of the current request's body received so far while the rest is still coming, else None."""
+        ...
+
+    def force_close(self) -> None: ...
 
 
 class GuardedHandler(InlineRequestHandler):
@@ -136,6 +160,12 @@ class GuardedHandler(InlineRequestHandler):
                 self.receiving = None
                 self.guard.close(self, "body_framing")
 
+    def body_coming(self) -> int | None:
+        request = self.current
+        if request is None or request.content.is_eof():
+            return None
+        return request.content.total_bytes
+
     def began(self, request: web.BaseRequest) -> None:
         self.current, self.head_at, self.first_byte_at = request, self.guard.now(), None
         self.requests += 1
@@ -162,13 +192,13 @@ class ConnectionGuard:
             if soft_limit == resource.RLIM_INFINITY
             else min(config.max_connections, soft_limit // 2)
         )
-        self.open: set[GuardedHandler] = set()
+        self.open: set[Guarded] = set()
         # Not yet shown a valid key, oldest first (a dict keeps insertion order).
-        self.unauthenticated: dict[GuardedHandler, None] = {}
+        self.unauthenticated: dict[Guarded, None] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
     # --- the connections' life ---------------------------------------------------------------------------------
-    def opened(self, connection: GuardedHandler) -> None:
+    def opened(self, connection: Guarded) -> None:
         if len(self.open) >= self.max_connections:
             self._close(connection, "max_connections")
             return
@@ -177,34 +207,33 @@ class ConnectionGuard:
             self._close(next(iter(self.unauthenticated)), "max_unauthenticated")
         self.unauthenticated[connection] = None
 
-    def lost(self, connection: GuardedHandler) -> None:
+    def lost(self, connection: Guarded) -> None:
         self.open.discard(connection)
         self.unauthenticated.pop(connection, None)
 
-    def authenticated(self, connection: GuardedHandler) -> None:
+    def authenticated(self, connection: Guarded) -> None:
         self.unauthenticated.pop(connection, None)
 
-    def close(self, connection: GuardedHandler, reason: str) -> None:
+    def close(self, connection: Guarded, reason: str) -> None:
         """Close ``connection`` now, counted under ``reason`` (and logged)."""
         log.info("closing a client connection: %s", reason)
         self._close(connection, reason)
 
-    def _close(self, connection: GuardedHandler, reason: str) -> None:
+    def _close(self, connection: Guarded, reason: str) -> None:
         self.lost(connection)
         self._metrics.client_connections_closed.labels(reason).inc()
         connection.force_close()
 
     # --- deadlines -----------------------------------------------------------------------------------------------
-    def overdue(self, connection: GuardedHandler, now: float) -> str | None:
+    def overdue(self, connection: Guarded, now: float) -> str | None:
         """Why ``connection`` is to be closed now, or None."""
         config = self.config
-        request = connection.current
-        if request is not None:
-            body = request.content
-            if body.is_eof():
+        if connection.current is not None:
+            received = connection.body_coming()
+            if received is None:
                 return None  # the request is being served: its own deadline covers it
             elapsed = now - connection.head_at
-            if elapsed > config.body_grace_s and body.total_bytes < config.min_body_bytes_per_s * elapsed:
+            if elapsed > config.body_grace_s and received < config.min_body_bytes_per_s * elapsed:
                 return "body_rate"
             return None
         if connection.first_byte_at is not None:  # a request's head is coming in
@@ -248,8 +277,8 @@ class HandlerSite(web.TCPSite):
         super().__init__(runner, host, port)
         self._sock = sock
 
-    def connection(self, server: web.Server) -> RequestHandler:
-        """One connection's handler, built as ``Server.__call__`` builds it."""
+    def connection(self, server: web.Server) -> asyncio.Protocol:
+        """One connection's protocol: aiohttp's handler, built as ``Server.__call__`` builds it."""
         return RequestHandler(server, loop=asyncio.get_running_loop(), **server._kwargs)
 
     async def start(self) -> None:
@@ -257,7 +286,7 @@ class HandlerSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
 
-        def factory() -> RequestHandler:
+        def factory() -> asyncio.Protocol:
             return self.connection(server)
 
         loop = asyncio.get_running_loop()

@@ -15,8 +15,6 @@ import asyncio
 import logging
 import time
 
-from aiohttp import web
-
 from backends.base import EngineRequest, EngineResponse
 from backends.errors import AdapterCacheFull, AdapterLoadFailed, AdapterNotLoaded, BackendError, DeadlineExceeded
 from gateway.errors import GatewayError, NoHealthyReplica, Overloaded
@@ -27,6 +25,7 @@ from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.routing.decision import RoutingDecision
 from gateway.serving import relay
 from gateway.serving.context import RequestContext
+from gateway.serving.incoming import Incoming
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +33,10 @@ RETRY_SOON = {"Retry-After": "1"}
 
 
 async def dispatch(
-    request: web.Request, telemetry: Telemetry, pool: Pool, ctx: RequestContext, record: RequestRecord
-) -> web.StreamResponse:
-    """Serve ``ctx`` on ``pool`` and return the client's response; raises a ``GatewayError`` when it cannot."""
+    request: Incoming, telemetry: Telemetry, pool: Pool, ctx: RequestContext, record: RequestRecord
+) -> int:
+    """Serve ``ctx`` on ``pool``: the status the client was answered with; raises a ``GatewayError`` when it
+    cannot answer."""
     lease = _first_lease(telemetry, record, pool, ctx)
     if lease.replica is None:
         raise _unavailable(lease.decision)
@@ -48,7 +48,7 @@ async def dispatch(
         with lease:
             record.replica = lease.replica_id
             try:
-                response, broken = await _attempt(request, telemetry, ctx, record, lease)
+                status, broken = await _attempt(request, telemetry, ctx, record, lease)
             except BackendError as exc:
                 verdict = classify(exc, ctx.tenant_deadline)
                 record.error, record.error_replica = type(exc).__name__, lease.replica_id
@@ -62,7 +62,7 @@ async def dispatch(
                 lease.report(None if broken is None else Failure(broken.blame, tenant))
                 if suspect is not None:  # the same request went well here: the first replica's failure was its own
                     suspect.report(Failure("suspect", tenant, succeeded_elsewhere=broken is None))
-                return response
+                return status
         # The failed attempt's lease is released: try once more elsewhere, or answer its error.
         if suspect is not None:  # this was the retry, and it failed too
             if verdict.blame != "suspect":  # else it failed alike on two replicas: the request's doing, neither counts
@@ -80,10 +80,11 @@ async def dispatch(
 
 
 async def _attempt(
-    request: web.Request, telemetry: Telemetry, ctx: RequestContext, record: RequestRecord, lease: Lease
-) -> tuple[web.StreamResponse, Verdict | None]:
-    """One try on the leased replica: the client's response, and the verdict on a stream that broke after its first
-    byte (None if it did not). Raises ``BackendError`` only before the client has seen a byte."""
+    request: Incoming, telemetry: Telemetry, ctx: RequestContext, record: RequestRecord, lease: Lease
+) -> tuple[int, Verdict | None]:
+    """One try on the leased replica: the status the client was answered with, and the verdict on a stream that
+    broke after its first byte (None if it did not). Raises ``BackendError`` only before the client has seen a
+    byte."""
     if ctx.adapter is not None and not lease.adapter_resident():
         await _load_within_deadline(telemetry, lease, ctx.deadline)
         if lease.starting:
@@ -108,11 +109,11 @@ async def _attempt(
                 return broken.error
 
             try:
-                response = await relay.stream(request, telemetry, ctx, record, upstream, stream_broke)
+                status = await relay.stream(request, telemetry, ctx, record, upstream, stream_broke)
             finally:  # a stream's first byte is its TTFT, what predicted_ttft learns: even if the client left since
                 if record.first_byte is not None:
                     telemetry.ttft_learned(record, lease.pool.name, lease.learn_ttft(record.first_byte))
-            return response, broken
+            return status, broken
         finally:
             upstream.release()
 

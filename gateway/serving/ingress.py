@@ -14,7 +14,8 @@ from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.serving.connections import authenticated
 from gateway.serving.context import RequestContext
 from gateway.serving.dispatch import RETRY_SOON, dispatch
-from gateway.serving.json_body import RefusedInput, read_body, whole_body
+from gateway.serving.incoming import AiohttpIncoming, Incoming
+from gateway.serving.json_body import RefusedInput
 from gateway.serving.openai_request import InferenceRequest, Kind, parse_inference
 from gateway.serving.openapi import openapi
 from gateway.serving.whole_answer import VARIANT_HEADER
@@ -37,23 +38,23 @@ _PATHS: dict[Kind, str] = {"completions": "/v1/completions", "chat": "/v1/chat/c
 
 
 async def _serve(
-    request: web.Request, app: web.Application, kind: Kind, record: RequestRecord, telemetry: Telemetry
-) -> web.StreamResponse:
+    request: Incoming, app: web.Application, kind: Kind, record: RequestRecord, telemetry: Telemetry
+) -> int:
     state = app[STATE]
     serving, limits = state.serving, state.config.limits
     with telemetry.span("admission"):
         auth = serving.config.auth
         peer = request.remote if auth.trusted_header else None  # read only where it counts (a property, per call)
         tenant = identify(serving.tenants, request.headers, peer, auth)
-        authenticated(request)
+        request.authenticated()
         record.tenant = tenant.id
-        if request.content.is_eof():  # the whole body is in (the usual case): nothing to wait for, nothing to hold
-            body = whole_body(request)
+        if request.body_in():  # the whole body is in (the usual case): nothing to wait for, nothing to hold
+            body = request.body_now()
             if body is None:
-                body = await read_body(request)
+                body = await request.read_body()
         else:  # a half-sent body holds one of the tenant's concurrent requests while it comes
             with state.admission.reading_body(tenant.id):
-                body = await read_body(request)
+                body = await request.read_body()
         inference: InferenceRequest = parse_inference(
             body, kind, max_depth=limits.max_json_depth, max_prompt_chars=limits.max_prompt_chars,
             max_choices=limits.max_choices, max_containers=limits.max_json_containers,
@@ -127,37 +128,42 @@ async def _serve(
 _DEMAND_SPILLS = frozenset({"spill:over_capacity", "spill:faster"})
 
 
+async def inference(request: Incoming, app: web.Application, kind: Kind) -> int:
+    """Serve one request to ``kind``'s endpoint, recorded around ``_serve``: the status it was answered with; what
+    it raised (a ``GatewayError``, say) is its server's to answer."""
+    telemetry = app[TELEMETRY]
+    record = RequestRecord(_PATHS[kind])
+    with telemetry.request_span(record, request.headers):
+        try:
+            status = record.status = await _serve(request, app, kind, record, telemetry)
+            return status
+        except GatewayError as exc:
+            record.status = exc.status
+            if isinstance(exc, RefusedInput):  # the access line is then the refusal's one log line
+                record.error = f"refused:{exc.reason}"
+            raise
+        except web.HTTPException as exc:  # e.g. 413 from aiohttp's body limit
+            record.status = exc.status
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            record.status = record.answered if record.answered is not None else CLIENT_CLOSED_REQUEST
+            raise
+        finally:
+            telemetry.finish(record)
+
+
 def _endpoint(kind: Kind) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The handler of ``kind``'s endpoint: the request recorded around ``_serve``. One handler per kind, made here,
-    rather than a handler per endpoint that awaits a shared one: a coroutine frame less for the request to pass
-    through each time it resumes."""
-    path = _PATHS[kind]
+    """The aiohttp handler of ``kind``'s endpoint (requests the gateway's own server hands to aiohttp's, and the
+    in-process tests' servers)."""
 
-    async def inference(request: web.Request) -> web.StreamResponse:
-        app = request.app  # read once: a property through the match info's, two Python calls each time
-        telemetry = app[TELEMETRY]
-        record = RequestRecord(path)
-        with telemetry.request_span(record, request.headers):
-            try:
-                response = await _serve(request, app, kind, record, telemetry)
-                record.status = response.status
-                return response
-            except GatewayError as exc:
-                record.status = exc.status
-                if isinstance(exc, RefusedInput):  # the access line is then the refusal's one log line
-                    record.error = f"refused:{exc.reason}"
-                raise
-            except web.HTTPException as exc:  # e.g. 413 from aiohttp's body limit
-                record.status = exc.status
-                raise
-            except (asyncio.CancelledError, ConnectionResetError):
-                record.status = record.answered if record.answered is not None else CLIENT_CLOSED_REQUEST
-                raise
-            finally:
-                telemetry.finish(record)
+    async def handler(request: web.Request) -> web.StreamResponse:
+        incoming = AiohttpIncoming(request)
+        await inference(incoming, request.app, kind)
+        assert incoming.response is not None  # every status returned was answered through it
+        return incoming.response
 
-    inference.__name__ = inference.__qualname__ = kind
-    return inference
+    handler.__name__ = handler.__qualname__ = kind
+    return handler
 
 
 completions, chat_completions = _endpoint("completions"), _endpoint("chat")

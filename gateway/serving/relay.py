@@ -8,16 +8,15 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from aiohttp import web
-
 from backends.base import EngineResponse
 from backends.errors import BackendError
 from gateway.errors import GatewayError
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.telemetry import RequestRecord, Telemetry
 from gateway.serving.context import RequestContext
+from gateway.serving.incoming import Incoming
 from gateway.serving.sse_events import StreamEvents
-from gateway.serving.whole_answer import VARIANT_HEADER, WholeAnswer
+from gateway.serving.whole_answer import VARIANT_HEADER
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 # An OpenAI stream's last event.
@@ -36,41 +35,38 @@ def _cut_off(transport: asyncio.Transport, metrics: GatewayMetrics) -> None:
 
 
 async def respond(
-    request: web.Request,
+    request: Incoming,
     telemetry: Telemetry,
     ctx: RequestContext,
     record: RequestRecord,
     upstream: EngineResponse,
     answer: bytes,
-) -> web.StreamResponse:
+) -> int:
     """The engine's whole (non-streaming) answer, read by the caller, written to the client now: before the lease's
     release, the outcome's report, the admission's settlement and the request's telemetry, which the client need
     not wait for (aiohttp would write the response only once the handler had returned)."""
     telemetry.first_byte(record)
     record.read_usage(answer)
-    response = WholeAnswer(answer, upstream.status, ctx.variant or None)
-    try:
-        await response.prepare(request)
-    except ConnectionResetError:  # the client left: the engine's answer still counts (aiohttp's write gives up)
-        return response
-    record.answered = response.status
-    return response
+    status = upstream.status
+    if await request.answer(status, answer, ctx.variant or None):  # else the client left: the answer still counts
+        record.answered = status
+    return status
 
 
 async def stream(
-    request: web.Request,
+    request: Incoming,
     telemetry: Telemetry,
     ctx: RequestContext,
     record: RequestRecord,
     upstream: EngineResponse,
     broken: Callable[[BackendError], GatewayError],
-) -> web.StreamResponse:
+) -> int:
     """Stream the engine's SSE events to the client as they come (whole: gateway/serving/sse_events.py, which
     also leaves out the usage event the gateway asked for and the client did not). If the engine's stream breaks,
     ``broken`` says what it means and the stream ends with that error's event."""
     headers = {**_SSE_HEADERS, VARIANT_HEADER: ctx.variant} if ctx.variant else _SSE_HEADERS
-    response = web.StreamResponse(status=upstream.status, headers=headers)
-    await response.prepare(request)
+    status = upstream.status
+    response = await request.stream(status, headers)
     # A write waits for the client to take what came before (the engine's answer is not buffered without bound),
     # and the engine's deadline is kept only while its answer is read: a client that stops reading is cut off
     # STALLED_WRITE_GRACE_S past the request's deadline, which gives back its lease and its place in flight.
@@ -95,7 +91,7 @@ async def stream(
                     if onward.endswith(_LAST_EVENT):
                         # The client has everything: one that leaves now (the OpenAI SDK closes on [DONE]) while
                         # the engine ends its body was answered, not a 499.
-                        record.answered = response.status
+                        record.answered = status
             rest = events.rest()
             if rest:
                 await response.write(rest)
@@ -108,9 +104,9 @@ async def stream(
             log.exception("stream failed after it started")
             record.error = type(exc).__name__
             await response.write(_FAULT.sse_event())
-        record.answered = response.status
+        record.answered = status
         await response.write_eof()
     finally:
         if cut_off is not None:
             cut_off.cancel()
-    return response
+    return status

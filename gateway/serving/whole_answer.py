@@ -35,7 +35,8 @@ def _head(status: int, reason: str, variant: str | None) -> bytes:
     return head
 
 
-def _plain(variant: str | None) -> bool:
+def plain_header_value(variant: str | None) -> bool:
+    """Whether ``variant`` can be written as a header's value as it is (aiohttp refuses CR, LF and NUL)."""
     return variant is None or not any(c in variant for c in "\r\n\0")
 
 
@@ -63,7 +64,7 @@ class WholeAnswer(web.StreamResponse):
             or status < 200
             or status in (204, 304)
             or (isinstance(request, web.Request) and request.app.on_response_prepare)
-            or not _plain(self._variant)
+            or not plain_header_value(self._variant)
         ):
             return await self._as_aiohttp_would(request)
         keep_alive = self._keep_alive

@@ -36,11 +36,11 @@ def identify(directory: TenantDirectory, headers: Mapping[str, str], peer: str |
             tenant = directory.by_id.get(claimed[0])
             if tenant is None:
                 raise AuthenticationFailed("Unknown tenant in the trusted header.")
-            keyed = _key_tenant(directory, headers.get("Authorization"))
+            keyed = _key_tenant(directory, _authorization(headers))
             if keyed is not None and keyed.id != tenant.id:
                 raise AuthenticationFailed(f"The API key and the {auth.trusted_header} header name different tenants.")
             return tenant
-    return authenticate(directory, headers.get("Authorization"))
+    return authenticate(directory, _authorization(headers))
 
 
 def _key_tenant(directory: TenantDirectory, authorization: str | None) -> Tenant | None:
@@ -51,9 +51,19 @@ def _key_tenant(directory: TenantDirectory, authorization: str | None) -> Tenant
 
 def _all(headers: Mapping[str, str], name: str) -> list[str]:
     """Every value of a header (aiohttp's headers are a multi-mapping; a plain mapping holds one)."""
-    if isinstance(headers, MultiMapping):
+    if isinstance(headers, MultiMapping) or hasattr(headers, "getall"):  # aiohttp's, or the own server's Head
         return list(headers.getall(name, []))
-    return [headers[name]] if name in headers else []
+    for key in (name.lower(), name):  # the own server's names are lower-cased (gateway/serving/incoming.py)
+        if key in headers:
+            return [headers[key]]
+    return []
+
+
+def _authorization(headers: Mapping[str, str]) -> str | None:
+    """The Authorization header: aiohttp's headers are case-insensitive, the own server's names lower-cased, and a
+    plain mapping's as written."""
+    value = headers.get("authorization")
+    return value if value is not None else headers.get("Authorization")
 
 
 def authenticate(directory: TenantDirectory, authorization: str | None) -> Tenant:

@@ -19,7 +19,8 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig, OperatorListenConfig
 from gateway.observe.metrics import GatewayMetrics
 from gateway.server import listen
-from gateway.serving.connections import ConnectionGuard, GuardedSite
+from gateway.serving.connections import ConnectionGuard
+from gateway.serving.own_server import OwnSite
 from loadtests.faultkit import GatewayUnderTest, sim_replicas
 from loadtests.fleet import ADMIN_TOKEN, api_key, gateway_config, write_adapters
 from loadtests.processes import free_port
@@ -147,7 +148,7 @@ async def test_an_ephemeral_operator_port_is_reported_as_the_one_bound(tmp_path:
     await runner.setup()
     try:
         sites = await listen(runner, config, ConnectionGuard(config.listen, GatewayMetrics()), None)
-        assert [type(site) for site in sites] == [GuardedSite, OperatorSite]
+        assert [type(site) for site in sites] == [OwnSite, OperatorSite]
         for site in sites:
             assert site.port != 0 and site.name == f"http://127.0.0.1:{site.port}"
         assert sites[0].port != sites[1].port

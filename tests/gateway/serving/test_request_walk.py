@@ -9,26 +9,35 @@ failure table), config and telemetry. Config here includes ``gateway.state``, th
 directory, fleet), which ingress reads again after admission on purpose: a reload may have swapped it meanwhile.
 Also left out is the request's own data model (``serving.openai_request`` and the JSON it is read from,
 ``serving.json_body``: parsed first, then written again for the engine once the tenant's directory has said what it
-runs on). So is the connection's own bookkeeping (``serving.connections``: that it presented a valid key).
+runs on). So is the connection's own bookkeeping (``serving.connections``: that it presented a valid key), and so
+is the request itself: the corridor reads its headers and body and answers it through the request type
+(``serving.incoming``), which is aiohttp's request wrapped (``AiohttpIncoming``) or the gateway's own server's request
+(``serving.own_server``'s ``OwnRequest``); its methods are the request's data and its connection's, not a stage.
+The walk is taken on both servers: aiohttp's (the in-process test server) and the own one (the tenant listener's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 
 from backends.registry import EngineSpec, NoSettings, register
-from gateway.app import create_app
-from gateway.config import GatewayConfig
+from gateway.app import GatewayRunner, create_app
+from gateway.appkeys import METRICS
+from gateway.config import GatewayConfig, ListenConfig
+from gateway.serving import ingress
+from gateway.serving.connections import ConnectionGuard
+from gateway.serving.own_server import OwnSite
 from loadtests.fleet import api_key, gateway_config, write_adapters
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine
 
@@ -42,7 +51,13 @@ NOT_STAGES = (
     "gateway.serving.openai_request",
     "gateway.serving.json_body",
     "gateway.serving.connections",
+    "gateway.serving.incoming",
+    "gateway.serving.own_server",
 )
+# The request type's modules: left out of the walk above, but the corridor does call into them (the check that the
+# leaving out hides nothing else is the stage list itself).
+REQUEST_TYPE = {"gateway.serving.incoming", "gateway.serving.own_server"}
+LEFT_OUT: set[str] = set()  # the request type's modules the corridor called (a test sets its own)
 # What may come back after the answer is relayed: the lease's release (and its one outcome report), and the
 # admission ticket's, which gives back the tenant's concurrency slot and settles its token estimate.
 RELEASES = {"gateway.fleet.pool", "gateway.tenants.admission"}
@@ -67,7 +82,10 @@ def walk_of(task: asyncio.Task[Any], walk: list[str]) -> Iterator[None]:
         if event != "call" or asyncio.current_task() is not task:
             return
         callee = _module(frame)
-        entered = _ours(callee) and callee not in CORRIDOR and _module(frame.f_back) in CORRIDOR
+        from_corridor = _module(frame.f_back) in CORRIDOR
+        if from_corridor and callee in REQUEST_TYPE:
+            LEFT_OUT.add(callee)
+        entered = _ours(callee) and callee not in CORRIDOR and from_corridor
         if entered and (not walk or walk[-1] != callee):
             walk.append(callee)
 
@@ -79,19 +97,38 @@ def walk_of(task: asyncio.Task[Any], walk: list[str]) -> Iterator[None]:
 
 
 def recorder(walks: list[list[str]]) -> Callable[..., Any]:
-    @web.middleware
-    async def record_walk(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        if not request.path.startswith("/v1/"):
-            return await handler(request)
+    """``ingress.inference`` (where either server hands an inference request to the corridor) with its walk
+    recorded."""
+    inference = ingress.inference
+
+    async def record_walk(request: Any, app: web.Application, kind: Any) -> int:
         task = asyncio.current_task()
         assert task is not None
         walks.append([])
         with walk_of(task, walks[-1]):
-            return await handler(request)
+            return await inference(request, app, kind)
 
     return record_walk
+
+
+@asynccontextmanager
+async def served(app: web.Application, server: str) -> AsyncIterator[str]:
+    """``app`` served on aiohttp's in-process test server, or on the gateway's own (as the tenant listener serves);
+    its base URL."""
+    if server == "aiohttp":
+        async with TestServer(app) as test_server:
+            yield str(test_server.make_url(""))
+        return
+    runner = GatewayRunner(app, handler_cancellation=True)
+    await runner.setup()
+    guard = ConnectionGuard(ListenConfig(), app[METRICS])
+    site = OwnSite(runner, guard, "127.0.0.1", 0, drains=runner.drains)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site.port}"
+    finally:
+        await runner.cleanup()
+        await guard.stop()
 
 
 def config(tmp_path: Path) -> GatewayConfig:
@@ -108,18 +145,25 @@ def the_way_in_and_out(walk: list[str]) -> tuple[list[str], list[str]]:
     return walk[: relayed + 1], walk[relayed + 1 :]
 
 
+@pytest.mark.parametrize("server", ["aiohttp", "own"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-async def test_one_request_enters_each_stage_once(tmp_path: Path, stream: bool) -> None:
+async def test_one_request_enters_each_stage_once(
+    tmp_path: Path, stream: bool, server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     walks: list[list[str]] = []
+    monkeypatch.setattr(ingress, "inference", recorder(walks))
+    request_type: set[str] = set()
+    monkeypatch.setattr(sys.modules[__name__], "LEFT_OUT", request_type)
     app = create_app(config(tmp_path))
-    app.middlewares.append(recorder(walks))
-    async with TestClient(TestServer(app)) as client:
+    async with served(app, server) as url, aiohttp.ClientSession() as session:
         headers = {"Authorization": f"Bearer {api_key('acme')}"}
         body = {"model": "lora-a", "prompt": "hello", "max_tokens": 4, "stream": stream}
         for _ in range(2):  # the first loads the adapter on its replica; the second finds it resident
-            response = await client.post("/v1/completions", json=body, headers=headers)
-            assert response.status == 200, await response.text()
-            await response.read()
+            async with session.post(url + "/v1/completions", json=body, headers=headers) as response:
+                assert response.status == 200, await response.text()
+                await response.read()
+    assert len(walks) == 2
+    assert request_type == {"gateway.serving.incoming" if server == "aiohttp" else "gateway.serving.own_server"}
     for walk in walks:
         way_in, way_out = the_way_in_and_out(walk)
         assert len(way_in) == len(set(way_in)), f"a stage entered twice on the way in: {way_in}"

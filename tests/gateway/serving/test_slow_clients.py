@@ -1,6 +1,7 @@
 """The connection guard (gateway/serving/connections.py) against a real aiohttp server on 127.0.0.1, one rule at a
 time, through raw sockets: what a slow or idle client is allowed, and when it is closed. These tests pin the layer to
-the aiohttp version in use: they are what to run when aiohttp moves."""
+the aiohttp version in use: they are what to run when aiohttp moves. The same rules on the gateway's own server (the
+tenant listener's, for the inference routes) are tests/gateway/serving/test_own_server.py's."""
 
 from __future__ import annotations
 
