@@ -571,7 +571,8 @@ class OwnConnection(asyncio.Protocol):
             or len(noted) != len(set(noted))  # a singleton repeated: aiohttp's 400
             or b"host" not in noted  # no Host: aiohttp's 400
             or not _HANDED_OVER.isdisjoint(noted)  # Expect, Content-Encoding, Transfer-Encoding, Upgrade...
-            or (wanting := int(length)) > self._server.max_body
+            # Leading zeros stripped: llhttp takes any number of them, int() no more than 4,300 digits (it raised).
+            or (wanting := int(length.lstrip("0") or "0")) > self._server.max_body
         ):
             self._hand_over()
             return
