@@ -95,6 +95,9 @@ class Guarded(Protocol):
     first_byte_at: float | None
     head_at: float
     requests: int
+    # The socket reads and their bytes since the head, or the body, began to come (``READ_SLACK``).
+    reads: int
+    read_bytes: int
 
     @property
     def current(self) -> object | None: ...
@@ -143,13 +146,9 @@ class GuardedHandler(InlineRequestHandler):
     def data_received(self, data: bytes) -> None:
         if data and self.current is None and self.first_byte_at is None:
             self.first_byte_at = self.guard.now()
-        if data:  # aiohttp calls this with b"" itself to go on parsing what it had paused on: not a read
-            self.reads += 1
-            self.read_bytes += len(data)
-            if self.reads > READ_SLACK + self.read_bytes // MIN_BYTES_PER_READ:
-                self.reads = self.read_bytes = 0
-                self.guard.close(self, "fragmented")
-                return
+        # aiohttp calls this with b"" itself to go on parsing what it had paused on: not a read
+        if data and not self.guard.read(self, len(data)):
+            return
         super().data_received(data)
         body = self.receiving
         if body is not None:
@@ -223,6 +222,17 @@ class ConnectionGuard:
         self.lost(connection)
         self._metrics.client_connections_closed.labels(reason).inc()
         connection.force_close()
+
+    def read(self, connection: Guarded, size: int) -> bool:
+        """Count one socket read of ``size`` bytes on ``connection``; past ``READ_SLACK`` reads and one more per
+        ``MIN_BYTES_PER_READ`` bytes, close it (``fragmented``) and return False. One rule for both servers' reads."""
+        connection.reads += 1
+        connection.read_bytes += size
+        if connection.reads > READ_SLACK + connection.read_bytes // MIN_BYTES_PER_READ:
+            connection.reads = connection.read_bytes = 0
+            self.close(connection, "fragmented")
+            return False
+        return True
 
     # --- deadlines -----------------------------------------------------------------------------------------------
     def overdue(self, connection: Guarded, now: float) -> str | None:

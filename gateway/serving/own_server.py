@@ -59,13 +59,7 @@ from aiohttp.web_protocol import RequestHandler
 from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.errors import GatewayError
 from gateway.serving import ingress
-from gateway.serving.connections import (
-    MIN_BYTES_PER_READ,
-    READ_SLACK,
-    ConnectionGuard,
-    GuardedHandler,
-    GuardedSite,
-)
+from gateway.serving.connections import ConnectionGuard, GuardedHandler, GuardedSite
 from gateway.serving.json_body import RefusedInput
 from gateway.serving.openai_request import Kind
 from gateway.serving.whole_answer import VARIANT_HEADER, plain_header_value
@@ -499,11 +493,7 @@ class OwnConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.current is None and self.first_byte_at is None:
             self.first_byte_at = self.guard.now()
-        self.reads += 1
-        self.read_bytes += len(data)
-        if self.reads > READ_SLACK + self.read_bytes // MIN_BYTES_PER_READ:
-            self.reads = self.read_bytes = 0
-            self.guard.close(self, "fragmented")
+        if not self.guard.read(self, len(data)):
             return
         buffer = self._buffer
         buffer += data
