@@ -1041,11 +1041,14 @@ class PoolResidency:
         for it too (``ensure``'s load is shared): that one goes on within ``adapter_load_timeout_s``. Not
         ``bounded``: an operator's warm-up (the admin API's, a rollout's), which someone waits for and a rollout
         judges its new version by, as a request's load: within ``adapter_load_timeout_s``."""
+        bound = asyncio.timeout(self.config.warm_up_timeout_s if bounded else None)
         try:
-            async with asyncio.timeout(self.config.warm_up_timeout_s if bounded else None):
+            async with bound:
                 await self.ensure(replica_id, adapter, pinned=pinned)
                 await self._one_token(replica_id, adapter)
         except TimeoutError as exc:
+            if not bound.expired():
+                raise  # a TimeoutError of the driver's own, not this bound's: not named the warm-up's
             key = (replica_id, adapter.engine_name)
             task = self._load_task_of.get(key)
             if task is not None and key in self._loads and not self._load_waiters.get(key):

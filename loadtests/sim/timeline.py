@@ -1,11 +1,11 @@
 """What each request waited for on the simulated engine, served as JSON at ``GET /sim/timeline`` (benchmarks only).
 
-Two bounded logs, in wall-clock time (``time.monotonic``: a client on the same host can line them up with its own
-send times): the engine's stalls (an adapter read from disk, ``load``, or copied into a GPU slot, ``swap``: vLLM
-runs both between steps, so every request on the replica waits through them) and, per request at its first token,
-when it arrived, when a step admitted it and which reasons it waited for (``batch``: a seat, ``lora_slot``: a GPU
-adapter slot, ``kv``: KV blocks). ``loadtests/bench_routing.py --tail`` splits the slowest requests' time to first
-token by them: which regime makes the tail.
+Two bounded logs, in the monotonic clock's seconds (``time.monotonic``: a client on the same host can line them up
+with its own send times): the engine's stalls (an adapter read from disk, ``load``, or copied into a GPU slot,
+``swap``: vLLM runs both between steps, so every request on the replica waits through them) and, per request at its
+first token, when it arrived, when a step admitted it and which reasons it waited for (``batch``: a seat,
+``lora_slot``: a GPU adapter slot, ``kv``: KV blocks). ``loadtests/bench_routing.py --tail`` splits the slowest
+requests' time to first token by them: which regime makes the tail.
 """
 
 from __future__ import annotations

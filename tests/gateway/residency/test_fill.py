@@ -11,7 +11,7 @@ import pytest
 from backends.base import AdapterRef, Endpoint
 from backends.errors import AdapterLoadFailed, EngineTimeout
 from gateway.config import ResidencyConfig
-from gateway.residency.lifecycle import PoolResidency
+from gateway.residency.lifecycle import PoolResidency, WarmUpTimedOut
 from gateway.residency.store import ResidencyStore
 from tests.clock import Clock
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, ref
@@ -152,3 +152,20 @@ async def test_the_fill_yields_to_a_load_waiting_for_a_slot(store: ResidencyStor
     assert engine.loaded["r0"] == set()
     life.slot_waiters["r0"] = 0
     assert await life.fill("r0", [ref("a")]) == ["a"]
+
+
+async def test_a_drivers_own_timeout_error_is_not_named_the_warm_ups_bound(store: ResidencyStore) -> None:
+    """Only the warm-up's own bound running out is WarmUpTimedOut ("took over warm_up_timeout_s"); a TimeoutError a
+    driver lets through while the bound has time left goes on as it is, not relabelled (review of 6e11744)."""
+    engine, clock = FakeEngine(), Clock(START)
+    life = lifecycle(store, engine, clock, ResidencyConfig(warm_up_timeout_s=60))
+    driver = life.driver
+    assert isinstance(driver, FakeDriver)
+
+    async def times_out(replica: Endpoint, adapter: AdapterRef) -> None:
+        raise TimeoutError("the driver's own")
+
+    driver.before_load = times_out
+    with pytest.raises(TimeoutError) as raised:
+        await asyncio.wait_for(life.warm("r0", ref("a"), pinned=False), 10)
+    assert not isinstance(raised.value, WarmUpTimedOut), raised.value

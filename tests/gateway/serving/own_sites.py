@@ -84,6 +84,16 @@ class Sites:
         return value
 
 
+async def read_answers(reader: asyncio.StreamReader, parsed: Answers, until: int) -> bool:
+    """Read into ``parsed`` until it holds ``until`` answers; False when the server closed the connection first."""
+    while len(parsed.answers) < until:
+        chunk = await asyncio.wait_for(reader.read(65_536), 10)
+        if not chunk:
+            return False
+        parsed.parser.feed_data(chunk)
+    return True
+
+
 async def exchange(port: int, data: bytes, answers: int = 1, probe: bool = True) -> tuple[list[Answer], str]:
     """Send ``data`` on a new connection and read ``answers`` answers, or what came before the server closed it;
     then, with ``probe``, what became of the connection: "kept" (a next request on it is answered), "closed"."""
@@ -92,23 +102,14 @@ async def exchange(port: int, data: bytes, answers: int = 1, probe: bool = True)
     fate = "kept"
     try:
         writer.write(data)
-        while len(parsed.answers) < answers:
-            chunk = await asyncio.wait_for(reader.read(65_536), 10)
-            if not chunk:
-                fate = "closed"
-                break
-            parsed.parser.feed_data(chunk)
-        if fate == "kept" and probe:
+        if not await read_answers(reader, parsed, answers):
+            fate = "closed"
+        elif probe:
             writer.write(request())
-            before = len(parsed.answers)
-            while len(parsed.answers) == before:
-                chunk = await asyncio.wait_for(reader.read(65_536), 10)
-                if not chunk:
-                    fate = "closed"
-                    break
-                parsed.parser.feed_data(chunk)
-            else:
+            if await read_answers(reader, parsed, len(parsed.answers) + 1):
                 parsed.answers.pop()
+            else:
+                fate = "closed"
     except (ConnectionResetError, BrokenPipeError):
         fate = "closed"
     finally:

@@ -26,9 +26,11 @@ from tests.gateway.serving.own_sites import (
     Answers,
     Sites,
     exchange,
+    read_answers,
     request,
     sites_fixture,
 )
+from tests.gateway.serving.test_slow_clients import dribble
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -283,12 +285,8 @@ async def split_exchange(port: int, data: bytes, at: int, answers: int) -> tuple
     writer.write(data[at:])
     parsed, fate = Answers(), "kept"
     try:
-        while len(parsed.answers) < answers:
-            chunk = await asyncio.wait_for(reader.read(65_536), 10)
-            if not chunk:
-                fate = "closed"
-                break
-            parsed.parser.feed_data(chunk)
+        if not await read_answers(reader, parsed, answers):
+            fate = "closed"
     except (ConnectionResetError, BrokenPipeError):
         fate = "closed"
     writer.close()
@@ -498,19 +496,6 @@ async def test_the_own_connections_get_tcp_keep_alive(sites: Callable[..., Any])
     sock = transport.get_extra_info("socket")
     assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     writer.close()
-
-
-async def dribble(writer: asyncio.StreamWriter, data: bytes, piece: int) -> None:
-    try:
-        for start in range(0, len(data), piece):
-            writer.write(data[start : start + piece])
-            await writer.drain()
-            for _ in range(2):
-                await asyncio.sleep(0)
-            if writer.transport.is_closing():
-                break
-    except (ConnectionResetError, BrokenPipeError):
-        pass
 
 
 async def test_a_head_or_body_a_byte_a_read_is_fragmented(sites: Callable[..., Any]) -> None:
