@@ -117,22 +117,26 @@ async def exchange(port: int, data: bytes, answers: int = 1, probe: bool = True)
     return parsed.answers, fate
 
 
-def config(tmp_path: Path, limits: dict[str, Any] | None = None) -> GatewayConfig:
+def config(tmp_path: Path, limits: dict[str, Any] | None = None, backend: str = "own-server-fake") -> GatewayConfig:
     adapters = write_adapters(tmp_path, ["lora-a"])
     raw = gateway_config({"r0": "http://127.0.0.1:9"}, {"acme": ["lora-a"]}, adapters, port=0)
-    raw["pools"][0]["backend"] = "own-server-fake"
+    raw["pools"][0]["backend"] = backend
     if limits:
         raw["limits"] = limits
     return GatewayConfig.model_validate(raw)
 
 
 async def two_sites(
-    tmp_path: Path, listen: dict[str, Any] | None = None, limits: dict[str, Any] | None = None, **runner: Any
+    tmp_path: Path,
+    listen: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
+    backend: str = "own-server-fake",
+    **runner: Any,
 ) -> Sites:
     """The gateway app on an ``OwnSite`` and a ``GuardedSite`` sharing one runner and one guard (the guard's
     deadlines long unless ``listen`` says otherwise); ``runner``: aiohttp's handler settings (lingering_time...)."""
     DRIVER.engine, DRIVER.before_load = FakeEngine(), None
-    gateway = config(tmp_path, limits)
+    gateway = config(tmp_path, limits, backend)
     settings = ListenConfig(**{"header_timeout_s": 30, "idle_timeout_s": 30, "body_grace_s": 30, **(listen or {})})
     app = create_app(gateway)
     options = {"keepalive_timeout": keepalive_timeout(settings), **runner}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiohttp.test_utils import BaseTestServer, TestServer
+from aiohttp.test_utils import TestServer
 
 from backends.base import Endpoint, EngineRequest
 from backends.registry import EngineSpec, NoSettings, register
@@ -25,6 +25,7 @@ from gateway.config import GatewayConfig
 from gateway.observe.telemetry import RequestRecord
 from loadtests.fleet import api_key
 from tests.gateway.residency.fakes import FakeDriver, FakeEngine, FakeResponse
+from tests.gateway.serving.own_sites import two_sites
 from tests.gateway.serving.test_request_walk import config
 
 REQUESTS = 2  # the first loads the adapter on its replica; the second finds it resident
@@ -77,13 +78,13 @@ class BigAnswers(FakeDriver):
 register(EngineSpec("answer-fake", NoSettings, lambda settings, pool: BigAnswers(FakeEngine())))
 
 
-async def stalled_request(server: BaseTestServer, headers: dict[str, str], body: dict[str, Any]) -> socket.socket:
+async def stalled_request(port: int, headers: dict[str, str], body: dict[str, Any]) -> socket.socket:
     """A client that sends ``body`` and never reads (a small receive buffer, so the gateway's writes fill up)."""
     stalled = socket.socket()
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stalled.setblocking(False)
     loop = asyncio.get_running_loop()
-    await loop.sock_connect(stalled, ("127.0.0.1", server.port or 0))
+    await loop.sock_connect(stalled, ("127.0.0.1", port))
     head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
     raw = json.dumps(body).encode()
     await loop.sock_sendall(
@@ -119,12 +120,33 @@ async def test_a_client_that_does_not_read_its_answer_holds_no_request_in_flight
     app = create_app(GatewayConfig.model_validate(raw))
     async with TestServer(app, host="127.0.0.1") as server:
         headers = {"Authorization": f"Bearer {api_key('acme')}"}
-        stalled = await stalled_request(server, headers, {"model": "lora-a", "prompt": "big", "max_tokens": 4})
+        big = {"model": "lora-a", "prompt": "big", "max_tokens": 4}
+        stalled = await stalled_request(server.port or 0, headers, big)
         url = str(server.make_url("/v1/completions"))
         try:
             statuses = await statuses_until_served(url, headers, tries=100)  # 503 until the big answer is out
         finally:
             stalled.close()
+    assert statuses[-1] == 200, statuses
+
+
+async def test_on_the_own_server_a_client_that_does_not_read_its_answer_holds_no_request_in_flight(
+    tmp_path: Path,
+) -> None:
+    """The same on the gateway's own server for the inference routes (serving/own_server.py, as `tenantgate serve`
+    listens): the 16 MiB answer is handed to the stalled connection, and the gateway's one place in flight is free
+    for the next request while the client does not read it."""
+    sites = await two_sites(tmp_path, limits={"max_in_flight": 1}, backend="answer-fake")
+    try:
+        headers = {"Authorization": f"Bearer {api_key('acme')}"}
+        stalled = await stalled_request(sites.own, headers, {"model": "lora-a", "prompt": "big", "max_tokens": 4})
+        try:
+            statuses = await statuses_until_served(f"http://127.0.0.1:{sites.own}/v1/completions", headers, tries=100)
+        finally:
+            stalled.close()
+    finally:
+        await sites.runner.cleanup()
+        await sites.guard.stop()
     assert statuses[-1] == 200, statuses
 
 
@@ -160,7 +182,8 @@ async def test_a_stream_to_a_client_that_stops_reading_ends_past_the_requests_de
     app = create_app(GatewayConfig.model_validate(raw))
     async with TestServer(app, host="127.0.0.1") as server:
         headers = {"Authorization": f"Bearer {api_key('acme')}"}
-        stalled = await stalled_request(server, headers, {"model": "lora-a", "prompt": "long", "stream": True})
+        long = {"model": "lora-a", "prompt": "long", "stream": True}
+        stalled = await stalled_request(server.port or 0, headers, long)
         url = str(server.make_url("/v1/completions"))
         try:
             statuses = await statuses_until_served(url, headers, tries=200)  # 503 until the stream is ended
