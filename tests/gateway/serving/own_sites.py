@@ -117,10 +117,19 @@ async def exchange(port: int, data: bytes, answers: int = 1, probe: bool = True)
     return parsed.answers, fate
 
 
-def config(tmp_path: Path, limits: dict[str, Any] | None = None, backend: str = "own-server-fake") -> GatewayConfig:
-    adapters = write_adapters(tmp_path, ["lora-a"])
-    raw = gateway_config({"r0": "http://127.0.0.1:9"}, {"acme": ["lora-a"]}, adapters, port=0)
-    raw["pools"][0]["backend"] = backend
+def config(
+    tmp_path: Path,
+    limits: dict[str, Any] | None = None,
+    backend: str = "own-server-fake",
+    pool: dict[str, Any] | None = None,
+    tenants: dict[str, list[str]] | None = None,
+) -> GatewayConfig:
+    """One replica of ``backend``; tenant acme with adapter lora-a unless ``tenants`` says otherwise; ``pool``: the
+    pool's fields to set (request_timeout_s...)."""
+    tenants = tenants or {"acme": ["lora-a"]}
+    adapters = write_adapters(tmp_path, sorted({name for names in tenants.values() for name in names}))
+    raw = gateway_config({"r0": "http://127.0.0.1:9"}, tenants, adapters, port=0)
+    raw["pools"][0].update({"backend": backend, **(pool or {})})
     if limits:
         raw["limits"] = limits
     return GatewayConfig.model_validate(raw)
@@ -131,12 +140,14 @@ async def two_sites(
     listen: dict[str, Any] | None = None,
     limits: dict[str, Any] | None = None,
     backend: str = "own-server-fake",
+    pool: dict[str, Any] | None = None,
+    tenants: dict[str, list[str]] | None = None,
     **runner: Any,
 ) -> Sites:
     """The gateway app on an ``OwnSite`` and a ``GuardedSite`` sharing one runner and one guard (the guard's
     deadlines long unless ``listen`` says otherwise); ``runner``: aiohttp's handler settings (lingering_time...)."""
     DRIVER.engine, DRIVER.before_load = FakeEngine(), None
-    gateway = config(tmp_path, limits, backend)
+    gateway = config(tmp_path, limits, backend, pool, tenants)
     settings = ListenConfig(**{"header_timeout_s": 30, "idle_timeout_s": 30, "body_grace_s": 30, **(listen or {})})
     app = create_app(gateway)
     options = {"keepalive_timeout": keepalive_timeout(settings), **runner}

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 from backends.base import Endpoint, EngineRequest
 from backends.registry import EngineSpec, NoSettings, register
 from gateway.app import create_app
-from gateway.appkeys import METRICS, TELEMETRY
+from gateway.appkeys import METRICS, STATE, TELEMETRY
 from gateway.config import GatewayConfig
 from gateway.observe.telemetry import RequestRecord
 from loadtests.fleet import api_key
@@ -194,3 +194,48 @@ async def test_a_stream_to_a_client_that_stops_reading_ends_past_the_requests_de
         "tenantgate_client_connections_closed_total", {"reason": "stalled_write"}
     )
     assert closed == 1  # counted, as the connection caps' closes are
+
+
+async def test_on_the_own_server_a_stalled_stream_ends_past_the_deadline_and_other_tenants_are_served_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """The same on the gateway's own server (OwnStream's writes wait on the connection's drain): while acme's stream
+    waits for its client, another tenant's requests on the same replica are served; past the request's deadline
+    (and STALLED_WRITE_GRACE_S) the connection is closed and the replica's request in flight given back."""
+    timeout_s = 2.0  # the stalled stream holds its place this long at least: the other tenant is served meanwhile
+    sites = await two_sites(
+        tmp_path, backend="stream-fake", pool={"request_timeout_s": timeout_s},
+        tenants={"acme": ["lora-a"], "beta": ["lora-b"]},
+    )  # fmt: skip
+    fleet = sites.runner.app[STATE].serving.fleet
+    loop = asyncio.get_running_loop()
+    try:
+        long = {"model": "lora-a", "prompt": "long", "stream": True}
+        sent_at = loop.time()
+        stalled = await stalled_request(sites.own, {"Authorization": f"Bearer {api_key('acme')}"}, long)
+        try:
+            for _ in range(200):  # bounded: the stream placed on the replica
+                if fleet.in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            assert fleet.in_flight == 1
+            beta = {"Authorization": f"Bearer {api_key('beta')}"}
+            small = {"model": "lora-b", "prompt": "hello", "max_tokens": 4}
+            async with httpx.AsyncClient(timeout=10) as client:
+                url = f"http://127.0.0.1:{sites.own}/v1/completions"
+                statuses = [(await client.post(url, json=small, headers=beta)).status_code for _ in range(3)]
+            assert statuses == [200] * 3
+            assert fleet.in_flight == 1 and sites.closed("stalled_write") == 0  # meanwhile: the stream still held
+            for _ in range(400):  # bounded (20 s): until the stalled stream's request is given back
+                if not fleet.in_flight:
+                    break
+                await asyncio.sleep(0.05)
+            given_back_at = loop.time()
+        finally:
+            stalled.close()
+    finally:
+        await sites.runner.cleanup()
+        await sites.guard.stop()
+    assert fleet.in_flight == 0
+    assert given_back_at - sent_at >= timeout_s  # not before the request's deadline
+    assert sites.closed("stalled_write") == 1
