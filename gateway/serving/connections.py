@@ -102,6 +102,9 @@ class Guarded(Protocol):
     @property
     def current(self) -> object | None: ...
 
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
     def body_coming(self) -> int | None:
         """The bytes of the current request's body received so far while the rest is still coming, else None."""
         ...
@@ -221,7 +224,12 @@ class ConnectionGuard:
     def _close(self, connection: Guarded, reason: str) -> None:
         self.lost(connection)
         self._metrics.client_connections_closed.labels(reason).inc()
+        transport = connection.transport
         connection.force_close()
+        # A transport's close waits for its unsent bytes to go out: with a client that does not read them (an answer
+        # it never takes) the socket, and its file descriptor, would be held for ever, no longer counted here.
+        if transport is not None and transport.get_write_buffer_size():
+            transport.abort()
 
     def read(self, connection: Guarded, size: int) -> bool:
         """Count one socket read of ``size`` bytes on ``connection``; past ``READ_SLACK`` reads and one more per

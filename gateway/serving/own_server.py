@@ -697,6 +697,9 @@ class OwnConnection(asyncio.Protocol):
                     self.force_close()
                     return
                 if self.write_paused:  # the answer taken before the next request is read
+                    # The request is done: the connection is idle while its client takes the answer, as on aiohttp's
+                    # server (where this wait comes after the request has ended), so the guard's idle rule holds.
+                    self.current, self.idle_since = None, self.guard.now()
                     await self.drain()
                 self._request = self.current = None
                 self.idle_since = self.guard.now()

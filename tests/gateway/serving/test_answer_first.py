@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
+import pytest
 from aiohttp.test_utils import TestServer
 
 from backends.base import Endpoint, EngineRequest
@@ -239,3 +241,43 @@ async def test_on_the_own_server_a_stalled_stream_ends_past_the_deadline_and_oth
     assert fleet.in_flight == 0
     assert given_back_at - sent_at >= timeout_s  # not before the request's deadline
     assert sites.closed("stalled_write") == 1
+
+
+def server_sockets(port: int) -> int:
+    """The gateway's open sockets of client connections to ``port`` (this process is the client too: the client's
+    sockets have ``port`` as their remote one)."""
+    return sum(
+        1
+        for connection in psutil.Process().net_connections(kind="tcp")
+        if connection.laddr and connection.laddr.port == port and connection.status != psutil.CONN_LISTEN
+    )
+
+
+@pytest.mark.parametrize("server", ["own", "aiohttp"])
+async def test_a_client_that_never_reads_its_answer_is_closed_idle_and_its_socket_freed(
+    tmp_path: Path, server: str
+) -> None:
+    """Holding its connection only is holding it up to idle_timeout_s: then the guard closes it, and the socket is
+    freed though the client never read the answer waiting in it. Before, on the own server the wait for the client to
+    take the answer counted as the request being served (no rule applied: held for ever, against max_connections);
+    on aiohttp's the guard counted an idle close but the transport's close waited for the client to take the answer
+    (the socket and its file descriptor held for ever, no longer counted against max_connections). A tenant that
+    asked for large answers and never read them could so lock every tenant out, or run the process out of files."""
+    sites = await two_sites(tmp_path, listen={"idle_timeout_s": 1}, backend="answer-fake")
+    port = sites.own if server == "own" else sites.aiohttp
+    try:
+        headers = {"Authorization": f"Bearer {api_key('acme')}"}
+        stalled = await stalled_request(port, headers, {"model": "lora-a", "prompt": "big", "max_tokens": 4})
+        try:
+            for _ in range(200):  # bounded (10 s): closed idle 1 s after the answer, and its socket gone
+                if sites.closed("idle") and not server_sockets(port):
+                    break
+                await asyncio.sleep(0.05)
+            left = server_sockets(port)
+        finally:
+            stalled.close()
+    finally:
+        await sites.runner.cleanup()
+        await sites.guard.stop()
+    assert sites.closed("idle") == 1
+    assert left == 0
