@@ -8,9 +8,17 @@ from __future__ import annotations
 import logging
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 
 from gateway.appkeys import METRICS, STATE, TELEMETRY
-from gateway.errors import GatewayError, MethodNotAllowed, PayloadTooLarge, RouteNotFound
+from gateway.errors import (
+    GatewayError,
+    HeaderFieldsTooLarge,
+    InvalidRequest,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    RouteNotFound,
+)
 from gateway.serving.json_body import RefusedInput, undecodable
 
 # The logger these lines were always written under (they were the app factory's), so log filters keep working.
@@ -63,4 +71,22 @@ def _refused(request: web.Request, exc: RefusedInput) -> web.Response:
     response = exc.response()
     if exc.reason == "encoding":
         response.force_close()
+    return response
+
+
+def unparsable_answer(exc: BaseException | None) -> web.Response | None:
+    """The answer to a request aiohttp's parser refused (the tenant listener's ``GuardedHandler.handle_error``): an
+    OpenAI error body, 431 for a request line or header field over aiohttp's 8,190 bytes or too many headers, else
+    400, where aiohttp answers its own plain text. None for what is not a parser's refusal."""
+    error: GatewayError
+    if isinstance(exc, LineTooLong):
+        error = HeaderFieldsTooLarge(f"The request line or a header field is longer than {exc.args[1]} bytes.")
+    elif isinstance(exc, BadHttpMessage) and exc.message == "Too many headers received":
+        error = HeaderFieldsTooLarge("The request has too many header fields.")
+    elif isinstance(exc, BadHttpMessage):
+        error = InvalidRequest(f"The request is not valid HTTP/1.1: {exc.message[:200]}")
+    else:
+        return None
+    response = error.response()
+    response.force_close()  # the parser cannot go on past what it refused
     return response

@@ -72,6 +72,12 @@ class PayloadTooLarge(GatewayError):
     code = "payload_too_large"
 
 
+class HeaderFieldsTooLarge(GatewayError):
+    status = 431
+    error_type = "invalid_request_error"
+    code = "request_header_fields_too_large"
+
+
 class NoHealthyReplica(GatewayError):
     status = 503
     error_type = "server_error"

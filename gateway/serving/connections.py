@@ -62,6 +62,7 @@ from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import ListenConfig
+from gateway.error_answers import unparsable_answer
 from gateway.observe.metrics import GatewayMetrics
 from gateway.serving.inline_requests import InlineRequestHandler
 from gateway.tasks import cancel_and_wait
@@ -161,6 +162,14 @@ class GuardedHandler(InlineRequestHandler):
             elif self.received > FRAMING_SLACK_BYTES + FRAMING_SHARE * (body.total_bytes - self.body_before):
                 self.receiving = None
                 self.guard.close(self, "body_framing")
+
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not handle (its logging, its check that nothing was sent yet), but
+        a request its parser refused gets an OpenAI error body, not aiohttp's plain text (error_answers.py)."""
+        answer = super().handle_error(request, status, exc, message)
+        return (status == 400 and unparsable_answer(exc)) or answer
 
     def body_coming(self) -> int | None:
         request = self.current
