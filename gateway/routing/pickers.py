@@ -111,6 +111,7 @@ def predicted_ttft(decision: RoutingDecision, given: PickInput) -> None:
             scoring.cold_margin_ms,
             given.standing.in_flight,
             given.capacity_floor,
+            scoring.hold_copies,
         )
         best = chosen.id
         decision.predictions[best] = Prediction(regime, chosen.in_flight, NO_PARTS, best_ms, chosen.gpu_slot_ms > 0)
@@ -132,6 +133,7 @@ def lowest_predicted(
     cold_margin_ms: float = 0.0,
     key_in_flight: int = 0,
     capacity_floor: int = 1,
+    hold_copies: bool = False,
 ) -> tuple[ReplicaLoad, Regime, float, str | None, bool]:
     """The candidate with the lowest predicted TTFT by the scorers' summed table (scorers/base.py), its regime and
     its prediction: one lookup and two multiplications per candidate (a tie keeps the earlier one in ring order;
@@ -179,13 +181,16 @@ def lowest_predicted(
     if not warm_count:  # cold everywhere
         return cold, "cold", cold_ms, None, False
     hot = key_in_flight >= capacity_floor * warm_count and 3 * key_in_flight >= 2 * warm_load
-    take_cold, ahead = warm_or_cold(best_ms, cold.id, cold_ms, cold_margin_ms if hot else 0.0)
+    hold = hold_copies and warm_count >= 2 and 3 * key_in_flight >= 2 * warm_load
+    take_cold, ahead = warm_or_cold(best_ms, cold.id, cold_ms, cold_margin_ms if hot else 0.0, hold)
     if take_cold:
         return cold, "cold", cold_ms, None, False
     return best, best_regime, best_ms, ahead, cold_ms < best_ms
 
 
-def warm_or_cold(warm_ms: float, cold_id: str, cold_ms: float, cold_margin_ms: float) -> tuple[bool, str | None]:
+def warm_or_cold(
+    warm_ms: float, cold_id: str, cold_ms: float, cold_margin_ms: float, hold: bool = False
+) -> tuple[bool, str | None]:
     """The best candidate where the request's adapter is warm (``warm_ms``) against the best where it is cold:
     whether the cold one is taken, and otherwise where to warm the adapter in the background, or None.
 
@@ -202,6 +207,8 @@ def warm_or_cold(warm_ms: float, cold_id: str, cold_ms: float, cold_margin_ms: f
     that only where it pushes out nothing in use (``Pool.warm_ahead``). Another key
     takes the cold replica when predicted faster, as a spill always did: warming copies ahead for it would evict
     adapters other tenants still want (docs/benchmarks.md, hot and collide)."""
+    if hold:
+        return False, cold_id if cold_ms < warm_ms + cold_margin_ms else None
     if cold_ms + cold_margin_ms < warm_ms:
         return True, None
     return False, cold_id if cold_margin_ms and cold_ms < warm_ms + cold_margin_ms else None
@@ -239,7 +246,8 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
         return cold
     in_flight = given.standing.in_flight
     hot = in_flight >= given.capacity_floor * warm_count and 3 * in_flight >= 2 * warm_load
-    take_cold, decision.warm_ahead = warm_or_cold(best_ms, cold, cold_ms, scoring.cold_margin_ms if hot else 0.0)
+    hold = scoring.hold_copies and warm_count >= 2 and 3 * in_flight >= 2 * warm_load
+    take_cold, decision.warm_ahead = warm_or_cold(best_ms, cold, cold_ms, scoring.cold_margin_ms if hot else 0.0, hold)
     decision.warm_ahead_due = decision.warm_ahead is not None and cold_ms < best_ms
     return cold if take_cold else best
 

@@ -85,6 +85,9 @@ class ScorerSettings:
     # Not a scorer's: a candidate where the adapter is cold wins over one where it is warm only when predicted
     # faster by more than this (pickers.warm_or_cold).
     cold_margin_ms: float = 0.0
+    # Not a scorer's either: a hot key whose adapter is warm on two replicas or more takes no cold one on the
+    # request path (pickers.warm_or_cold).
+    hold_copies: bool = False
 
 
 ScorerFactory = Callable[[ScorerSettings], Scorer]
@@ -103,14 +106,29 @@ class Scoring:
     """A pool's scorers with their weights, and the TTFT model they read. ``weighted``: each term's name, weight
     and bound ``score``, looked up once here rather than per candidate."""
 
-    __slots__ = ("_linear", "_table", "_table_version", "cold_margin_ms", "model", "rows", "terms", "weighted")
+    __slots__ = (
+        "_linear",
+        "_table",
+        "_table_version",
+        "cold_margin_ms",
+        "hold_copies",
+        "model",
+        "rows",
+        "terms",
+        "weighted",
+    )
 
     def __init__(
-        self, terms: tuple[tuple[str, float, Scorer], ...], model: TtftModel, cold_margin_ms: float = 0.0
+        self,
+        terms: tuple[tuple[str, float, Scorer], ...],
+        model: TtftModel,
+        cold_margin_ms: float = 0.0,
+        hold_copies: bool = False,
     ) -> None:
         self.terms = terms
         self.model = model
         self.cold_margin_ms = cold_margin_ms
+        self.hold_copies = hold_copies
         self.weighted: tuple[tuple[str, float, Callable[[Candidate], float]], ...] = tuple(
             (name, weight, term.score) for name, weight, term in terms
         )
@@ -152,4 +170,4 @@ def build_scoring(weights: Mapping[str, float], settings: ScorerSettings, model:
     if unknown:
         raise ValueError(f"unknown scorers {unknown}; known: {sorted(SCORERS)}")
     terms = tuple((name, weight, SCORERS[name](settings)) for name, weight in weights.items() if weight)
-    return Scoring(terms, model, settings.cold_margin_ms)
+    return Scoring(terms, model, settings.cold_margin_ms, settings.hold_copies)

@@ -317,6 +317,58 @@ def test_without_a_cold_margin_a_hot_key_spills_as_before() -> None:
     assert decision.chosen == SECOND and decision.warm_ahead is None
 
 
+HOLD = build_scoring(
+    {"queue": 1.0, "regime": 1.0, "affinity": 1.0},
+    ScorerSettings(affinity_margin_ms=10, hold_copies=True),
+    TtftModel(PRIORS, 0),
+)
+
+
+def copies(load: int, standing: KeyStanding, scoring: Scoring = HOLD, explain: bool = False) -> RoutingDecision:
+    """The adapter warm on home and on the second replica, ``load`` ahead on each (20 + 10 x load ms, the second
+    10 ms more off home), cold on the third (510 ms + 10 ms off home)."""
+    fleet = [replica(HOME, load, recent=True), replica(SECOND, load, recent=True), replica(THIRD, 0, gpu=False)]
+    return decide(RING.preference(KEY), KEY, fleet, pool="p", policy="predicted_ttft", balance_factor=1.25,
+                  capacity_floor=8, resident=frozenset({HOME, SECOND}), standing=standing, scoring=scoring,
+                  explain=explain)  # fmt: skip
+
+
+@pytest.mark.parametrize("explain", [False, True], ids=["table", "per_scorer"])
+def test_a_hot_key_with_two_copies_takes_no_cold_replica_and_has_its_third_warmed(explain: bool) -> None:
+    """routing.hold_hot_copies: a hot key whose adapter is warm on two replicas stays on them however much faster a
+    cold replica is predicted, and the decision names that replica to warm the adapter on, due (issue 19's hot
+    trace: the hot tenant's third copy loaded on the request path, its streams waiting for that load)."""
+    decision = copies(60, KeyStanding(in_flight=120), explain=explain)  # warm 620 ms, cold 520 ms: faster outright
+    assert decision.chosen == HOME and decision.warm_ahead == THIRD and decision.warm_ahead_due
+    decision = copies(200, KeyStanding(in_flight=400), explain=explain)  # warm 2,020 ms: still no cold load
+    assert decision.chosen == HOME and decision.warm_ahead == THIRD and decision.warm_ahead_due
+    decision = copies(40, KeyStanding(in_flight=80), explain=explain)  # warm 420 ms: the cold one slower, no warm-up
+    assert decision.chosen == HOME and decision.warm_ahead is None
+
+
+@pytest.mark.parametrize(
+    ("standing", "scoring"),
+    [(KeyStanding(in_flight=20), HOLD), (KeyStanding(in_flight=120), None)],
+    ids=["not_hot", "hold_off"],
+)
+def test_a_key_that_is_not_hot_or_without_the_hold_spills_cold_when_faster(
+    standing: KeyStanding, scoring: Scoring | None
+) -> None:
+    """Under two thirds of the load where its adapter is warm (another tenant's requests fill those replicas), or with
+    ``hold_hot_copies`` off (the default), the cold replica predicted faster is taken, as before."""
+    plain = build_scoring({"queue": 1.0, "regime": 1.0, "affinity": 1.0}, ScorerSettings(affinity_margin_ms=10),
+                          TtftModel(PRIORS, 0))  # fmt: skip
+    decision = copies(60, standing, scoring or plain)
+    assert decision.chosen == THIRD and decision.warm_ahead is None
+
+
+def test_one_copy_is_not_held_its_first_spill_loads_the_second() -> None:
+    """With the adapter warm on one replica only, the hold does not apply: a hot key's first spill loads its
+    second copy on the request path when faster (the bar counts from the second copy warm)."""
+    decision = choose(60, HOT_KEY, HOLD)
+    assert decision.chosen == SECOND and decision.warm_ahead is None
+
+
 def test_a_key_holding_its_reservation_may_take_its_home_over_the_bound() -> None:
     standing = KeyStanding(in_flight=2, holds_reservation=True)
     decision = pick(replica(HOME, 6, recent=True), replica(SECOND, 5), replica(THIRD, 5), floor=1, standing=standing)
@@ -360,7 +412,8 @@ _FLEETS = st.lists(
     weights=st.tuples(*[st.sampled_from([0.0, 0.5, 1.0, 2.0])] * 4),
     learned=st.integers(0, 5),
     cold_margin=st.sampled_from([0.0, 50.0, 500.0]),
-    in_flight=st.sampled_from([1, 4, 8]),
+    in_flight=st.sampled_from([1, 4, 8, 40]),
+    hold=st.booleans(),
 )
 def test_the_summed_linear_table_decides_as_asking_each_scorer_would(
     fleet: list[tuple[int, bool, bool, bool, bool]],
@@ -368,6 +421,7 @@ def test_the_summed_linear_table_decides_as_asking_each_scorer_would(
     learned: int,
     cold_margin: float,
     in_flight: int,
+    hold: bool,
 ) -> None:
     """The linear table (a request's own decision) and the per-scorer path (explain) agree on the choice and its
     total, whatever the weights, loads and regimes, and after the model has moved its lines."""
@@ -375,7 +429,7 @@ def test_the_summed_linear_table_decides_as_asking_each_scorer_would(
     model = TtftModel(PRIORS, 0.3)
     for i in range(learned):  # the table follows the model's lines as they move
         model.observe("cold" if i % 2 else "warm", i, 100.0 * i)
-    settings_ = ScorerSettings(affinity_margin_ms=10, cold_margin_ms=cold_margin)
+    settings_ = ScorerSettings(affinity_margin_ms=10, cold_margin_ms=cold_margin, hold_copies=hold)
     scoring = build_scoring(dict(zip(names, weights, strict=True)), settings_, model)
     loads = [
         ReplicaLoad(r, True, load, on_gpu=gpu, key_recent=recent)
