@@ -147,7 +147,7 @@ class RoutingConfig(_Frozen):
     # A key with one copy still spills cold when faster (its first spill loads its second). Issue 19's hot trace:
     # the hot tenant's third copy, loaded on the request path, cost 5-9 of its streams a cold load in five seeds of
     # six; held, none in six, with TTFT and the other traces within the seeds' spread (docs/benchmarks.md).
-    hold_hot_copies: bool = False
+    hold_hot_copies: bool = True
     spill_warm_replicas: int = Field(default=3, ge=1, le=1024)
     # A warm-up ahead takes a free slot, or pushes out only an adapter no request has used for this long, until the
     # cold replica is predicted faster outright (then the key would take it without the margin, pushing out the same

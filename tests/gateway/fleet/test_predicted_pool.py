@@ -331,6 +331,36 @@ async def test_a_hot_keys_adapter_is_warmed_ahead_in_the_background_before_its_r
         lease.__exit__(None, None, None)
 
 
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "hold_off"])
+async def test_a_hot_key_with_two_copies_stays_on_them_while_its_third_is_warmed_ahead(hold: bool) -> None:
+    """routing.hold_hot_copies, on by default, on the real pool: a key whose adapter is resident on two replicas, its
+    requests the whole load there, never leases the third replica while its adapter is cold there, however long its
+    two queues grow; the pool warms the adapter there in the background, and the key's next request spills there
+    warm. With the hold off, the same requests take the third replica cold once predicted faster (as before)."""
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, hold_hot_copies=hold)
+    assert RoutingConfig().hold_hot_copies  # the default
+    pool = predicting_pool(routing=routing)
+    first, second, third = pool.ring.preference("k")[:3]
+    await pool.residency.ensure(first, ADAPTER)
+    await pool.residency.ensure(second, ADAPTER)
+    leases = []
+    for _ in range(150):  # up to 75 a copy: past 49, a cold load (500 ms) is predicted faster than either queue
+        leases.append(pool.lease("k", ADAPTER))
+        if leases[-1].replica_id == third:
+            break
+    if not hold:
+        assert leases[-1].replica_id == third and not leases[-1].adapter_resident()
+    else:
+        assert {lease.replica_id for lease in leases} == {first, second}
+        ahead = [lease.decision for lease in leases if lease.decision.warm_ahead is not None]
+        assert ahead and all(d.warm_ahead == third and d.warm_ahead_due for d in ahead)
+        await until_resident_on(pool, third, "a")
+        with pool.lease("k", ADAPTER) as spilled:  # the copy warmed ahead takes it, warm
+            assert spilled.replica_id == third and spilled.adapter_resident()
+    for lease in leases:
+        lease.__exit__(None, None, None)
+
+
 async def test_warm_ups_ahead_run_one_at_a_time_in_a_pool() -> None:
     pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0))
     engine = pool.residency.driver.engine  # type: ignore[attr-defined]
