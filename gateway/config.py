@@ -140,14 +140,14 @@ class RoutingConfig(_Frozen):
     # no cold loads beyond the seeds' spread, but its TTFT p99 rose 12-17% (6 of 6 seeds; docs/benchmarks.md), so
     # it is opt-in.
     cold_margin_ms: float = Field(default=0.0, ge=0, le=600_000)
-    # predicted_ttft: a key whose adapter is resident on two replicas or more, its requests in flight two thirds of
-    # the load there (a tenant hotter than its copies, not two heavy ones sharing them), takes no replica where the
-    # adapter is cold on the request path, however much faster predicted: the adapter is warmed there in the
-    # background instead (due) once that replica is predicted faster, and the key's next requests spill there warm.
-    # A key with one copy still spills cold when faster (its first spill loads its second). Issue 19's hot trace:
-    # the hot tenant's third copy, loaded on the request path, cost 5-9 of its streams a cold load in five seeds of
-    # six; held, none in six, with TTFT and the other traces within the seeds' spread (docs/benchmarks.md).
-    hold_hot_copies: bool = True
+    # predicted_ttft: a key whose adapter is resident on two replicas or more takes no replica where it is cold on
+    # the request path, however much faster predicted: the adapter is warmed there in the background instead (due)
+    # once that replica is predicted faster, and the key's next requests spill there warm. A key with one copy
+    # still spills cold when faster (its first spill loads its second). Issue 19's hot trace: the hot tenant's
+    # next copy, loaded on the request path, cost up to 9 of its streams a cold load in most seeds; held, none
+    # (the streams a decision log found), with TTFT and the other traces within the seeds' spread
+    # (docs/benchmarks.md, "Hot: a key's copies held at the defaults").
+    hold_copies: bool = True
     spill_warm_replicas: int = Field(default=3, ge=1, le=1024)
     # A warm-up ahead takes a free slot, or pushes out only an adapter no request has used for this long, until the
     # cold replica is predicted faster outright (then the key would take it without the margin, pushing out the same

@@ -220,8 +220,8 @@ SETUPS = [
         routing=(("cold_margin_ms", 500.0),),
         sections=TRAFFIC_HOMES,
     ),
-    # A hot key with two copies spilling cold when faster, as before routing.hold_hot_copies (on by default).
-    Setup("tenantgate predicted_ttft, no hold", "tenantgate", "predicted_ttft", routing=(("hold_hot_copies", False),)),
+    # A hot key with two copies spilling cold when faster, as before routing.hold_copies (on by default).
+    Setup("tenantgate predicted_ttft, no hold", "tenantgate", "predicted_ttft", routing=(("hold_copies", False),)),
     Setup(
         "tenantgate predicted_ttft, no cold stall",
         "tenantgate",

@@ -263,10 +263,10 @@ def decide_plain(
         best_id, best_ms, best_load, best_regime, best_slot = cold_id, cold_ms, cold_load, "cold", cold_slot
     else:
         margin = scoring.cold_margin_ms
-        hold = warm_count >= 2 and scoring.hold_copies and 3 * key_in_flight >= 2 * warm_load
+        hold = warm_count >= 2 and scoring.hold_copies
         if margin and (key_in_flight < pool.capacity_floor * warm_count or 3 * key_in_flight < 2 * warm_load):
             margin = 0.0  # not a hot key
-        if hold:  # a hot key with two copies or more takes no cold replica: pickers.warm_or_cold
+        if hold:  # a key with two copies or more takes no cold replica: pickers.warm_or_cold
             if cold_ms < best_ms + margin:
                 ahead, due = cold_id, cold_ms < best_ms
         elif cold_ms + margin < best_ms:

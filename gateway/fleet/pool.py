@@ -129,7 +129,7 @@ class Pool:
             # request whose adapter is on the GPU (the load_ahead scorer's unit).
             residency.load_ms = max(priors.cold_ms - priors.kv_cold_ms, 0.0)
             settings = ScorerSettings(
-                routing.affinity_margin_ms, routing.eviction_cost, routing.cold_margin_ms, routing.hold_hot_copies
+                routing.affinity_margin_ms, routing.eviction_cost, routing.cold_margin_ms, routing.hold_copies
             )
             self.scoring = build_scoring(routing.scorers, settings, model)
         # The eviction scorer's evidence: each adapter's requests as a moving average over reuse_window_s (count,

@@ -181,7 +181,7 @@ def lowest_predicted(
     if not warm_count:  # cold everywhere
         return cold, "cold", cold_ms, None, False
     hot = key_in_flight >= capacity_floor * warm_count and 3 * key_in_flight >= 2 * warm_load
-    hold = hold_copies and warm_count >= 2 and 3 * key_in_flight >= 2 * warm_load
+    hold = hold_copies and warm_count >= 2
     take_cold, ahead = warm_or_cold(best_ms, cold.id, cold_ms, cold_margin_ms if hot else 0.0, hold)
     if take_cold:
         return cold, "cold", cold_ms, None, False
@@ -206,7 +206,12 @@ def warm_or_cold(
     its load would push out the same adapter): the pool then warms it whatever that adapter's last use, and before
     that only where it pushes out nothing in use (``Pool.warm_ahead``). Another key
     takes the cold replica when predicted faster, as a spill always did: warming copies ahead for it would evict
-    adapters other tenants still want (docs/benchmarks.md, hot and collide)."""
+    adapters other tenants still want (docs/benchmarks.md, hot and collide).
+
+    ``hold`` (``routing.hold_copies``, for a key whose adapter is warm on two candidates or more): the cold one is
+    never taken, however much faster, and is named to warm ahead once predicted faster (due), or within a hot key's
+    margin. A key with copies already spills warm; the request that would take the next copy cold waits for its load
+    there, and so does every request of the key that follows it while the load runs (the hot trace)."""
     if hold:
         return False, cold_id if cold_ms < warm_ms + cold_margin_ms else None
     if cold_ms + cold_margin_ms < warm_ms:
@@ -246,7 +251,7 @@ def _score_each(decision: RoutingDecision, allowed: Sequence[ReplicaLoad], given
         return cold
     in_flight = given.standing.in_flight
     hot = in_flight >= given.capacity_floor * warm_count and 3 * in_flight >= 2 * warm_load
-    hold = scoring.hold_copies and warm_count >= 2 and 3 * in_flight >= 2 * warm_load
+    hold = scoring.hold_copies and warm_count >= 2
     take_cold, decision.warm_ahead = warm_or_cold(best_ms, cold, cold_ms, scoring.cold_margin_ms if hot else 0.0, hold)
     decision.warm_ahead_due = decision.warm_ahead is not None and cold_ms < best_ms
     return cold if take_cold else best

@@ -85,8 +85,8 @@ class ScorerSettings:
     # Not a scorer's: a candidate where the adapter is cold wins over one where it is warm only when predicted
     # faster by more than this (pickers.warm_or_cold).
     cold_margin_ms: float = 0.0
-    # Not a scorer's either: a hot key whose adapter is warm on two replicas or more takes no cold one on the
-    # request path (pickers.warm_or_cold).
+    # Not a scorer's either: a key whose adapter is warm on two replicas or more takes no cold one on the request
+    # path (pickers.warm_or_cold).
     hold_copies: bool = False
 
 

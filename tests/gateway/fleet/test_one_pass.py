@@ -60,7 +60,7 @@ def pools(draw: st.DrawFn) -> tuple[Pool, float]:
         load_view=view,
         prefix_warm_s=30.0,
         cold_margin_ms=draw(st.sampled_from([0.0, 50.0, 500.0])),
-        hold_hot_copies=draw(st.booleans()),
+        hold_copies=draw(st.booleans()),
         scorers=scorers,
     )
     signal = SlotSignal(_published, GatewayMetrics()) if view == "shared" else None

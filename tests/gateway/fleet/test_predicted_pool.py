@@ -332,13 +332,13 @@ async def test_a_hot_keys_adapter_is_warmed_ahead_in_the_background_before_its_r
 
 
 @pytest.mark.parametrize("hold", [True, False], ids=["held", "hold_off"])
-async def test_a_hot_key_with_two_copies_stays_on_them_while_its_third_is_warmed_ahead(hold: bool) -> None:
-    """routing.hold_hot_copies, on by default, on the real pool: a key whose adapter is resident on two replicas, its
+async def test_a_key_with_two_copies_stays_on_them_while_its_third_is_warmed_ahead(hold: bool) -> None:
+    """routing.hold_copies, on by default, on the real pool: a key whose adapter is resident on two replicas, its
     requests the whole load there, never leases the third replica while its adapter is cold there, however long its
     two queues grow; the pool warms the adapter there in the background, and the key's next request spills there
     warm. With the hold off, the same requests take the third replica cold once predicted faster (as before)."""
-    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, hold_hot_copies=hold)
-    assert RoutingConfig().hold_hot_copies  # the default
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, hold_copies=hold)
+    assert RoutingConfig().hold_copies  # the default
     pool = predicting_pool(routing=routing)
     first, second, third = pool.ring.preference("k")[:3]
     await pool.residency.ensure(first, ADAPTER)
