@@ -361,9 +361,11 @@ class Pool:
         if self.one_pass and not explain and not avoid:
             plain = decide_plain(self, key, engine_model, order, entry.records, entry.homes, resident, entry)
             if plain is not None:
+                if plain.warm_ahead is not None:
+                    self._cap_warm_ahead(plain, engine_model)
                 return plain
         loads = self.snapshot(key, engine_model, order, resident)
-        return self.router.decide(
+        decision = self.router.decide(
             order,
             key,
             loads,
@@ -374,6 +376,9 @@ class Pool:
             explain,
             also_home,
         )
+        if decision.warm_ahead is not None:
+            self._cap_warm_ahead(decision, engine_model)
+        return decision
 
     def _decide_confined(
         self,
@@ -443,15 +448,29 @@ class Pool:
             return planned
         either = self._decide_among(key, engine_model, inside + outside, entry, resident, avoid, explain)
         chosen = either.chosen
-        if chosen is None or chosen in inside:
-            return planned
-        assert self.plan_bound is not None
-        pushes_out = chosen in displace
-        margin = self.plan_bound.margin_ms + (self.residency.load_ms if pushes_out else 0.0)
-        off, on = either.predictions.get(chosen), planned.predictions.get(planned.chosen or "")
-        if off is None or on is None:
-            return planned if pushes_out else either
-        return planned if off.total_ms + margin >= on.total_ms else either
+        if chosen is not None and chosen not in inside:
+            assert self.plan_bound is not None
+            pushes_out = chosen in displace
+            margin = self.plan_bound.margin_ms + (self.residency.load_ms if pushes_out else 0.0)
+            off, on = either.predictions.get(chosen), planned.predictions.get(planned.chosen or "")
+            if off is None or on is None:
+                if not pushes_out:
+                    return either
+            elif off.total_ms + margin < on.total_ms:
+                return either
+        if either.warm_ahead is not None and planned.warm_ahead is None:
+            # routing.hold_copies kept a key with two copies off a cold replica predicted faster: the copy it names
+            # is warmed ahead whichever replica the request stays on, as _decide_confined warms the one the key would
+            # have taken, within warm_ahead's cap.
+            planned.warm_ahead, planned.warm_ahead_due = either.warm_ahead, either.warm_ahead_due
+            self._cap_warm_ahead(planned, engine_model)
+        return planned
+
+    def _cap_warm_ahead(self, decision: RoutingDecision, engine_model: str | None) -> None:
+        """No warm-up ahead named once the adapter is resident on ``spill_warm_replicas`` replicas: Pool.warm_ahead
+        would start none, and /admin/route showed one that never came."""
+        if engine_model is not None and len(self.residency.resident_on(engine_model)) >= self.spill_warm_replicas:
+            decision.warm_ahead, decision.warm_ahead_due = None, False
 
     def _decide_among(
         self,

@@ -361,6 +361,22 @@ async def test_a_key_with_two_copies_stays_on_them_while_its_third_is_warmed_ahe
         lease.__exit__(None, None, None)
 
 
+async def test_a_key_held_on_its_copies_at_the_warm_up_cap_names_no_warm_up() -> None:
+    """Resident on routing.spill_warm_replicas replicas (2 here), a key held on its copies names no warm-up ahead:
+    Pool.warm_ahead would start none, and /admin/route would show one that never comes."""
+    routing = RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, spill_warm_replicas=2)
+    pool = predicting_pool(routing=routing)
+    first, second = pool.ring.preference("k")[:2]
+    await pool.residency.ensure(first, ADAPTER)
+    await pool.residency.ensure(second, ADAPTER)
+    leases = [pool.lease("k", ADAPTER) for _ in range(150)]
+    assert {lease.replica_id for lease in leases} == {first, second}
+    assert all(lease.decision.warm_ahead is None for lease in leases)
+    assert pool.explain("k", "a").warm_ahead is None and not pool._warming_ahead
+    for lease in leases:
+        lease.__exit__(None, None, None)
+
+
 async def test_warm_ups_ahead_run_one_at_a_time_in_a_pool() -> None:
     pool = predicting_pool(routing=RoutingConfig(ttft_priors=PRIORS, ttft_learning_rate=0, home_reservation_s=0))
     engine = pool.residency.driver.engine  # type: ignore[attr-defined]
