@@ -357,7 +357,10 @@ class Pool:
         if self.plan_bound is not None and engine_model is not None:
             confined = split(self, self.plan_bound, key, engine_model, order, resident, avoid)
             if confined is not None:
-                return self._decide_confined(key, engine_model, confined, entry, resident, avoid, explain)
+                decision = self._decide_confined(key, engine_model, confined, entry, resident, avoid, explain)
+                if decision.warm_ahead is not None:
+                    self._cap_warm_ahead(decision, engine_model)
+                return decision
         if self.one_pass and not explain and not avoid:
             plain = decide_plain(self, key, engine_model, order, entry.records, entry.homes, resident, entry)
             if plain is not None:
@@ -461,9 +464,8 @@ class Pool:
         if either.warm_ahead is not None and planned.warm_ahead is None:
             # routing.hold_copies kept a key with two copies off a cold replica predicted faster: the copy it names
             # is warmed ahead whichever replica the request stays on, as _decide_confined warms the one the key would
-            # have taken, within warm_ahead's cap.
+            # have taken (capped in _decide, as every path's).
             planned.warm_ahead, planned.warm_ahead_due = either.warm_ahead, either.warm_ahead_due
-            self._cap_warm_ahead(planned, engine_model)
         return planned
 
     def _cap_warm_ahead(self, decision: RoutingDecision, engine_model: str | None) -> None:
